@@ -1,0 +1,28 @@
+"""edgellm: CPU-first quantized LLM inference in Python.
+
+    import edgellm
+    m = edgellm.load("smollm2-135m")          # a catalog name (pulled on first use) or a path to a .gguf file
+    print(m.generate("The capital of France is", max_tokens=16))
+"""
+from .errors import (CatalogError, DeviceError, EdgeLLMError, GGUFError, MemoryBudgetError, ModelError,
+                     SamplingError, TokenizerError)
+
+__version__ = "0.1.0"
+
+
+def load(model=None, n_threads=None, n_ctx=None, **kwargs):
+    """Load a model by catalog name or path. See `edgellm.api.Model` for the options."""
+    from .api import load as _load
+    return _load(model, n_threads=n_threads, n_ctx=n_ctx, **kwargs)
+
+
+def __getattr__(name):
+    # The API module pulls in numba; import it only when something from it is asked for.
+    if name in ("Model",):
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'edgellm' has no attribute {name!r}")
+
+
+__all__ = ["load", "Model", "EdgeLLMError", "GGUFError", "ModelError", "TokenizerError", "SamplingError",
+           "CatalogError", "MemoryBudgetError", "DeviceError", "__version__"]

@@ -1,0 +1,33 @@
+"""The exceptions edgellm raises. Every failure a user can cause maps to one of these, with a readable message."""
+
+
+class EdgeLLMError(Exception):
+    """Base class of every error edgellm raises on purpose."""
+
+
+class GGUFError(EdgeLLMError, ValueError):
+    """A GGUF file is malformed, truncated or uses something this reader does not support."""
+
+
+class ModelError(EdgeLLMError, ValueError):
+    """A model cannot be built: unknown architecture, missing or mis-shaped tensor, bad config value."""
+
+
+class TokenizerError(EdgeLLMError, ValueError):
+    """The tokenizer metadata is unusable, or a token id is out of range."""
+
+
+class SamplingError(EdgeLLMError, ValueError):
+    """A sampling parameter is out of range, or the logits are not finite."""
+
+
+class CatalogError(EdgeLLMError, LookupError):
+    """A model name is not in the catalog, or fetching it failed."""
+
+
+class MemoryBudgetError(EdgeLLMError, MemoryError):
+    """What was asked for does not fit in the memory available; the message gives both figures."""
+
+
+class DeviceError(EdgeLLMError, RuntimeError):
+    """The requested device (e.g. CUDA) is not usable on this machine."""

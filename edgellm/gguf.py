@@ -1,0 +1,359 @@
+"""A fast, memory-mapped, defensive GGUF reader (versions 2 and 3).
+
+Sections: value types and the cursor that reads them; metadata; tensor infos and their checks; the public `open`.
+
+The file is mapped once, read-only. Tensor data are zero-copy uint8 views into the map. Every length, count, offset
+and dimension is checked against the real file size before it is used, so a malformed file raises `GGUFError` with
+what is wrong and where, and nothing downstream (in particular no Numba kernel) ever sees an out-of-range buffer.
+Large string arrays (token lists, merges) are only walked at open time; their text is decoded on first access.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import GGUFError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_KEY_LENGTH = 1 << 16  # no real key is longer; a larger length means a corrupt file
+
+# GGUF value types: id -> (name, numpy dtype or None for string/array)
+_VALUE_TYPES = {
+    0: ("UINT8", np.dtype("<u1")),
+    1: ("INT8", np.dtype("<i1")),
+    2: ("UINT16", np.dtype("<u2")),
+    3: ("INT16", np.dtype("<i2")),
+    4: ("UINT32", np.dtype("<u4")),
+    5: ("INT32", np.dtype("<i4")),
+    6: ("FLOAT32", np.dtype("<f4")),
+    7: ("BOOL", np.dtype("<u1")),
+    8: ("STRING", None),
+    9: ("ARRAY", None),
+    10: ("UINT64", np.dtype("<u8")),
+    11: ("INT64", np.dtype("<i8")),
+    12: ("FLOAT64", np.dtype("<f8")),
+}
+_STRING, _ARRAY, _BOOL = 8, 9, 7
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+class _Cursor:
+    """Reads little-endian values from the map, checking each read against the file's end."""
+
+    def __init__(self, buf: mmap.mmap, size: int):
+        self.buf = buf
+        self.size = size
+        self.pos = 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(
+                f"file truncated or corrupt: {what} needs {n} bytes at offset {self.pos}, "
+                f"but the file has {self.size} bytes"
+            )
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (v,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return v
+
+    def raw_string(self, what: str, max_len: int | None = None) -> bytes:
+        n = self.u64(f"length of {what}")
+        if max_len is not None and n > max_len:
+            raise GGUFError(f"{what} at offset {self.pos - 8} claims length {n}, over the limit of {max_len}")
+        self.need(n, what)
+        s = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return s
+
+    def string(self, what: str, max_len: int | None = None) -> str:
+        start = self.pos
+        raw = self.raw_string(what, max_len)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GGUFError(f"{what} at offset {start} is not valid UTF-8 ({e.reason})") from None
+
+
+class LazyStrings:
+    """A GGUF string array whose text is decoded on first use (a 262k-token vocabulary is walked, not decoded, at open)."""
+
+    def __init__(self, buf: mmap.mmap, starts: np.ndarray, lengths: np.ndarray):
+        self._buf = buf
+        self._starts = starts
+        self._lengths = lengths
+        self._list: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def to_list(self) -> list[str]:
+        if self._list is None:
+            buf = self._buf
+            self._list = [
+                buf[s:s + n].decode("utf-8", errors="replace")
+                for s, n in zip(self._starts.tolist(), self._lengths.tolist())
+            ]
+        return self._list
+
+
+class Metadata(dict):
+    """dict of key -> plain value; string arrays are decoded to list[str] the first time they are read."""
+
+    def __getitem__(self, key):
+        v = dict.__getitem__(self, key)
+        if isinstance(v, LazyStrings):
+            v = v.to_list()
+            dict.__setitem__(self, key, v)
+        return v
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def items(self):
+        return ((k, self[k]) for k in self.keys())
+
+    def values(self):
+        return (self[k] for k in self.keys())
+
+
+def _read_value(cur: _Cursor, vtype: int, key: str):
+    if vtype not in _VALUE_TYPES:
+        raise GGUFError(f"metadata key {key!r} has unknown value type {vtype} (offset {cur.pos - 4})")
+    if vtype == _STRING:
+        return cur.string(f"string value of {key!r}")
+    if vtype == _ARRAY:
+        etype = cur.u32(f"element type of array {key!r}")
+        count = cur.u64(f"element count of array {key!r}")
+        if etype not in _VALUE_TYPES or etype == _ARRAY:
+            raise GGUFError(f"array {key!r} has unsupported element type {etype}")
+        if etype == _STRING:
+            return _read_string_array(cur, count, key)
+        dtype = _VALUE_TYPES[etype][1]
+        nbytes = count * dtype.itemsize
+        cur.need(nbytes, f"{count} elements of array {key!r}")
+        arr = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
+        cur.pos += nbytes
+        return arr.astype(bool) if etype == _BOOL else arr
+    dtype = _VALUE_TYPES[vtype][1]
+    cur.need(dtype.itemsize, f"value of {key!r}")
+    v = np.frombuffer(cur.buf, dtype=dtype, count=1, offset=cur.pos)[0]
+    cur.pos += dtype.itemsize
+    if vtype == _BOOL:
+        return bool(v)
+    return float(v) if dtype.kind == "f" else int(v)
+
+
+def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
+    # Each element takes at least 8 bytes (its length), so a count the file cannot hold is refused before any work.
+    if count * 8 > cur.size - cur.pos:
+        raise GGUFError(f"string array {key!r} claims {count} elements, more than the rest of the file can hold")
+    starts = np.empty(count, dtype=np.int64)
+    lengths = np.empty(count, dtype=np.int64)
+    buf, size, pos, unpack = cur.buf, cur.size, cur.pos, _U64.unpack_from
+    for i in range(count):
+        if pos + 8 > size:
+            raise GGUFError(f"string array {key!r} truncated at element {i} (offset {pos})")
+        (n,) = unpack(buf, pos)
+        pos += 8
+        if n > size - pos:
+            raise GGUFError(f"string {i} of array {key!r} claims length {n} at offset {pos - 8}, past the end of the file")
+        starts[i] = pos
+        lengths[i] = n
+        pos += n
+    cur.pos = pos
+    return LazyStrings(buf, starts, lengths)
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    ggml_type: str        # the block format's name, e.g. "Q4_K"
+    shape: tuple          # numpy order, outermost first
+    offset: int           # absolute byte offset in the file
+    nbytes: int
+    data: np.ndarray      # zero-copy uint8 view of the raw bytes
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class GGUFFile:
+    """An open GGUF file: `.metadata`, `.tensors`, `.version`, `.path`. Use as a context manager or call `close()`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise GGUFError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise GGUFError(f"{self.path}: is a directory, not a GGUF file") from None
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open ({e.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise GGUFError(f"{self.path}: is a directory, not a GGUF file")
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFError(f"{self.path}: not a regular file")
+            self.size = st.st_size
+            if self.size < 24:
+                raise GGUFError(f"{self.path}: {self.size} bytes is too small to be a GGUF file")
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        try:
+            self._parse()
+        except GGUFError as e:
+            self.close()
+            raise GGUFError(f"{self.path}: {e}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    # -- parsing -------------------------------------------------------------------------------------------------
+    def _parse(self) -> None:
+        cur = _Cursor(self._mmap, self.size)
+        magic = self._mmap[0:4]
+        if magic != GGUF_MAGIC:
+            raise GGUFError(f"bad magic {magic!r}: not a GGUF file (expected {GGUF_MAGIC!r})")
+        cur.pos = 4
+        self.version = cur.u32("version")
+        if self.version not in SUPPORTED_VERSIONS:
+            hint = " (big-endian file?)" if self.version > 0xFFFF else ""
+            raise GGUFError(f"unsupported GGUF version {self.version}{hint}; supported: {SUPPORTED_VERSIONS}")
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        # A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least 8 + 4 + 4 + 8.
+        if n_kv * 13 > self.size or n_tensors * 24 > self.size:
+            raise GGUFError(f"absurd counts: {n_kv} metadata entries and {n_tensors} tensors in a {self.size}-byte file")
+
+        meta = Metadata()
+        for i in range(n_kv):
+            key = cur.string(f"key of metadata entry {i}", MAX_KEY_LENGTH)
+            if key in meta:
+                raise GGUFError(f"duplicate metadata key {key!r}")
+            vtype = cur.u32(f"value type of {key!r}")
+            dict.__setitem__(meta, key, _read_value(cur, vtype, key))
+        self.metadata = meta
+
+        alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"general.alignment must be a positive power of two, got {alignment!r}")
+        self.alignment = alignment
+
+        infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
+        self.data_offset = -(-cur.pos // alignment) * alignment
+        self.tensors = self._check_tensors(infos)
+
+    def _read_tensor_info(self, cur: _Cursor, i: int):
+        name = cur.string(f"name of tensor {i}", MAX_KEY_LENGTH)
+        n_dims = cur.u32(f"dimension count of tensor {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise GGUFError(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        dims = [cur.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims)]
+        type_id = cur.u32(f"type of tensor {name!r}")
+        offset = cur.u64(f"data offset of tensor {name!r}")
+        return name, dims, type_id, offset
+
+    def _check_tensors(self, infos) -> dict[str, GGUFTensor]:
+        try:
+            from quant.formats import format_by_id
+        except ImportError:  # TEMPORARY until quant/formats.py lands
+            from ._formats_fallback import format_by_id
+
+        data_size = self.size - self.data_offset
+        if data_size < 0:
+            raise GGUFError("tensor data section starts past the end of the file")
+        tensors: dict[str, GGUFTensor] = {}
+        spans = []
+        for name, dims, type_id, offset in infos:
+            if name in tensors:
+                raise GGUFError(f"duplicate tensor name {name!r}")
+            try:
+                fmt = format_by_id(type_id)
+            except KeyError:
+                raise GGUFError(f"tensor {name!r} has unknown or unsupported ggml type {type_id}") from None
+            if any(d <= 0 for d in dims):
+                raise GGUFError(f"tensor {name!r} has a zero dimension: {dims}")
+            n_el = 1
+            for d in dims:  # Python ints: no overflow; refuse what cannot fit in the file anyway
+                n_el *= d
+            if n_el > data_size * 8 or n_el >= 1 << 62:
+                raise GGUFError(f"tensor {name!r} dimensions {dims} are absurd for a {self.size}-byte file")
+            if dims[0] % fmt.block_size:
+                raise GGUFError(
+                    f"tensor {name!r}: row length {dims[0]} is not a multiple of {fmt.name}'s block size {fmt.block_size}"
+                )
+            nbytes = n_el // fmt.block_size * fmt.type_size
+            if offset % self.alignment:
+                raise GGUFError(f"tensor {name!r}: data offset {offset} is not aligned to {self.alignment}")
+            if offset + nbytes > data_size:
+                raise GGUFError(
+                    f"tensor {name!r}: data [{offset}, {offset + nbytes}) runs past the end of the data section "
+                    f"({data_size} bytes; file truncated?)"
+                )
+            spans.append((offset, offset + nbytes, name))
+            start = self.data_offset + offset
+            view = np.frombuffer(self._mmap, dtype=np.uint8, count=nbytes, offset=start)
+            tensors[name] = GGUFTensor(name, fmt.name, tuple(int(d) for d in reversed(dims)), start, nbytes, view)
+        spans.sort()
+        for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
+            if s1 < e0:
+                raise GGUFError(f"tensors {n0!r} and {n1!r} overlap (bytes {s1}..{e0} of the data section)")
+        return tensors
+
+    # -- conveniences --------------------------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path}: general.architecture is missing")
+        return arch
+
+    def close(self) -> None:
+        # Views into the map keep it alive; drop ours and let the map close once nobody holds a view.
+        self.tensors = {}
+        m = getattr(self, "_mmap", None)
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass  # numpy views still reference it; it is released with them
+            self._mmap = None
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)}, metadata={len(self.metadata)})"
+
+
+def open(path: str | os.PathLike) -> GGUFFile:  # noqa: A001 - mirrors the builtin on purpose: edgellm.gguf.open
+    """Open and validate a GGUF file. Raises GGUFError on anything malformed."""
+    return GGUFFile(path)

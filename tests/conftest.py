@@ -1,0 +1,40 @@
+"""Shared fixtures: the two real models, pulled through the catalog (instant when cached)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SMOLLM2 = "smollm2-135m"
+GEMMA = "gemma-3-270m"
+REFERENCE_FILES = {SMOLLM2: "SmolLM2-135M-Instruct.Q4_1", GEMMA: "gemma-3-270m-q4_k_m"}
+
+
+def _pull(name):
+    from edgellm import catalog
+    return catalog.pull(name, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    return _pull(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    return _pull(GEMMA)
+
+
+@pytest.fixture(scope="session", params=[SMOLLM2, GEMMA])
+def real_model(request):
+    """(catalog name, path) for each real model."""
+    return request.param, _pull(request.param)
+
+
+def load_reference(name):
+    """llama.cpp's reference outputs for a catalog model: (json dict, npz mapping)."""
+    stem = REFERENCE_FILES[name]
+    with open(FIXTURES / f"{stem}.json", encoding="utf-8") as f:
+        js = json.load(f)
+    return js, np.load(FIXTURES / f"{stem}.npz")
