@@ -4,6 +4,10 @@
     m = edgellm.load("smollm2-135m")          # a catalog name (pulled on first use) or a path to a .gguf file
     print(m.generate("The capital of France is", max_tokens=16))
 """
+from . import jitcache as _jitcache
+
+_jitcache.configure()  # before anything imports numba
+
 from .errors import (CatalogError, DeviceError, EdgeLLMError, GGUFError, MemoryBudgetError, ModelError,
                      SamplingError, TokenizerError)
 
