@@ -1,0 +1,204 @@
+"""The vocabulary as llama.cpp loads it from GGUF metadata (llama_vocab::impl::load in src/llama-vocab.cpp).
+
+Sections: token attributes; special-token ids and flags with llama.cpp's per-model-type defaults; the
+end-of-generation set, found by token text as llama.cpp does; special-token partitioning of input text.
+"""
+import numpy as np
+
+from ..errors import TokenizerError
+
+# token attributes: llama.h's llama_token_attr bits
+ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL = 0, 1 << 0, 1 << 1, 1 << 2
+ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_BYTE = 1 << 3, 1 << 4, 1 << 5
+# GGUF tokenizer.ggml.token_type values 0..6 -> attribute (0 undefined, 1 normal, 2 unknown, 3 control,
+# 4 user-defined, 5 unused, 6 byte); anything else is undefined
+_TYPE_TO_ATTR = np.array([ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED,
+                          ATTR_UNUSED, ATTR_BYTE], dtype=np.int32)
+
+# Token texts llama.cpp takes as EOT when no eot id is given (first present wins here; llama.cpp's
+# hash-map order is unspecified), and the texts that always end generation.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+              "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_EOG_TEXTS = {  # FIM pad/repo/file-separator tokens are also EOG in llama.cpp
+    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+              "<｜end▁of▁sentence｜>", "[e~[")
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: made user-defined
+
+
+def _meta_int(metadata, key):
+    value = metadata.get(key)
+    return None if value is None else int(value)
+
+
+class Vocab:
+    """Token texts, ids, scores and attributes, the special ids and the add-BOS/EOS/space flags."""
+
+    def __init__(self, metadata):
+        model = metadata.get("tokenizer.ggml.model")
+        if model not in ("gpt2", "llama"):
+            raise TokenizerError(f"unsupported tokenizer model {model!r} (supported: 'gpt2' BPE, 'llama' SPM)")
+        self.model = model
+        self.pre = metadata.get("tokenizer.ggml.pre") or ""
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
+        if "" in tokens:         # llama.cpp renames empty entries rather than failing
+            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        elif not isinstance(tokens, list):
+            tokens = list(tokens)
+        self.tokens = tokens
+        self.n_vocab = n = len(tokens)
+        self.token_to_id = dict(zip(tokens, range(n)))
+        if len(self.token_to_id) != n:
+            raise TokenizerError("duplicate token text in tokenizer.ggml.tokens")
+
+        scores = metadata.get("tokenizer.ggml.scores")
+        types = metadata.get("tokenizer.ggml.token_type")
+        for key, array in (("scores", scores), ("token_type", types)):
+            if array is not None and len(array) < n:
+                raise TokenizerError(f"tokenizer.ggml.{key} has {len(array)} entries for {n} tokens")
+        self.scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)[:n]
+        if types is None:
+            self.attrs = np.full(n, ATTR_NORMAL, np.int32)
+        else:
+            types = np.asarray(types, np.int64)[:n]
+            known = (types >= 0) & (types < len(_TYPE_TO_ATTR))
+            self.attrs = np.full(n, ATTR_UNDEFINED, np.int32)
+            self.attrs[known] = _TYPE_TO_ATTR[types[known]]
+
+        self._read_flags_and_ids(metadata)
+        self._find_end_of_generation(metadata)
+        for text in _ALWAYS_RENDERED:
+            if text in self.token_to_id:
+                self.attrs[self.token_to_id[text]] = ATTR_USER_DEFINED
+
+    # -- special ids and flags ---------------------------------------------------------------------------------
+    def _read_flags_and_ids(self, metadata):
+        if self.model == "llama":                  # SPM defaults
+            bos, eos, unk = 1, 2, 0
+            self.add_bos, self.add_space_prefix = True, True
+        else:                                      # BPE defaults; some pre-tokenizers add BOS by default
+            from .pretokenize import pre_type_settings
+            bos, eos, unk = 11, 11, None
+            self.add_bos, self.add_space_prefix = pre_type_settings(self.pre)[2], False
+        self.add_eos = False
+        ids = {}
+        for name, default in (("bos", bos), ("eos", eos), ("unknown", unk), ("eot", None), ("eom", None),
+                              ("padding", None)):
+            if default is not None and default >= self.n_vocab:
+                default = None
+            value = _meta_int(metadata, f"tokenizer.ggml.{name}_token_id")
+            ids[name] = value if value is not None and 0 <= value < self.n_vocab else default
+        self.bos_id, self.eos_id, self.unk_id = ids["bos"], ids["eos"], ids["unknown"]
+        self.eot_id, self.eom_id, self.pad_id = ids["eot"], ids["eom"], ids["padding"]
+        for attr, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token"),
+                          ("add_space_prefix", "add_space_prefix")):
+            value = metadata.get(f"tokenizer.ggml.{key}")
+            if value is not None:
+                setattr(self, attr, bool(value))
+        if self.add_bos and self.bos_id is None:
+            raise TokenizerError("tokenizer.ggml.add_bos_token is true but there is no BOS token id")
+        if self.add_eos and self.eos_id is None:
+            raise TokenizerError("tokenizer.ggml.add_eos_token is true but there is no EOS token id")
+
+    def _find_end_of_generation(self, metadata):
+        lookup = self.token_to_id.get
+
+        def first_present(texts):
+            return next((lookup(t) for t in texts if lookup(t) is not None), None)
+
+        def mark_control(token_id):  # llama.cpp overrides control-looking tokens to control type
+            self.attrs[token_id] |= ATTR_CONTROL
+
+        if self.eot_id is None:
+            self.eot_id = first_present(_EOT_TEXTS)
+            if self.eot_id is not None:
+                mark_control(self.eot_id)
+        if self.eom_id is None:
+            self.eom_id = first_present(_EOM_TEXTS)
+            if self.eom_id is not None:
+                mark_control(self.eom_id)
+        eog = set()
+        for kind, texts in _FIM_EOG_TEXTS.items():
+            token_id = _meta_int(metadata, f"tokenizer.ggml.fim_{kind}_token_id")
+            if token_id is None or not 0 <= token_id < self.n_vocab:
+                token_id = first_present(texts)
+                if token_id is not None:
+                    mark_control(token_id)
+            if token_id is not None:
+                eog.add(token_id)
+        for text in _EOG_TEXTS:
+            token_id = lookup(text)
+            if token_id is not None:
+                eog.add(token_id)
+                mark_control(token_id)
+        eog.update(t for t in (self.eos_id, self.eot_id, self.eom_id) if t is not None)
+        texts = {self.tokens[t]: t for t in eog}
+        # gpt-oss / solar-open: <|end|> is not an end of generation when <|return|>/<|call|> exist
+        if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts)
+                                   or ("<|calls|>" in texts and "<|flush|>" in texts)):
+            eog.discard(texts["<|end|>"])
+            self.attrs[texts["<|end|>"]] = ATTR_USER_DEFINED
+        if "<|tool_response>" in texts and "</s>" in texts:  # gemma4: </s> is an ordinary token
+            eog.discard(texts["</s>"])
+            self.attrs[texts["</s>"]] = ATTR_NORMAL
+        self.eog_ids = frozenset(eog)
+
+    # -- special-token partitioning ----------------------------------------------------------------------------
+    def special_matcher(self, parse_special: bool) -> "SpecialTokenMatcher":
+        key = "_matcher_all" if parse_special else "_matcher_user"
+        matcher = getattr(self, key, None)
+        if matcher is None:
+            mask = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN if parse_special else ATTR_USER_DEFINED
+            # llama.cpp ignores control/unknown tokens when not parsing specials, but user-defined ones always match
+            ids = np.nonzero(self.attrs & mask)[0].tolist()
+            if not parse_special:
+                ids = [i for i in ids if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN)]
+            matcher = SpecialTokenMatcher([(i, self.tokens[i]) for i in ids])
+            setattr(self, key, matcher)
+        return matcher
+
+
+class SpecialTokenMatcher:
+    """llama.cpp's tokenizer_st_partition: special tokens, longest (in bytes) first, each splitting every
+    remaining text fragment at all its non-overlapping occurrences. Only tokens present in the text are tried;
+    a prefix index finds them without scanning all of a large special vocabulary (Gemma has ~6,400)."""
+
+    _KEY = 6  # prefix length of the index
+
+    def __init__(self, specials):
+        ordered = sorted(specials, key=lambda it: (-len(it[1].encode("utf-8")), it[0]))
+        self._priority = {token_id: rank for rank, (token_id, _) in enumerate(ordered)}
+        self._by_prefix = {}
+        for token_id, text in ordered:
+            self._by_prefix.setdefault(text[:self._KEY], []).append((token_id, text))
+
+    def split(self, text: str) -> list:
+        """Text fragments (str) and special token ids (int), in order."""
+        present = [item for prefix, group in self._by_prefix.items() if prefix in text
+                   for item in group if item[1] in text]
+        if not present:
+            return [text]
+        present.sort(key=lambda it: self._priority[it[0]])
+        fragments = [text]
+        for token_id, token_text in present:
+            out = []
+            for frag in fragments:
+                if isinstance(frag, int) or token_text not in frag:
+                    out.append(frag)
+                    continue
+                parts = frag.split(token_text)
+                for k, part in enumerate(parts):
+                    if k:
+                        out.append(token_id)
+                    if part:
+                        out.append(part)
+            fragments = out
+        return fragments
