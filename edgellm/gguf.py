@@ -279,10 +279,7 @@ class GGUFFile:
         return name, dims, type_id, offset
 
     def _check_tensors(self, infos) -> dict[str, GGUFTensor]:
-        try:
-            from quant.formats import format_by_id
-        except ImportError:  # TEMPORARY until quant/formats.py lands
-            from ._formats_fallback import format_by_id
+        from quant.formats import format_by_id
 
         data_size = self.size - self.data_offset
         if data_size < 0:

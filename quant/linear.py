@@ -1,0 +1,151 @@
+"""QuantLinear: y = W x for a GGML-quantized weight matrix, computed in place on the file's bytes.
+
+Layout choice (measured on a 2-vCPU AVX2 EPYC, see tools/bench_kernels.py): the kernels read GGML's own
+block layout straight from the mmap, with no repacking at load. Decoding a block into 32 signed bytes is a
+handful of vector instructions (quant.simd), and in place a one-thread matvec already reads 9-11 GB/s of
+Q4_1 / Q4_K and ~14 GB/s of Q8_0, against ~14-18 GB/s of DRAM read bandwidth per thread: a repacked
+layout has little speed left to win, while any repack costs memory (a full int8 unpack doubles 4-bit
+weights; even float32 scales beside the nibbles add 20-40%). In place, QuantLinear adds nothing to the
+model's RSS beyond the activation scratch, and the weights stay shared with the page cache.
+
+Activations are quantized per call to int8 (Q8_0-style for the 32-element formats, Q8_K-style for the
+K-quants, as llama.cpp does); F32/F16/BF16 weights use float32 activations. The activation scratch is shared
+by every QuantLinear with the same input width and kind and grows with the longest batch seen; kernels hold
+the GIL, so sharing is safe for calls from any one thread at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels_float, kernels_legacy, matmul_kquant
+from .kernels_dequant import DEQUANTIZE_ROWS
+from .formats import BlockFormat, format_by_name
+from .reference import as_checked_bytes, check_shape
+
+_MATMUL = {**kernels_legacy.MATMUL, **matmul_kquant.MATMUL, **kernels_float.MATMUL}
+
+
+class _ActivationScratch:
+    """int8 quants + per-block scales (+ sums) for up to `capacity` tokens of width n_in."""
+
+    def __init__(self, family: str, n_in: int):
+        self.family, self.n_in, self.capacity = family, n_in, 0
+        self.args: tuple = ()
+        self.reserve(1)
+
+    def reserve(self, n_tokens: int) -> tuple:
+        if n_tokens > self.capacity:  # matmul only: matvec always fits
+            n = n_tokens * self.n_in
+            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32
+                self.args = (np.empty(n, np.int8), np.empty(n // 32, np.float32), np.empty(n // 32, np.float32))
+            else:                        # xq, d per 256, int sums per 16
+                self.args = (np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32))
+            self.capacity = n_tokens
+        return self.args
+
+
+_SCRATCH: dict[tuple[str, int], _ActivationScratch] = {}
+_UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
+
+
+def _scratch_for(fmt: BlockFormat, n_in: int) -> _ActivationScratch | None:
+    if fmt.family == "float":
+        return None
+    key = (fmt.family, n_in)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = _ActivationScratch(fmt.family, n_in)
+    return _SCRATCH[key]
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _check_f32(name: str, a, shape: tuple[int, ...], writable: bool = False) -> None:
+    if not (isinstance(a, np.ndarray) and a.dtype == _F32 and a.shape == shape and a.flags.c_contiguous):
+        got = f"{a.dtype} {a.shape}{'' if a.flags.c_contiguous else ' non-contiguous'}" \
+            if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"{name} must be a C-contiguous float32 array of shape {shape}, got {got}")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+
+
+class QuantLinear:
+    """A (n_out, n_in) weight matrix of any registered format, used without copying its bytes."""
+
+    def __init__(self, data, ggml_type: str, shape):
+        self.format = format_by_name(ggml_type)
+        shape = check_shape(self.format, shape)
+        if len(shape) != 2 or shape[0] == 0 or shape[1] == 0:
+            raise ValueError(f"QuantLinear needs a non-empty 2-D (n_out, n_in) shape, got {shape}")
+        self.data = as_checked_bytes(data, self.format, shape)  # flat uint8 view, no copy when contiguous
+        self.n_out, self.n_in = shape
+        self.ggml_type = self.format.name
+        self.row_bytes = self.format.row_bytes(self.n_in)
+        self._kernel = _MATMUL[self.format.name]
+        self._scratch = _scratch_for(self.format, self.n_in)
+        self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
+
+    @classmethod
+    def concat_rows(cls, layers: list["QuantLinear"]) -> "QuantLinear":
+        """One QuantLinear whose rows are the given layers' rows in order (same format and n_in), e.g. Q, K
+        and V stacked so that decode pays one kernel call instead of three. Copies the weight bytes."""
+        first = layers[0]
+        if any(layer.ggml_type != first.ggml_type or layer.n_in != first.n_in for layer in layers):
+            raise ValueError("concat_rows needs layers of one format and one input width, got "
+                             + ", ".join(repr(layer) for layer in layers))
+        data = np.concatenate([layer.data for layer in layers])
+        return cls(data, first.ggml_type, (sum(layer.n_out for layer in layers), first.n_in))
+
+    def __repr__(self) -> str:
+        return f"QuantLinear({self.ggml_type}, n_out={self.n_out}, n_in={self.n_in})"
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size
+
+    def matvec(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[:] = W @ x for one token (decode)."""
+        # The common case in a few attribute checks (this runs hundreds of times per token); anything
+        # unusual goes through the full checks, which name the problem.
+        if not (type(x) is np.ndarray and type(out) is np.ndarray and x.dtype is _F32 and out.dtype is _F32
+                and x.shape == self._x_shape and out.shape == self._out_shape and x.strides == _UNIT_STRIDE
+                and out.strides == _UNIT_STRIDE and out.flags.writeable):
+            _check_f32("x", x, self._x_shape)
+            _check_f32("out", out, self._out_shape, writable=True)
+        self._run(x.reshape(1, self.n_in), out.reshape(1, self.n_out))
+
+    def matmul(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[t] = W @ x[t] for x of shape (T, n_in) (prompt processing); each row equals matvec's bits."""
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise ValueError(f"x must be a 2-D (T, {self.n_in}) float32 array")
+        n_tokens = x.shape[0]
+        _check_f32("x", x, (n_tokens, self.n_in))
+        _check_f32("out", out, (n_tokens, self.n_out), writable=True)
+        if n_tokens:
+            self._run(x, out)
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self._scratch is None:
+            self._kernel(self.data, self.row_bytes, x, out)
+        else:
+            xq, xd, xs = self._scratch.reserve(x.shape[0])
+            self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out)
+
+    def dequantize(self) -> np.ndarray:
+        out = np.empty((self.n_out, self.n_in), np.float32)
+        DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, np.arange(self.n_out), out)
+        return out
+
+    def get_rows(self, ids, out: np.ndarray) -> None:
+        """out[i] = row ids[i] of W, dequantized (embedding lookup)."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not (ids.dtype.kind in "iu" or ids.size == 0):
+            raise ValueError(f"ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+        _check_f32("out", out, (ids.size, self.n_in), writable=True)
+        if ids.size == 0:
+            return
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.n_out:
+            raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
+        DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)

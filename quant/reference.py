@@ -1,0 +1,345 @@
+"""Numpy reference quantize / dequantize for every format in quant.formats.
+
+Sections:
+  1. validation shared by every public entry point (sizes are checked before any data is touched)
+  2. dequantize_blocks: one vectorised function per format over (n_blocks,) structured blocks;
+     bit-exact with gguf.quants.dequantize (same float32 operations in the same order)
+  3. quantize_blocks for F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; bit-exact with gguf.quants.quantize
+  4. activation quantization used by the integer kernels (Q8_0-style per 32, Q8_K-style per 256),
+     following llama.cpp's x86 conventions so our integer dot products see the same int8 values
+
+The Numba kernels in quant.kernels_* are checked against this module, never the other way round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import QK_K, BlockFormat, format_by_name
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. validation
+
+
+def check_shape(fmt: BlockFormat, shape) -> tuple[int, ...]:
+    """Normalise `shape` and check its last axis splits into whole blocks."""
+    try:
+        shape = tuple(int(s) for s in (shape if np.iterable(shape) else (shape,)))
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a tuple of ints, got {shape!r}") from None
+    if not shape or any(s < 0 for s in shape):
+        raise ValueError(f"invalid tensor shape {shape}")
+    if shape[-1] % fmt.block_size:
+        raise ValueError(f"{fmt.name} tensor of shape {shape}: row length {shape[-1]} is not a multiple of "
+                         f"the block size {fmt.block_size}")
+    return shape
+
+
+def expected_nbytes(fmt: BlockFormat, shape: tuple[int, ...]) -> int:
+    n_elements = int(np.prod(shape, dtype=np.int64))
+    return n_elements // fmt.block_size * fmt.type_size
+
+
+def as_checked_bytes(data, fmt: BlockFormat, shape: tuple[int, ...]) -> np.ndarray:
+    """Flat contiguous uint8 view of `data`, after checking it holds exactly the bytes of `shape`."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = np.frombuffer(data, dtype=np.uint8)
+    if not isinstance(data, np.ndarray):
+        raise ValueError(f"expected a uint8 numpy array of {fmt.name} blocks, got {type(data).__name__}")
+    if data.dtype != np.uint8:
+        raise ValueError(f"expected uint8 bytes of {fmt.name} blocks, got dtype {data.dtype}")
+    want = expected_nbytes(fmt, shape)
+    if data.size != want:
+        raise ValueError(f"{fmt.name} tensor of shape {shape} needs {want} bytes, got {data.size}")
+    # Always a read-only view: weights are never written, and mmap'd (read-only) and in-memory tensors then
+    # share one compiled specialisation of every kernel instead of two.
+    flat = np.ascontiguousarray(data).reshape(-1).view()
+    flat.flags.writeable = False
+    return flat
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. dequantize: (n_blocks,) structured blocks -> float32 (n_blocks, block_size)
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32)
+
+
+def _nibbles_lo_then_hi(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) bytes -> (n, 32): low nibbles are elements 0..15, high nibbles 16..31 (legacy formats)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits32(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes of a little-endian uint32 -> (n, 32) bits, bit j is element j."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
+
+
+def _dequant_f32(b):
+    return b["v"].astype(np.float32).reshape(-1, 1)
+
+
+def _dequant_f16(b):
+    return b["v"].astype(np.float32).reshape(-1, 1)
+
+
+def _dequant_bf16(b):
+    return (b["v"].astype(np.int32) << 16).view(np.float32).reshape(-1, 1)
+
+
+def _dequant_q4_0(b):
+    q = _nibbles_lo_then_hi(b["qs"]).astype(np.int8) - np.int8(8)
+    return _f32(b["d"])[:, None] * q.astype(np.float32)
+
+
+def _dequant_q4_1(b):
+    q = _nibbles_lo_then_hi(b["qs"]).astype(np.float32)
+    return _f32(b["d"])[:, None] * q + _f32(b["m"])[:, None]
+
+
+def _dequant_q5_0(b):
+    q = (_nibbles_lo_then_hi(b["qs"]) | (_bits32(b["qh"]) << 4)).astype(np.int8) - np.int8(16)
+    return _f32(b["d"])[:, None] * q.astype(np.float32)
+
+
+def _dequant_q5_1(b):
+    q = (_nibbles_lo_then_hi(b["qs"]) | (_bits32(b["qh"]) << 4)).astype(np.float32)
+    return _f32(b["d"])[:, None] * q + _f32(b["m"])[:, None]
+
+
+def _dequant_q8_0(b):
+    return b["qs"].astype(np.float32) * _f32(b["d"])[:, None]
+
+
+def _crumbs_by_shift(qs: np.ndarray) -> np.ndarray:
+    """(n, 64) bytes of 2-bit fields -> (n, 256): element h*128 + j*32 + l is bits 2j..2j+1 of qs[h*32 + l]."""
+    n = qs.shape[0]
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return ((qs.reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, QK_K)
+
+
+def _dequant_q2_k(b):
+    n = b.shape[0]
+    sc = b["scales"]
+    dl = (_f32(b["d"])[:, None] * (sc & 0xF).astype(np.float32)).reshape(n, 16, 1)
+    ml = (_f32(b["dmin"])[:, None] * (sc >> 4).astype(np.float32)).reshape(n, 16, 1)
+    q = _crumbs_by_shift(b["qs"]).reshape(n, 16, 16).astype(np.float32)
+    return (dl * q - ml).reshape(n, QK_K)
+
+
+def q3_k_scales(scales: np.ndarray) -> np.ndarray:
+    """(n, 12) packed bytes -> (n, 16) signed 6-bit scales.
+
+    Scale s takes its low 4 bits from byte s (s < 8) or the high nibble of byte s - 8, and its top 2 bits
+    from bits 2*(s // 4) of byte 8 + s % 4."""
+    n = scales.shape[0]
+    low = np.concatenate([scales[:, :8] & 0x0F, scales[:, :8] >> 4], axis=-1)
+    high = (scales[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)) & 3
+    return (low | (high.reshape(n, 16) << 4)).astype(np.int8) - np.int8(32)
+
+
+def _dequant_q3_k(b):
+    n = b.shape[0]
+    dl = (_f32(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(np.float32)).reshape(n, 16, 1)
+    low = _crumbs_by_shift(b["qs"])
+    # element j*32 + l (of each 128-half) has its "high" bit in bit j of hmask[l]; a clear bit subtracts 4
+    hbit = np.unpackbits(b["hmask"].reshape(n, 1, 32), axis=1, bitorder="little").reshape(n, QK_K)
+    q = low.astype(np.int8) - ((hbit ^ 1) << 2).astype(np.int8)
+    return (dl * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
+
+
+def k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: (n, 12) packed bytes -> ((n, 8) 6-bit scales, (n, 8) 6-bit mins).
+
+    Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for mins;
+    bytes 8-11 hold the low 4 bits of scale 4+i (low nibble) and min 4+i (high nibble)."""
+    d, m, md = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _k_nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 128) bytes -> (n, 8, 32): sub-block 2i is the low nibbles of bytes 32i.., 2i+1 the high nibbles."""
+    n = qs.shape[0]
+    q = qs.reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(n, 8, 32)
+
+
+def _dequant_q4_k(b):
+    n = b.shape[0]
+    sc, mn = k_scale_min(b["scales"])
+    d = (_f32(b["d"])[:, None] * sc.astype(np.float32)).reshape(n, 8, 1)
+    dm = (_f32(b["dmin"])[:, None] * mn.astype(np.float32)).reshape(n, 8, 1)
+    return (d * _k_nibbles(b["qs"]).astype(np.float32) - dm).reshape(n, QK_K)
+
+
+def _dequant_q5_k(b):
+    n = b.shape[0]
+    sc, mn = k_scale_min(b["scales"])
+    d = (_f32(b["d"])[:, None] * sc.astype(np.float32)).reshape(n, 8, 1)
+    dm = (_f32(b["dmin"])[:, None] * mn.astype(np.float32)).reshape(n, 8, 1)
+    # sub-block j takes its fifth bit from bit j of qh[l]
+    high = np.unpackbits(b["qh"].reshape(n, 1, 32), axis=1, bitorder="little")
+    q = (_k_nibbles(b["qs"]) | (high << 4)).astype(np.float32)
+    return (d * q - dm).reshape(n, QK_K)
+
+
+def _dequant_q6_k(b):
+    n = b.shape[0]
+    d = (_f32(b["d"])[:, None] * b["scales"].astype(np.float32)).reshape(n, 16, 1)
+    # element h*128 + s*64 + k: low 4 bits are nibble s of ql[h*64 + k], high 2 bits come from qh like Q2_K
+    ql = (b["ql"].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    q = (ql.reshape(n, QK_K) | (_crumbs_by_shift(b["qh"]) << 4)).astype(np.int8) - np.int8(32)
+    return (d * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
+
+
+def _dequant_q8_k(b):  # not in gguf-py; the int8 quants times the float32 scale
+    return b["qs"].astype(np.float32) * b["d"][:, None]
+
+
+DEQUANTIZE_BLOCKS = {
+    "F32": _dequant_f32, "F16": _dequant_f16, "BF16": _dequant_bf16,
+    "Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q5_0": _dequant_q5_0, "Q5_1": _dequant_q5_1,
+    "Q8_0": _dequant_q8_0, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
+    "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k, "Q8_K": _dequant_q8_k,
+}
+
+
+def dequantize(data, ggml_type, shape) -> np.ndarray:
+    """Numpy reference: raw bytes of a `ggml_type` tensor -> float32 array of `shape`."""
+    fmt = format_by_name(ggml_type)
+    shape = check_shape(fmt, shape)
+    raw = as_checked_bytes(data, fmt, shape)
+    blocks = raw.view(fmt.block_dtype)
+    return DEQUANTIZE_BLOCKS[fmt.name](blocks).astype(np.float32, copy=False).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. quantize: float32 (n_blocks, block_size) -> (n_blocks,) structured blocks
+
+
+def _reciprocal_or_zero(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """The value with the largest magnitude in each row (first one on ties), keeping its sign."""
+    return np.take_along_axis(x, np.abs(x).argmax(axis=-1, keepdims=True), axis=-1)
+
+
+def _pack_lo_then_hi(q: np.ndarray) -> np.ndarray:
+    return (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    """C roundf. Adding 0.5 then flooring can round up just below .5; doubling the fraction cannot."""
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.sign(x) * (whole + np.floor(np.float32(2) * (a - whole)))
+
+
+def _quant_f32(x, out):
+    out["v"] = x[:, 0]
+
+
+def _quant_f16(x, out):
+    out["v"] = x[:, 0].astype(np.float16)
+
+
+def _quant_bf16(x, out):  # round to nearest even, NaNs forced quiet (ggml_compute_fp32_to_bf16)
+    u = x[:, 0].view(np.uint32).astype(np.uint64)
+    is_nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    out["v"] = np.where(is_nan, (u >> 16) | 64, rounded).astype(np.uint16)
+
+
+def _quant_q4_0(x, out):
+    d = _signed_absmax(x) / np.float32(-8)
+    q = np.trunc(x * _reciprocal_or_zero(d) + np.float32(8.5)).astype(np.uint8).clip(0, 15)
+    out["d"], out["qs"] = d[:, 0], _pack_lo_then_hi(q)
+
+
+def _quant_q4_1(x, out):
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    q = np.trunc((x - lo) * _reciprocal_or_zero(d) + np.float32(0.5)).astype(np.uint8).clip(0, 15)
+    out["d"], out["m"], out["qs"] = d[:, 0], lo[:, 0], _pack_lo_then_hi(q)
+
+
+def _quant_q5_0(x, out):
+    d = _signed_absmax(x) / np.float32(-16)
+    q = np.trunc(x * _reciprocal_or_zero(d) + np.float32(16.5)).astype(np.uint8).clip(0, 31)
+    out["d"], out["qs"] = d[:, 0], _pack_lo_then_hi(q)
+    out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
+
+
+def _quant_q5_1(x, out):
+    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    d = (hi - lo) / np.float32(31)
+    q = np.trunc((x - lo) * _reciprocal_or_zero(d) + np.float32(0.5)).astype(np.uint8).clip(0, 31)
+    out["d"], out["m"], out["qs"] = d[:, 0], lo[:, 0], _pack_lo_then_hi(q)
+    out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
+
+
+def _quant_q8_0(x, out):
+    d = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
+    out["d"], out["qs"] = d[:, 0], _round_half_away(x * _reciprocal_or_zero(d)).astype(np.int8)
+
+
+QUANTIZE_BLOCKS = {
+    "F32": _quant_f32, "F16": _quant_f16, "BF16": _quant_bf16, "Q4_0": _quant_q4_0, "Q4_1": _quant_q4_1,
+    "Q5_0": _quant_q5_0, "Q5_1": _quant_q5_1, "Q8_0": _quant_q8_0,
+}
+
+
+def quantize(x, ggml_type) -> np.ndarray:
+    """float32 array (..., n) -> uint8 array (..., bytes per row) of `ggml_type` blocks (gguf-py's layout)."""
+    fmt = format_by_name(ggml_type)
+    if fmt.name not in QUANTIZE_BLOCKS:
+        raise ValueError(f"quantizing to {fmt.name} is not supported; supported: {', '.join(QUANTIZE_BLOCKS)}")
+    x = np.asarray(x)
+    shape = check_shape(fmt, x.shape)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, fmt.block_size)
+    out = np.zeros(x.shape[0], dtype=fmt.block_dtype)
+    QUANTIZE_BLOCKS[fmt.name](x, out)
+    return out.view(np.uint8).reshape(*shape[:-1], fmt.row_bytes(shape[-1]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. activation quantization for the integer kernels
+#
+# Q8_0-style (blocks of 32, for the legacy formats): d = amax / 127, q = round-half-even(x * (127 / amax)),
+# and s = d * sum(q), the block sum that formats with a min (Q4_1, Q5_1) need, like llama.cpp's Q8_1.
+# Q8_K-style (blocks of 256, for the K-quants): iscale = -127 / (signed absmax), q = min(127, rint(iscale*x)),
+# d = 1 / iscale, plus the int sums of each 16 quants (for the K-quant mins), as llama.cpp's Q8_K.
+# The int8 values are llama.cpp's (x86 rounding); the scales stay float32 where llama.cpp rounds d and s to
+# float16, which only removes a <= 2**-11 relative error per block.
+
+ACT_BLOCK = 32
+
+
+def quantize_act_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 (n,) -> (q int8 (n,), d float32 (n/32,), s float32 (n/32,))."""
+    xb = np.asarray(x, dtype=np.float32).reshape(-1, ACT_BLOCK)
+    amax = np.abs(xb).max(axis=-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+    q = np.rint(xb * inv[:, None]).astype(np.int8)
+    s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return q.reshape(-1), d, s
+
+
+def quantize_act_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 (n,) -> (q int8 (n,), d float32 (n/256,), bsums int32 (n/16,))."""
+    xb = np.asarray(x, dtype=np.float32).reshape(-1, QK_K)
+    vmax = _signed_absmax(xb)[:, 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(vmax == 0, np.float32(0), np.float32(-127) / vmax).astype(np.float32)
+        d = np.where(vmax == 0, np.float32(0), np.float32(1) / iscale).astype(np.float32)
+    q = np.minimum(np.rint(xb * iscale[:, None]), 127).astype(np.int8)
+    bsums = q.reshape(-1, 16).sum(axis=-1, dtype=np.int32)
+    return q.reshape(-1), d, bsums

@@ -1,0 +1,447 @@
+"""Portable SIMD building blocks for the Numba kernels, written as LLVM vector IR.
+
+Why this exists: Numba leaves LLVM's SLP vectoriser off (numba.config.SLP_VECTORIZE, off since a
+miscompilation), so a fixed 32-element block loop is fully unrolled into scalar code, and Numba types
+int8*int8 as int64. A per-block integer dot product written in plain Numba runs at ~1 GB/s. Here each
+operation is one small `@intrinsic` that emits generic LLVM vector instructions (<32 x i8>, <8 x i32>,
+<8 x float>); LLVM lowers them for the host (vcvtph2ps, vfmadd231ps, ... on AVX2, whatever other targets
+have), and Numba keeps the values in registers between calls. Only the int8 dot product names x86 AVX2
+intrinsics (vpmaddubsw / vpmaddwd, see below), with a generic fallback computing the same lanes. A kernel
+then reads like llama.cpp's intrinsic code, e.g. for a Q8_0 block:
+
+    acc = f32x8_fma_i32(acc, dot_i8x32(load_i8x32(w, o + 2), load_i8x32(xq, 32 * b)), load_f16(w, o) * d_x)
+
+Contract: offsets are in elements of the array passed (bytes for uint8 buffers), and nothing is bounds
+checked or wrapped here: callers validate every size in Python before a kernel runs.
+
+Types: I8x32 (32 signed bytes), I32x8 (8 int32 lanes of partial sums), F32x8 (8 float lanes).
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm_binding
+from llvmlite import ir
+from numba import types
+from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
+from numba.core import cgutils
+from numba.core import config as numba_config
+from numba.extending import intrinsic, models, register_model
+
+_I1, _I8, _I16, _I32, _F32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+
+
+def _vec(elem, n):
+    return ir.VectorType(elem, n)
+
+
+class _VectorType(types.Type):
+    def __init__(self, name):
+        super().__init__(name=name)
+
+
+I8x32, I32x8, F32x8 = _VectorType("I8x32"), _VectorType("I32x8"), _VectorType("F32x8")
+_LLVM_TYPE = {"I8x32": _vec(_I8, 32), "I32x8": _vec(_I32, 8), "F32x8": _vec(_F32, 8)}
+
+
+@register_model(_VectorType)
+class _VectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _LLVM_TYPE[fe_type.name])
+
+
+def _host_has(feature: str) -> bool:
+    """Whether the CPU Numba compiles for has an x86 feature (honours NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
+    if not llvm_binding.get_process_triple().startswith(("x86_64", "i686", "i386")):
+        return False
+    if numba_config.CPU_NAME and numba_config.CPU_NAME != "host":
+        return f"+{feature}" in (numba_config.CPU_FEATURES or "").split(",")
+    return bool(llvm_binding.get_host_cpu_features().get(feature))
+
+
+def _has_native_f16() -> bool:
+    """True where LLVM turns `fpext half` into an instruction (x86 F16C, AArch64), not a libcall."""
+    return llvm_binding.get_process_triple().startswith(("aarch64", "arm64")) or _host_has("f16c")
+
+
+NATIVE_F16 = _has_native_f16()
+
+# ---------------------------------------------------------------------------------------------------------
+# IR helpers
+
+
+def _ptr(context, builder, arytype, ary, offset):
+    data = context.make_array(arytype)(context, builder, ary).data
+    return builder.gep(data, [offset], source_etype=context.get_data_type(arytype.dtype))
+
+
+def _cast_ptr(builder, ptr, llvm_type):
+    """Point at llvm_type (a no-op under opaque pointers, a bitcast under typed ones)."""
+    if getattr(ptr.type, "is_opaque", False):
+        return ptr
+    return builder.bitcast(ptr, llvm_type.as_pointer())
+
+
+def _load(builder, ptr, llvm_type):
+    return builder.load(_cast_ptr(builder, ptr, llvm_type), typ=llvm_type, align=1)
+
+
+def _splat(builder, value, n):
+    vt = _vec(value.type, n)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [0] * n))
+
+
+def _shuffle(builder, a, b, lanes):
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(_I32, len(lanes)), list(lanes)))
+
+
+def _as_i8x32(context, builder, value_type, value):
+    """An I8x32 operand, or an integer scalar splatted to 32 bytes."""
+    if value_type is I8x32:
+        return value
+    return _splat(builder, builder.trunc(value, _I8) if value.type.width > 8 else value, 32)
+
+
+def _call_intrinsic(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _f16_bits_to_f32(builder, h):
+    """Exact half -> float of i16 (or <n x i16>) bits with integer ops only, for hosts without F16C.
+
+    The 15 magnitude bits shifted into a float's exponent/mantissa and scaled by 2**112 give normals and
+    subnormals exactly; exponent 31 (inf/nan) gets an all-ones float exponent instead."""
+    n = h.type.count if isinstance(h.type, ir.VectorType) else None
+
+    def const(ty, v):
+        return ir.Constant(_vec(ty, n), [v] * n) if n else ir.Constant(ty, v)
+
+    i32t, f32t = (_vec(_I32, n), _vec(_F32, n)) if n else (_I32, _F32)
+    h32 = builder.zext(h, i32t)
+    magnitude = builder.and_(h32, const(_I32, 0x7FFF))
+    bits = builder.shl(magnitude, const(_I32, 13))
+    finite = builder.fmul(builder.bitcast(bits, f32t), const(_F32, 2.0 ** 112))
+    special = builder.bitcast(builder.or_(bits, const(_I32, 0x7F800000)), f32t)
+    is_special = builder.icmp_unsigned(">=", magnitude, const(_I32, 0x7C00))
+    value = builder.bitcast(builder.select(is_special, special, finite), i32t)
+    sign = builder.shl(builder.and_(h32, const(_I32, 0x8000)), const(_I32, 16))
+    return builder.bitcast(builder.or_(value, sign), f32t)
+
+
+def _f16_to_f32(builder, h, native=None):
+    if NATIVE_F16 if native is None else native:
+        half_type = _vec(ir.HalfType(), h.type.count) if isinstance(h.type, ir.VectorType) else ir.HalfType()
+        f32_type = _vec(_F32, h.type.count) if isinstance(h.type, ir.VectorType) else _F32
+        return builder.fpext(builder.bitcast(h, half_type), f32_type)
+    return _f16_bits_to_f32(builder, h)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scalar loads
+
+
+@intrinsic
+def load_f16(typingctx, buf, offset):
+    """The little-endian float16 at buf[offset] (a byte offset into a uint8 buffer), as float32."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I16)
+        return _f16_to_f32(builder, h)
+    return types.float32(buf, offset), codegen
+
+
+@intrinsic
+def load_f16_portable(typingctx, buf, offset):
+    """load_f16 through the integer-only conversion (what hosts without F16C use); exposed for tests."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I16)
+        return _f16_bits_to_f32(builder, h)
+    return types.float32(buf, offset), codegen
+
+
+@intrinsic
+def load_f32(typingctx, buf, offset):
+    """The float32 at buf[offset]: a byte offset into a uint8 buffer, an element offset into a float32 array."""
+    def codegen(context, builder, sig, args):
+        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _F32)
+    return types.float32(buf, offset), codegen
+
+
+@intrinsic
+def load_bf16(typingctx, buf, offset):
+    """The little-endian bfloat16 at byte offset `offset` of a uint8 buffer, as float32."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I16)
+        return builder.bitcast(builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16)), _F32)
+    return types.float32(buf, offset), codegen
+
+
+def _scalar_int_load(name, llvm_type, signed, doc):
+    def typer(typingctx, buf, offset):
+        def codegen(context, builder, sig, args):
+            v = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), llvm_type)
+            return (builder.sext if signed else builder.zext)(v, ir.IntType(64))
+        return types.int64(buf, offset), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+# Scalar integer loads, widened to int64. Unlike buf[i], these skip Numba's negative-index wraparound,
+# which costs three instructions per access in the scale-decoding code.
+load_u8 = _scalar_int_load("load_u8", _I8, False, "The byte at buf[offset], unsigned.")
+load_i8 = _scalar_int_load("load_i8", _I8, True, "The byte at buf[offset], signed.")
+load_u32 = _scalar_int_load("load_u32", _I32, False, "The little-endian uint32 at byte offset `offset` of a uint8 buf.")
+load_i32 = _scalar_int_load("load_i32", _I32, True, "The int32 at buf[offset] (an element offset into an int32 array).")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# I8x32: decoding quants into 32 signed bytes
+
+
+@intrinsic
+def load_i8x32(typingctx, buf, offset):
+    """32 bytes at buf[offset] as signed bytes."""
+    def codegen(context, builder, sig, args):
+        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 32))
+    return I8x32(buf, offset), codegen
+
+
+@intrinsic
+def store_i8x32(typingctx, buf, offset, v):
+    """Write the 32 bytes of v to buf[offset:offset + 32] (an int8 or uint8 buffer)."""
+    if v is not I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=1)
+        return context.get_dummy_value()
+    return types.none(buf, offset, v), codegen
+
+
+@intrinsic
+def load_nibbles_lo_hi(typingctx, buf, offset):
+    """16 bytes at buf[offset] -> 32 values 0..15: low nibbles first, then high nibbles (Q4_0/Q4_1/Q5_x)."""
+    def codegen(context, builder, sig, args):
+        q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+        lo = builder.and_(q, ir.Constant(_vec(_I8, 16), [0x0F] * 16))
+        hi = builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))
+        return _shuffle(builder, lo, hi, range(32))
+    return I8x32(buf, offset), codegen
+
+
+@intrinsic
+def load_bits32(typingctx, buf, offset):
+    """The little-endian uint32 at buf[offset] -> 32 values 0/1, value j is bit j (Q5_0/Q5_1 qh)."""
+    def codegen(context, builder, sig, args):
+        word = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I32)
+        return builder.zext(builder.bitcast(word, _vec(_I1, 32)), _vec(_I8, 32))
+    return I8x32(buf, offset), codegen
+
+
+def _i8x32_binary(op_name):
+    def typer(typingctx, a, b):
+        if a is not I8x32 or not (b is I8x32 or isinstance(b, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            lhs = args[0]
+            rhs = _as_i8x32(context, builder, sig.args[1], args[1])
+            return getattr(builder, op_name)(lhs, rhs)
+        return I8x32(a, b), codegen
+    typer.__name__ = f"i8x32_{op_name}"
+    return intrinsic(typer)
+
+
+i8x32_and = _i8x32_binary("and_")   # a & b            (b: I8x32 or an integer, splatted)
+i8x32_or = _i8x32_binary("or_")     # a | b
+i8x32_xor = _i8x32_binary("xor")    # a ^ b
+i8x32_add = _i8x32_binary("add")    # a + b, wrapping
+i8x32_sub = _i8x32_binary("sub")    # a - b, wrapping
+i8x32_shr = _i8x32_binary("lshr")   # logical a >> b, per byte
+i8x32_shl = _i8x32_binary("shl")    # a << b, per byte
+
+
+# ---------------------------------------------------------------------------------------------------------
+# integer dot products: 32 int8 x 32 int8 -> I32x8 partial sums, lane m = elements 4m..4m+3.
+#
+# On AVX2 this is llama.cpp's sequence: vpmaddubsw (unsigned x signed bytes -> pairs summed into int16) then
+# vpmaddwd (int16 pairs -> int32, times ones or per-half scales). vpmaddubsw needs an unsigned left side,
+# so signed weights go in as |w| with the activation's sign flipped where w < 0 (vpsignb). Its int16 sums
+# saturate above 32767; the quants here never get there (|w| <= 128 and activations are within +-127, so a
+# pair is at most 2 * 128 * 127 = 32512). Elsewhere the same lanes are computed with generic widening ops.
+
+HAS_AVX2 = _host_has("avx2")
+
+
+def _x86(builder, name, ret, *args):
+    return _call_intrinsic(builder, f"llvm.x86.avx2.{name}", ret, list(args))
+
+
+def _dot_lanes(builder, w, x, signed, pair_scales=None):
+    """<8 x i32> lane m = sum over e in 4m..4m+3 of w[e] * x[e] * scale(e), scale from the <16 x i16>
+    pair_scales (one per pair of elements; None means 1)."""
+    if HAS_AVX2:
+        if signed:
+            x = _x86(builder, "psign.b", w.type, x, w)
+            w = _call_intrinsic(builder, "llvm.abs.v32i8", w.type, [w, ir.Constant(_I1, 0)])
+        pairs = _x86(builder, "pmadd.ub.sw", _vec(_I16, 16), w, x)
+        if pair_scales is None:
+            pair_scales = ir.Constant(_vec(_I16, 16), [1] * 16)
+        return _x86(builder, "pmadd.wd", _vec(_I32, 8), pairs, pair_scales)
+    wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
+    p = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
+    pairs = builder.add(_shuffle(builder, p, p, range(0, 32, 2)), _shuffle(builder, p, p, range(1, 32, 2)))
+    if pair_scales is not None:
+        pairs = builder.mul(pairs, builder.sext(pair_scales, _vec(_I32, 16)))
+    even, odd = _shuffle(builder, pairs, pairs, range(0, 16, 2)), _shuffle(builder, pairs, pairs, range(1, 16, 2))
+    return builder.add(even, odd)
+
+
+def _half_scales(builder, lo, hi):
+    """<16 x i16>: lo for the pairs of elements 0..15, hi for 16..31."""
+    lo, hi = _splat(builder, builder.trunc(lo, _I16), 16), _splat(builder, builder.trunc(hi, _I16), 16)
+    return _shuffle(builder, lo, hi, list(range(8)) + list(range(24, 32)))
+
+
+def _make_dot(name, signed, scaled, doc):
+    if scaled:
+        def typer(typingctx, w, x, scale_lo, scale_hi):
+            if w is not I8x32 or x is not I8x32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                return _dot_lanes(builder, args[0], args[1], signed, _half_scales(builder, args[2], args[3]))
+            return I32x8(w, x, types.int32, types.int32), codegen
+    else:
+        def typer(typingctx, w, x):
+            if w is not I8x32 or x is not I8x32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                return _dot_lanes(builder, args[0], args[1], signed)
+            return I32x8(w, x), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+dot_i8x32 = _make_dot("dot_i8x32", True, False, "Lanes of w . x, w any signed bytes (x within +-127).")
+dot_u8x32 = _make_dot("dot_u8x32", False, False, "Lanes of w . x, w known to be 0..127 (saves the sign flip).")
+dot_i8x32_2scales = _make_dot("dot_i8x32_2scales", True, True,
+                              "Lanes of w . x with elements 0..15 times scale_lo and 16..31 times scale_hi "
+                              "(int16-range scales).")
+dot_u8x32_2scales = _make_dot("dot_u8x32_2scales", False, True, "dot_i8x32_2scales for w in 0..127.")
+
+
+@intrinsic
+def i32x8_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_vec(_I32, 8), [0] * 8)
+    return I32x8(), codegen
+
+
+@intrinsic
+def i32x8_add(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def i32x8_mul(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.mul(args[0], args[1])
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def load_i32x8(typingctx, buf, offset):
+    """8 int32 at buf[offset] (an element offset into an int32 array)."""
+    def codegen(context, builder, sig, args):
+        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I32, 8))
+    return I32x8(buf, offset), codegen
+
+
+@intrinsic
+def i32x8_madd(typingctx, acc, v, scale):
+    """acc + v * scale (scale an int32 scalar)."""
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], _splat(builder, args[2], 8)))
+    return I32x8(acc, v, types.int32), codegen
+
+
+@intrinsic
+def i32x8_hsum(typingctx, v):
+    def codegen(context, builder, sig, args):
+        return _call_intrinsic(builder, "llvm.vector.reduce.add.v8i32", _I32, [args[0]])
+    return types.int32(v), codegen
+
+
+# ---------------------------------------------------------------------------------------------------------
+# float lanes. `contract` (fuse into FMA) but never `reassoc`: each lane's sum keeps its order, so a kernel
+# gives the same bits whatever the tiling around it (matvec == each row of matmul).
+
+_CONTRACT = ("contract",)
+
+
+@intrinsic
+def f32x8_zero(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_vec(_F32, 8), [0.0] * 8)
+    return F32x8(), codegen
+
+
+@intrinsic
+def f32x8_fma_i32(typingctx, acc, v, scale):
+    """acc + float(v) * scale, v an I32x8 and scale a float32 scalar."""
+    def codegen(context, builder, sig, args):
+        vf = builder.sitofp(args[1], _vec(_F32, 8))
+        prod = builder.fmul(vf, _splat(builder, args[2], 8), flags=_CONTRACT)
+        return builder.fadd(args[0], prod, flags=_CONTRACT)
+    return F32x8(acc, v, types.float32), codegen
+
+
+@intrinsic
+def f32x8_fma(typingctx, acc, a, b):
+    """acc + a * b, all F32x8."""
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], builder.fmul(args[1], args[2], flags=_CONTRACT), flags=_CONTRACT)
+    return F32x8(acc, a, b), codegen
+
+
+@intrinsic
+def f32x8_hsum(typingctx, v):
+    """Sum of the 8 lanes (pairwise tree, a fixed order)."""
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        for half in (4, 2, 1):
+            v = builder.fadd(_shuffle(builder, v, v, range(half)), _shuffle(builder, v, v, range(half, 2 * half)))
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
+
+
+@intrinsic
+def load_f32x8(typingctx, buf, offset):
+    """8 float32 at buf[offset] (element offset for float32 arrays, byte offset for uint8 buffers)."""
+    def codegen(context, builder, sig, args):
+        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, 8))
+    return F32x8(buf, offset), codegen
+
+
+@intrinsic
+def load_f16x8(typingctx, buf, offset):
+    """8 float16 at byte offset `offset` of a uint8 buffer, widened to float32."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 8))
+        return _f16_to_f32(builder, h)
+    return F32x8(buf, offset), codegen
+
+
+@intrinsic
+def load_bf16x8(typingctx, buf, offset):
+    """8 bfloat16 at byte offset `offset` of a uint8 buffer, widened to float32 (exact: a 16-bit shift)."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 8))
+        wide = builder.shl(builder.zext(h, _vec(_I32, 8)), ir.Constant(_vec(_I32, 8), [16] * 8))
+        return builder.bitcast(wide, _vec(_F32, 8))
+    return F32x8(buf, offset), codegen

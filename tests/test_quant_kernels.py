@@ -1,0 +1,278 @@
+"""Numba kernels against the numpy reference: dequantize, activation quantization, QuantLinear.
+
+Every registered format runs through every check. Random weights are random quant bytes with sane float16
+scales; the dot-product checks compare with float64 matmuls of the dequantized weights.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit
+
+import quant
+from quant import reference
+from quant.activations import quantize_act_q8_0, quantize_act_q8_k
+from quant.formats import FORMATS
+from quant.simd import load_f16, load_f16_portable
+from quant.testing import hand_built, random_matrix_bytes
+
+FORMAT_IDS = [f.name for f in FORMATS]
+
+# Named tolerances (NMSE of outputs vs float64), one per family:
+FLOAT_ACT_NMSE = 1e-11   # F32/F16/BF16 weights with float32 activations: only float32 summation error
+Q8_0_ACT_NMSE = 2e-4     # 32-element formats: activations rounded to int8 per 32 (~3e-5 for Gaussian inputs)
+Q8_K_ACT_NMSE = 4e-4     # K-quants: int8 per 256, a coarser activation scale (~6e-5 measured, cancellations more)
+NMSE_LIMIT = {"float": FLOAT_ACT_NMSE, "legacy": Q8_0_ACT_NMSE, "k": Q8_K_ACT_NMSE}
+
+
+def nmse(got, want):
+    return float(((np.asarray(got, np.float64) - want) ** 2).sum() / (want ** 2).sum())
+
+
+def matrix(fmt, n_out, n_in, seed=0):
+    return random_matrix_bytes(fmt, n_out, n_in, np.random.default_rng(seed))
+
+
+def shape_for(fmt):
+    """An (n_out, n_in) that exercises the edges: odd row counts, float rows not a multiple of 8."""
+    return (37, 512) if fmt.block_size > 1 else (37, 203)
+
+
+# --- dequantize ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_numba_dequantize_equals_reference(fmt):
+    n_out, n_in = shape_for(fmt)
+    raw = matrix(fmt, n_out, n_in)
+    want = reference.dequantize(raw, fmt.name, (n_out, n_in))
+    np.testing.assert_array_equal(quant.dequantize(raw, fmt.name, (n_out, n_in)).view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(quant.QuantLinear(raw, fmt.name, (n_out, n_in)).dequantize(), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_numba_dequantize_hand_built_block(fmt):
+    raw, want = hand_built(fmt.name)
+    np.testing.assert_array_equal(quant.dequantize(raw, fmt.name, (1, fmt.block_size))[0], want)
+
+
+@njit(cache=True)
+def _all_halves(bits, native):
+    out = np.empty(bits.size // 2, np.float32)
+    for i in range(out.size):
+        out[i] = load_f16(bits, 2 * i) if native else load_f16_portable(bits, 2 * i)
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["host", "integer-only"])
+def test_f16_loads_convert_every_half_exactly(native):
+    halves = np.arange(65536, dtype=np.uint16)
+    want = halves.view(np.float16).astype(np.float32)
+    got = _all_halves(halves.view(np.uint8), native)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+
+
+# --- activation quantization ---------------------------------------------------------------------------------
+
+
+def _activations(n, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * rng.uniform(0.01, 30)).astype(np.float32)
+    x[:32] = 0                       # an all-zero block
+    x[64:96] = np.float32(0.5)       # exact ties after scaling: round half to even
+    x[96] = np.float32(-7.0)
+    return x
+
+
+def test_numba_act_q8_0_equals_reference():
+    x = _activations(1024, 1)
+    xq, xd, xs = np.empty(1024, np.int8), np.empty(32, np.float32), np.empty(32, np.float32)
+    quantize_act_q8_0(x, xq, xd, xs)
+    for got, want in zip((xq, xd, xs), reference.quantize_act_q8_0(x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_numba_act_q8_k_equals_reference():
+    x = _activations(1024, 2)
+    x[256:512] = 0
+    xq, xd, bsums = np.empty(1024, np.int8), np.empty(4, np.float32), np.empty(64, np.int32)
+    quantize_act_q8_k(x, xq, xd, bsums)
+    for got, want in zip((xq, xd, bsums), reference.quantize_act_q8_k(x)):
+        np.testing.assert_array_equal(got, want)
+
+
+# --- QuantLinear ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_matvec_and_matmul_match_float64(fmt):
+    n_out, n_in = shape_for(fmt)
+    raw = matrix(fmt, n_out, n_in, seed=1)
+    layer = quant.QuantLinear(raw, fmt.name, (n_out, n_in))
+    w = reference.dequantize(raw, fmt.name, (n_out, n_in)).astype(np.float64)
+    x = np.random.default_rng(2).standard_normal((9, n_in)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T
+
+    out = np.empty((9, n_out), np.float32)
+    layer.matmul(x, out)
+    assert nmse(out, want) < NMSE_LIMIT[fmt.family]
+    one = np.empty(n_out, np.float32)
+    layer.matvec(x[3], one)
+    assert nmse(one, want[3]) < NMSE_LIMIT[fmt.family]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_matmul_rows_equal_matvec_bit_for_bit(fmt):
+    # Prompt processing and decode must agree exactly, whatever the token tiling (4 at a time + remainder).
+    n_out, n_in = shape_for(fmt)
+    layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
+    x = np.random.default_rng(4).standard_normal((7, n_in)).astype(np.float32)
+    for n_tokens in (1, 3, 4, 7):
+        out = np.empty((n_tokens, n_out), np.float32)
+        layer.matmul(x[:n_tokens], out)
+        for t in range(n_tokens):
+            one = np.empty(n_out, np.float32)
+            layer.matvec(x[t], one)
+            np.testing.assert_array_equal(out[t], one)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_get_rows_equals_dequantized_rows(fmt):
+    n_out, n_in = shape_for(fmt)
+    raw = matrix(fmt, n_out, n_in, seed=5)
+    layer = quant.QuantLinear(raw, fmt.name, (n_out, n_in))
+    ids = np.array([36, 0, 5, 5, 17], np.int32)
+    out = np.empty((ids.size, n_in), np.float32)
+    layer.get_rows(ids, out)
+    np.testing.assert_array_equal(out, reference.dequantize(raw, fmt.name, (n_out, n_in))[ids])
+
+
+def test_zero_activations_give_zero_outputs():
+    fmt = quant.format_by_name("Q4_1")  # has mins: still zero, as d_x * sum(q_x) is zero
+    layer = quant.QuantLinear(matrix(fmt, 8, 64), "Q4_1", (8, 64))
+    out = np.full(8, np.nan, np.float32)
+    layer.matvec(np.zeros(64, np.float32), out)
+    np.testing.assert_array_equal(out, 0)
+
+
+def test_scratch_is_shared_and_grows():
+    fmt = quant.format_by_name("Q8_0")
+    a = quant.QuantLinear(matrix(fmt, 4, 96), "Q8_0", (4, 96))
+    b = quant.QuantLinear(matrix(fmt, 6, 96, seed=1), "Q8_0", (6, 96))
+    assert a._scratch is b._scratch
+    x = np.ones((40, 96), np.float32)
+    out = np.empty((40, 6), np.float32)
+    b.matmul(x, out)
+    assert b._scratch.capacity >= 40
+    np.testing.assert_allclose(out[0], b.dequantize().sum(axis=1), rtol=1e-5)
+
+
+# --- validation: a kernel never sees a wrong buffer ----------------------------------------------------------------
+
+
+def test_quantlinear_rejects_bad_construction():
+    fmt = quant.format_by_name("Q4_0")
+    raw = matrix(fmt, 4, 64)
+    with pytest.raises(ValueError, match="2-D"):
+        quant.QuantLinear(raw, "Q4_0", (256,))
+    with pytest.raises(ValueError, match="needs 108 bytes, got 144"):
+        quant.QuantLinear(raw, "Q4_0", (3, 64))  # 4 rows of bytes for a 3-row shape
+    with pytest.raises(ValueError, match="block size 32"):
+        quant.QuantLinear(raw, "Q4_0", (8, 36))
+    with pytest.raises(KeyError):
+        quant.QuantLinear(raw, "Q4_9", (4, 64))
+
+
+@pytest.mark.parametrize("bad_x", [np.zeros(63, np.float32), np.zeros(64, np.float64), np.zeros((1, 64), np.float32),
+                                   np.zeros(128, np.float32)[::2], [0.0] * 64], ids=["short", "f64", "2d", "strided",
+                                                                                    "list"])
+def test_matvec_rejects_bad_inputs(bad_x):
+    fmt = quant.format_by_name("Q8_0")
+    layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))
+    with pytest.raises(ValueError, match="x must be"):
+        layer.matvec(bad_x, np.empty(4, np.float32))
+
+
+def test_matvec_matmul_reject_bad_outputs():
+    fmt = quant.format_by_name("Q6_K")
+    layer = quant.QuantLinear(matrix(fmt, 4, 256), "Q6_K", (4, 256))
+    with pytest.raises(ValueError, match="out must be"):
+        layer.matvec(np.zeros(256, np.float32), np.empty(5, np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        layer.matmul(np.zeros((2, 256), np.float32), np.empty((3, 4), np.float32))
+    frozen = np.empty(4, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        layer.matvec(np.zeros(256, np.float32), frozen)
+    with pytest.raises(ValueError, match="2-D"):
+        layer.matmul(np.zeros(256, np.float32), np.empty((1, 4), np.float32))
+
+
+def test_get_rows_rejects_bad_ids():
+    fmt = quant.format_by_name("Q8_0")
+    layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))
+    out = np.empty((1, 64), np.float32)
+    for ids, message in [([4], "out of range"), ([-1], "out of range"), ([0.5], "integer"), ([[0]], "1-D")]:
+        with pytest.raises(ValueError, match=message):
+            layer.get_rows(np.array(ids), out)
+    with pytest.raises(ValueError, match="out must be"):
+        layer.get_rows(np.array([0, 1]), out)
+
+
+def test_concat_rows_stacks_layers():
+    fmt = quant.format_by_name("Q4_1")
+    parts = [quant.QuantLinear(matrix(fmt, n, 64, seed=n), "Q4_1", (n, 64)) for n in (3, 5, 2)]
+    stacked = quant.QuantLinear.concat_rows(parts)
+    assert (stacked.n_out, stacked.n_in) == (10, 64)
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    out = np.empty(10, np.float32)
+    stacked.matvec(x, out)
+    pieces = []
+    for part in parts:
+        pieces.append(np.empty(part.n_out, np.float32))
+        part.matvec(x, pieces[-1])
+    np.testing.assert_array_equal(out, np.concatenate(pieces))
+    with pytest.raises(ValueError, match="one format"):
+        quant.QuantLinear.concat_rows([parts[0], quant.QuantLinear(matrix(fmt, 2, 96), "Q4_1", (2, 96))])
+
+
+PORTABLE_CHECK = """
+import platform
+import numpy as np, quant
+from quant import simd
+from quant.testing import random_matrix_bytes
+assert not simd.HAS_AVX2, "the generic dot product was not selected"
+assert platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C was not turned off"
+rng = np.random.default_rng(0)
+for name in ("Q4_0", "Q4_1", "Q6_K", "F16"):
+    fmt = quant.format_by_name(name)
+    raw = random_matrix_bytes(fmt, 12, 512, rng)
+    layer = quant.QuantLinear(raw, name, (12, 512))
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    out = np.empty((5, 12), np.float32)
+    layer.matmul(x, out)
+    np.save(f"{OUT}/{name}.npy", out)
+"""
+
+
+def test_generic_code_paths_match_avx2(tmp_path):
+    """Where AVX2 / F16C are missing (other CPUs, NUMBA_CPU_NAME=generic) the same integer lanes come from
+    generic vector ops: run the kernels that way in a subprocess and compare with this process."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    code = f"OUT = {str(tmp_path)!r}\n" + PORTABLE_CHECK
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
+    rng = np.random.default_rng(0)
+    for name in ("Q4_0", "Q4_1", "Q6_K", "F16"):
+        fmt = quant.format_by_name(name)
+        layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), name, (12, 512))
+        x = rng.standard_normal((5, 512)).astype(np.float32)
+        out = np.empty((5, 12), np.float32)
+        layer.matmul(x, out)
+        # Same integers; only FMA contraction (absent on generic x86-64) may move the last float bits.
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
