@@ -8,8 +8,8 @@ from . import jitcache as _jitcache
 
 _jitcache.configure()  # before anything imports numba
 
-from .errors import (CatalogError, DeviceError, EdgeLLMError, GGUFError, MemoryBudgetError, ModelError,
-                     SamplingError, TokenizerError)
+from .errors import (CatalogError, DeviceError, EdgeLLMError, GGUFError, MemoryBudgetError, ModelBusyError,
+                     ModelError, PromptError, SamplingError, TokenizerError)
 
 __version__ = "0.1.0"
 
@@ -22,11 +22,11 @@ def load(model=None, n_threads=None, n_ctx=None, **kwargs):
 
 def __getattr__(name):
     # The API module pulls in numba; import it only when something from it is asked for.
-    if name in ("Model",):
+    if name in ("Model", "Completion"):
         from . import api
         return getattr(api, name)
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")
 
 
-__all__ = ["load", "Model", "EdgeLLMError", "GGUFError", "ModelError", "TokenizerError", "SamplingError",
+__all__ = ["load", "Model", "Completion", "EdgeLLMError", "PromptError", "ModelBusyError", "GGUFError", "ModelError", "TokenizerError", "SamplingError",
            "CatalogError", "MemoryBudgetError", "DeviceError", "__version__"]

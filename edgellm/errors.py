@@ -31,3 +31,11 @@ class MemoryBudgetError(EdgeLLMError, MemoryError):
 
 class DeviceError(EdgeLLMError, RuntimeError):
     """The requested device (e.g. CUDA) is not usable on this machine."""
+
+
+class PromptError(ModelError):
+    """The prompt is empty, of the wrong type, or does not fit in the context."""
+
+
+class ModelBusyError(EdgeLLMError, RuntimeError):
+    """A second generation was started on a model while another (e.g. an unfinished stream) still runs."""

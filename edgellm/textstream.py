@@ -97,6 +97,8 @@ class TextStream:
         self.text = ""  # everything emitted so far
         self.finish_reason: str | None = None
         self.n_tokens = 0
+        # characters out of the UTF-8 decoder so far, stop strings included: where the next token's text begins
+        self.decoded_chars = 0
 
     @property
     def stopped(self) -> bool:
@@ -118,7 +120,9 @@ class TextStream:
         if self.stopped:
             return ""
         self.n_tokens += 1
-        piece = self._matcher.feed(self._decoder.decode(bytes(token_bytes), final=False))
+        decoded = self._decoder.decode(bytes(token_bytes), final=False)
+        self.decoded_chars += len(decoded)
+        piece = self._matcher.feed(decoded)
         if self._matcher.matched is not None:
             self.finish_reason = "stop"
         self.text += piece
@@ -134,7 +138,9 @@ class TextStream:
         if self.stopped:
             return ""
         # bytes of an unfinished character are decoded under `errors` (dropped by default)
-        tail = self._matcher.feed(self._decoder.decode(b"", final=True))
+        decoded = self._decoder.decode(b"", final=True)
+        self.decoded_chars += len(decoded)
+        tail = self._matcher.feed(decoded)
         if self._matcher.matched is not None:
             self.finish_reason = "stop"
         else:

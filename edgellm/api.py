@@ -1,0 +1,452 @@
+"""The Python API: `edgellm.load(...)` returns a `Model` that tokenizes, scores, generates and chats.
+
+Sections: results (Timings, TokenInfo, Completion); loading; tokens; logits and the KV-cache prefix reuse;
+the decode loop (`_events`, shared by every generating call); generate / complete / stream; chat; the
+llama-cpp-python-shaped calls (create_completion, create_chat_completion, in edgellm/llama_compat.py).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import catalog
+from . import gguf as gguf_reader
+from .errors import EdgeLLMError, ModelBusyError, ModelError, PromptError, SamplingError
+from .options import GenerationOptions, parse_options
+
+EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
+
+
+
+def default_threads() -> int:
+    """Physical cores (hyper-threads share the memory bus a decode step is bound by), at least one."""
+    try:
+        import psutil
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # psutil can fail inside some containers
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Timings:
+    """What the last generation cost, as llama.cpp reports it."""
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+    sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        # The first generated token comes from the prompt's logits; the rest each cost one decode step.
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def sample_share(self) -> float:
+        return self.sample_s / self.generate_s if self.generate_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} t/s | "
+                f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s")
+
+
+@dataclass
+class TokenInfo:
+    """One generated token: its text, where that text starts in the completion, and its log-probabilities."""
+    id: int
+    text: str
+    offset: int  # characters into the generated text (stop strings included) where this token's text begins
+    logprob: float | None = None
+    top_logprobs: dict | None = None  # token text -> logprob for the top-n alternatives and the chosen token
+
+
+@dataclass
+class Completion:
+    """The result of a generation.
+
+    finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
+    "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length".
+    """
+    text: str
+    tokens: list = field(default_factory=list)
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    stop_reason: str = "length"
+    stop_string: str | None = None
+    # TokenInfo per generated token (logprobs filled when asked); as in llama-cpp-python, the tokens of a matched
+    # stop string are included (and counted in usage) although their text is cut
+    token_info: list = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------------------------
+
+class Model:
+    """A loaded model. Calls are serialised by an internal lock; one generation runs at a time."""
+
+    def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
+                 models_dir: str | None = None, verbose: bool = False, device: str = "cpu"):
+        t0 = time.perf_counter()
+        from .cuda import resolve_device
+        device = resolve_device(device)  # DeviceError here, before the file is read
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+            raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
+        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
+            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        path = catalog.resolve(model, models_dir)
+        gguf_file = gguf_reader.open(path)
+        from .models import build_model
+        from .tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
+        n_threads = n_threads or default_threads()
+        forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device)
+        self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
+        self.device = device
+        self.timings = Timings(load_s=time.perf_counter() - t0)
+
+    @classmethod
+    def from_parts(cls, forward_model, tokenizer, metadata: dict, path: str = "<memory>") -> "Model":
+        """A Model around an already-built forward model and tokenizer (tests, custom loaders)."""
+        self = cls.__new__(cls)
+        self._assemble(forward_model, tokenizer, metadata, path)
+        self.timings = Timings()
+        return self
+
+    def _assemble(self, forward_model, tokenizer, metadata, path, gguf_file=None, n_threads=None):
+        self.path = str(path)
+        self.name = os.path.basename(self.path)
+        self.file = gguf_file
+        self.metadata = metadata
+        self.tokenizer = tokenizer
+        self.model = forward_model
+        self.n_threads = n_threads or getattr(forward_model, "n_threads", 1)
+        self.n_vocab = forward_model.n_vocab
+        self.n_ctx = forward_model.n_ctx
+        self.last_completion: Completion | None = None
+        self._lock = threading.RLock()
+        self._generating = False
+        self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
+        self._chat_format = None
+
+    def __repr__(self):
+        return f"Model({self.name!r}, n_ctx={self.n_ctx}, n_vocab={self.n_vocab}, threads={self.n_threads})"
+
+    # -- tokens --------------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if not isinstance(text, str):
+            raise TypeError(f"tokenize() takes a str, got {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        return self.tokenizer.decode([int(i) for i in self._check_ids(ids)], special=special)
+
+    def _check_ids(self, ids) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise PromptError(f"token ids must be integers, got {arr.dtype} values")
+        arr = arr.astype(np.int64).reshape(-1)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
+            raise PromptError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        return arr.astype(np.int32)
+
+    # -- logits and the cache ------------------------------------------------------------------------------------
+    def logits(self, ids) -> np.ndarray:
+        """Teacher-forced logits [len(ids), n_vocab] at every position, from an empty cache."""
+        arr = self._check_ids(ids)
+        if arr.size == 0:
+            raise PromptError("logits() needs at least one token")
+        if arr.size > self.n_ctx:
+            raise PromptError(f"{arr.size} tokens do not fit in the context of {self.n_ctx}")
+        with self._lock:
+            self._ensure_idle("logits")
+            self._cached_tokens = []
+            self.model.reset()
+            out = self.model.forward(arr, all_logits=True)
+            self._cached_tokens = arr.tolist()
+            return out
+
+    def _rewind_cache(self, n: int) -> bool:
+        """Make the KV cache hold positions [0, n) only; False when that is impossible (a window ring already
+        overwrote positions the next token must see), in which case the caller starts from an empty cache."""
+        cache = getattr(self.model, "cache", None)
+        layers = getattr(cache, "layers", None)
+        if layers is None or n > cache.n_past:
+            return False
+        for layer in layers:
+            # the next query, at position n, attends to positions n - window < p < n (all of [0, n) without a window)
+            first = max(0, n - layer.window + 1) if layer.window else 0
+            needed = np.arange(first, n, dtype=np.int64)
+            if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
+                return False
+        for layer in layers:
+            layer.slot_pos[layer.slot_pos >= n] = EMPTY_SLOT
+        cache.n_past = n
+        return True
+
+    def _prefill(self, ids: list[int]) -> np.ndarray:
+        """Bring the cache to hold exactly `ids`, reusing the longest cached prefix; return the last logits row."""
+        common = 0
+        for a, b in zip(self._cached_tokens, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # at least one token must run to produce logits
+        self._cached_tokens = []  # until the forward pass below has succeeded
+        if common == 0 or not self._rewind_cache(common):
+            self.model.reset()
+            common = 0
+        out = self.model.forward(np.asarray(ids[common:], dtype=np.int32), all_logits=False)
+        self._cached_tokens = list(ids)
+        return out[-1]
+
+    def _ensure_idle(self, what: str) -> None:
+        if self._generating:
+            raise ModelBusyError(f"{what}() was called while another generation on this model is unfinished; "
+                                 "exhaust or close() the earlier stream first")
+
+    # -- the decode loop -----------------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt, add_special: bool = True) -> list[int]:
+        if isinstance(prompt, bytes):
+            prompt = prompt.decode("utf-8")
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise PromptError("the prompt is empty: give some text or token ids")
+            ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
+        elif isinstance(prompt, (list, tuple, np.ndarray)):
+            ids = self._check_ids(prompt).tolist()
+        else:
+            raise TypeError(f"the prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise PromptError("the prompt is empty: give some text or token ids")
+        if len(ids) >= self.n_ctx:
+            raise PromptError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
+                              "(one position is needed for the first generated token)")
+        return ids
+
+    def _events(self, ids: list[int], opts: GenerationOptions):
+        """Generate after prompt ids: a generator of (text piece, TokenInfo or None) per step, then the Completion.
+
+        Checks what it can before returning; the generator holds the model lock from its first step to its end,
+        so a consumer that stops early must close() it."""
+        from .sampling import Sampler
+        from .textstream import TextStream
+
+        bias = None
+        if opts.logit_bias:
+            bias_ids = np.array(list(opts.logit_bias), dtype=np.int64)
+            bad = bias_ids[(bias_ids < 0) | (bias_ids >= self.n_vocab)]
+            if bad.size:
+                raise SamplingError(f"logit_bias names token id {int(bad[0])}, outside the vocabulary "
+                                    f"[0, {self.n_vocab})")
+            bias = (bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32))
+        return self._locked_decode(ids, opts, Sampler(opts.sampling, seed=opts.seed), TextStream(opts.stop), bias)
+
+    def _locked_decode(self, ids, opts, sampler, text, bias):
+        with self._lock:
+            self._ensure_idle("generate")
+            self._generating = True
+            try:
+                yield from self._decode(ids, opts, sampler, text, bias)
+            except GeneratorExit:
+                raise  # the consumer stopped: the cache bookkeeping is consistent at every yield
+            except BaseException:
+                self._cached_tokens = []  # an error or Ctrl-C mid-step: trust nothing the cache holds
+                raise
+            finally:
+                self._generating = False
+
+    def _decode(self, ids, opts, sampler, text, bias):
+        from .completions import top_logprobs_entry
+        from .sampling import token_logprobs
+
+        limit = self.n_ctx - len(ids)
+        max_tokens = limit if opts.max_tokens is None else min(opts.max_tokens, limit)
+        t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
+        generated: list[int] = []
+        infos: list[TokenInfo] = []
+        stop_reason = "length"
+        t0 = time.perf_counter()
+        if max_tokens > 0:
+            logits = self._prefill(ids)
+            t.prompt_s = time.perf_counter() - t0
+            history = list(ids)
+            t1 = time.perf_counter()
+            while True:
+                ts = time.perf_counter()
+                scores = logits
+                if bias is not None:
+                    scores = scores.copy()
+                    scores[bias[0]] += bias[1]
+                if opts.logits_processor is not None:
+                    scores = np.asarray(opts.logits_processor(np.asarray(history, dtype=np.intc), scores.copy()),
+                                        dtype=np.float32)
+                token = sampler.sample(scores, history)
+                t.sample_s += time.perf_counter() - ts
+                if not opts.ignore_eos and self.tokenizer.is_eog(token):
+                    stop_reason = "eog"
+                    break
+                info = TokenInfo(token, self.tokenizer.token_to_bytes(token).decode("utf-8", errors="ignore"),
+                                 text.decoded_chars)
+                if opts.logprobs is not None:
+                    # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
+                    lp = token_logprobs(logits, token, opts.logprobs)
+                    info.logprob = lp.logprob
+                    info.top_logprobs = top_logprobs_entry(
+                        info.text, lp.logprob, [(self._token_text(i), v) for i, v in zip(lp.top_ids, lp.top_logprobs)])
+                generated.append(token)
+                history.append(token)
+                infos.append(info)
+                piece = text.push(self.tokenizer.token_to_bytes(token))
+                yield piece, info
+                if text.stopped:
+                    stop_reason = "stop_string"
+                    break
+                if len(generated) >= max_tokens:
+                    break
+                if opts.stopping_criteria is not None and opts.stopping_criteria(
+                        np.asarray(history, dtype=np.intc), logits):
+                    stop_reason = "criteria"
+                    break
+                logits = self.model.forward(np.array([token], dtype=np.int32))[-1]
+                self._cached_tokens.append(token)
+            t.generated_tokens = len(generated)
+            t.generate_s = time.perf_counter() - t1
+        finish = "length" if stop_reason == "length" else "stop"
+        piece = text.finish(finish)
+        if piece:
+            yield piece, None
+        completion = Completion(text.text, generated, finish, len(ids), stop_reason, text.stop_string, infos)
+        self.last_completion = completion
+        yield completion
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_to_bytes(int(token_id)).decode("utf-8", errors="ignore")
+
+    # -- generate / complete / stream ----------------------------------------------------------------------------
+    NATIVE_DEFAULTS = {"temperature": 0.0}
+
+    def _native(self, caller: str, prompt, max_tokens, options: dict):
+        opts = parse_options(caller, {**options, "max_tokens": max_tokens}, self.NATIVE_DEFAULTS)
+        return self._events(self._prompt_ids(prompt), opts)
+
+    def generate(self, prompt, max_tokens: int | None = 128, **options) -> str:
+        """Text generated after `prompt` (text or token ids). Greedy unless temperature > 0; ends at an
+        end-of-generation token (unless ignore_eos), a stop string, or max_tokens (None: until the context is full).
+
+        Options: temperature, top_k, top_p, min_p, typical_p, repeat_penalty, presence_penalty, frequency_penalty,
+        repeat_last_n, seed, stop, ignore_eos, logprobs, logit_bias, logits_processor, stopping_criteria."""
+        return self.complete(prompt, max_tokens, **options).text
+
+    def complete(self, prompt, max_tokens: int | None = 128, **options) -> Completion:
+        """Like generate, returning the Completion: text, token ids, finish/stop reason, per-token logprobs."""
+        for event in self._native("complete", prompt, max_tokens, options):
+            if isinstance(event, Completion):
+                return event
+        raise AssertionError("the decode loop ended without a Completion")
+
+    def stream(self, prompt, max_tokens: int | None = 128, **options):
+        """Yield text pieces as soon as they are whole UTF-8 characters and cannot be part of a stop string.
+
+        Takes generate's options. The Completion is the generator's return value and `model.last_completion`."""
+        events = self._native("stream", prompt, max_tokens, options)  # validates now, not at the first next()
+        return self._pieces(events)
+
+    @staticmethod
+    def _pieces(events):
+        with _closing(events):
+            for event in events:
+                if isinstance(event, Completion):
+                    return event
+                if event[0]:
+                    yield event[0]
+
+    # -- chat ----------------------------------------------------------------------------------------------------
+    def chat_format(self):
+        """The formatter chat() uses: the GGUF's Jinja2 template, or a built-in format when the file has none."""
+        if self._chat_format is None:
+            from .chat import chat_template_from_metadata
+            tok = self.tokenizer
+            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+            self._chat_format = chat_template_from_metadata(self.metadata, bos_token=bos, eos_token=eos)
+        return self._chat_format
+
+    def chat_prompt_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of a conversation rendered with the model's chat format."""
+        fmt = self.chat_format()
+        text = fmt.render(messages, add_generation_prompt=add_generation_prompt)
+        # a GGUF template writes BOS itself when the model wants one (llama-cpp-python: add_bos=False);
+        # the built-in formats leave it to the tokenizer, as llama.cpp does
+        return self._prompt_ids(text, add_special=getattr(fmt, "name", "") != "gguf")
+
+    def chat(self, messages, max_tokens: int | None = 512, stream: bool = False, **options):
+        """The assistant's reply to an OpenAI-style message list (str), or its pieces when stream=True.
+
+        Takes generate's options; greedy unless temperature > 0."""
+        opts = parse_options("chat", {**options, "max_tokens": max_tokens}, self.NATIVE_DEFAULTS)
+        events = self._events(self.chat_prompt_ids(messages), opts)
+        if stream:
+            return self._pieces(events)
+        for event in events:
+            if isinstance(event, Completion):
+                return event.text
+        raise AssertionError("the decode loop ended without a Completion")
+
+    # -- llama-cpp-python-shaped calls ---------------------------------------------------------------------------
+    def create_completion(self, prompt, **kwargs):
+        """llama_cpp.Llama.create_completion: a CreateCompletionResponse dict, or an iterator of chunks."""
+        from .llama_compat import create_completion
+        return create_completion(self, prompt, **kwargs)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages, **kwargs):
+        """llama_cpp.Llama.create_chat_completion: a CreateChatCompletionResponse dict, or an iterator of chunks."""
+        from .llama_compat import create_chat_completion
+        return create_chat_completion(self, messages, **kwargs)
+
+
+class _closing:
+    """Close a generator when the block ends, even if its consumer abandoned it half-way."""
+
+    def __init__(self, gen):
+        self.gen = gen
+
+    def __enter__(self):
+        return self.gen
+
+    def __exit__(self, *exc):
+        self.gen.close()
+        return False
+
+
+def load(model=None, n_threads: int | None = None, n_ctx: int | None = None, **kwargs) -> Model:
+    """Load a model by catalog name (pulled on first use) or path to a .gguf file."""
+    return Model(model, n_threads=n_threads, n_ctx=n_ctx, **kwargs)
+
+
+__all__ = ["Model", "load", "Completion", "TokenInfo", "Timings", "PromptError", "ModelBusyError", "EdgeLLMError",
+           "SamplingError"]

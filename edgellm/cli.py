@@ -1,0 +1,258 @@
+"""The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
+
+Subcommands: pull, models, run, chat (an interactive loop over Model.chat), info, serve (the HTTP server, an
+optional extra), plus quantize/convert/perplexity from edgellm/cli_prepare.py when that module is present.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import EdgeLLMError
+
+DEFAULT_PROMPT = "The capital of France is"
+
+
+def _add_model_arg(p, optional=True):
+    p.add_argument("model", nargs="?" if optional else None, default=None,
+                   help="catalog name (see `edgellm models`) or path to a .gguf file; default: the catalog default")
+
+
+def _add_load_args(p):
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context size in tokens (default: the model's training context)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="cpu (default), cuda (an NVIDIA GPU; pip install 'edgellm[cuda]') or auto (the GPU if usable)")
+
+
+def _add_sampling_args(p):
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default 0)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--typical-p", type=float, default=None)
+    p.add_argument("--repeat-penalty", type=float, default=None)
+    p.add_argument("--repeat-last-n", type=int, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument("--frequency-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+
+
+def _sampling_kwargs(args) -> dict:
+    names = ("top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+             "frequency_penalty")
+    kw = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    kw.update(temperature=args.temp, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    from .options import parse_options
+    parse_options("edgellm", kw, {})  # bad values fail here, before a model is loaded
+    return kw
+
+
+def _max_tokens(n_predict: int):
+    return None if n_predict < 0 else n_predict  # -1: until end-of-generation or a full context, as llama.cpp
+
+
+def cmd_pull(args) -> int:
+    from . import catalog
+    for name in args.names or [catalog.DEFAULT_MODEL]:
+        path = catalog.pull(name, args.dir)
+        print(path)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from . import catalog
+    for entry, present in catalog.list_models(args.dir):
+        mark = "cached" if present else "-"
+        default = " (default)" if entry.name == catalog.DEFAULT_MODEL else ""
+        print(f"{entry.name:<16} {entry.size / 1e6:7.1f} MB  {mark:<7} {entry.description}{default}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import edgellm
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            prompt = f.read()
+    else:
+        prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    sampling = _sampling_kwargs(args)
+    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device)
+    stream = m.stream(prompt, max_tokens=_max_tokens(args.n_predict), **sampling)  # checks the prompt
+    out = sys.stdout
+    if args.echo:
+        out.write(prompt)
+    for piece in stream:
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    print(m.timings.summary(), file=sys.stderr)
+    return 0
+
+
+CHAT_HELP = "commands: /reset (forget the conversation), /system TEXT (set the system prompt), /exit; " \
+            "Ctrl-C stops a reply, Ctrl-D leaves"
+
+
+def _chat_messages(system, history):
+    return ([{"role": "system", "content": system}] if system else []) + history
+
+
+def cmd_chat(args) -> int:
+    """An interactive chat: history kept across turns; Ctrl-C ends the current reply, not the session."""
+    import edgellm
+    from .api import PromptError
+    try:
+        import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
+    except ImportError:
+        pass
+    sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
+    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device)
+    system, history = args.system, []
+    print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print("\n(Ctrl-C stops a reply; /exit or Ctrl-D leaves)")
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            history = []
+            print("(conversation cleared)")
+            continue
+        if text == "/system" or text.startswith("/system "):
+            system = text[len("/system"):].strip() or None
+            history = []
+            print(f"(system prompt {'set' if system else 'cleared'}; conversation cleared)")
+            continue
+        if text.startswith("/") and " " not in text:
+            print(f"(unknown command {text}; {CHAT_HELP})")
+            continue
+        history.append({"role": "user", "content": line})
+        pieces, interrupted = [], False
+        try:
+            for piece in m.chat(_chat_messages(system, history), max_tokens=max_tokens, stream=True, **sampling):
+                pieces.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            interrupted = True  # the model reset its cache bookkeeping: the next turn starts clean
+        except PromptError as e:
+            history.pop()
+            print(f"edgellm: error: {e}; /reset to start over", file=sys.stderr)
+            continue
+        except EdgeLLMError as e:
+            history.pop()
+            print(f"edgellm: error: {e}", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": "".join(pieces)})
+        print(" [interrupted]" if interrupted else "")
+        if args.show_stats and not interrupted:
+            t = m.timings
+            print(f"[prompt {t.prompt_tokens} tokens | reply {t.generated_tokens} tokens, "
+                  f"{t.generate_tps:.1f} t/s]", file=sys.stderr)
+
+
+def cmd_serve(args) -> int:
+    try:
+        from .server import serve
+    except ImportError as e:
+        raise EdgeLLMError(f"the server needs its optional dependencies ({e.name or e}); "
+                           "install them with: pip install 'edgellm[server]'") from None
+    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
+                 n_threads=args.threads, max_request_bytes=args.max_request_bytes)
+
+
+def cmd_info(args) -> int:
+    from .info import describe
+    print(describe(args.model, n_ctx=args.ctx_size))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="edgellm", description="CPU-first quantized LLM inference (GGUF models)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="fetch catalog models into the cache")
+    p.add_argument("names", nargs="*", help="catalog names (default: the default model)")
+    p.add_argument("--dir", default=None, help="cache directory (default: $EDGELLM_MODELS or ~/.cache/edgellm/models)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("models", help="list the catalog and what is cached")
+    p.add_argument("--dir", default=None)
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("run", help="generate text from a prompt, streaming it to the terminal")
+    _add_model_arg(p)
+    p.add_argument("-p", "--prompt", default=None, help=f"prompt text (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64; -1: no limit)")
+    p.add_argument("--no-echo", dest="echo", action="store_false", help="do not print the prompt first")
+    _add_load_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="an interactive chat in the terminal, using the model's chat template")
+    _add_model_arg(p)
+    p.add_argument("-s", "--system", default=None, help="system prompt (also settable in the chat with /system)")
+    p.add_argument("-n", "--n-predict", type=int, default=512, help="most tokens per reply (default 512; -1: no limit)")
+    p.add_argument("--show-stats", action="store_true", help="print token counts and speed after each reply")
+    _add_load_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("info", help="metadata, tensor types and sizes, and the memory plan")
+    _add_model_arg(p)
+    p.add_argument("-c", "--ctx-size", type=int, default=None)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the edgellm[server] extra)")
+    _add_model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--api-key", default=None, help="require this key as a Bearer token (all endpoints but /health)")
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    _add_load_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    try:  # quantize / convert / perplexity live in their own module, present in full installs
+        from .cli_prepare import add_subcommands
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.cli_prepare":
+            raise  # the module is there but broken: say so rather than hide its subcommands
+    else:
+        add_subcommands(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgeLLMError as e:
+        print(f"edgellm: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # e.g. `edgellm run ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 1
+    except (ValueError, OSError, MemoryError) as e:
+        print(f"edgellm: error: {e or type(e).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nedgellm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`edgellm info`: what a GGUF file holds and what running it will cost, without building the model.
+
+Sections: the metadata summary; tensor types (count, elements, bytes); the memory plan (weights, which stay in the
+memory-mapped file, and the KV cache per layer type, sized the way edgellm/kvcache.py allocates it).
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+from . import catalog
+from . import gguf as gguf_reader
+
+KV_BYTES_PER_VALUE = 4  # the KV cache holds float32 keys and values
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    name: str  # "full attention" or "sliding window 512"
+    n_layers: int
+    bytes_per_token_per_layer: int  # K and V of one position in one layer
+    slots: int  # positions each such layer holds at this n_ctx
+
+    @property
+    def total_bytes(self) -> int:
+        return self.n_layers * self.slots * self.bytes_per_token_per_layer
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_ctx: int
+    weights_bytes: int
+    layer_kinds: tuple
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(k.total_bytes for k in self.layer_kinds)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes
+
+
+def memory_plan(gguf_file, n_ctx: int | None = None) -> MemoryPlan:
+    from .kvcache import ring_capacity
+    from .models import get_architecture
+    from .models.base import DEFAULT_N_BATCH
+
+    config = get_architecture(gguf_file.architecture).config_class.from_gguf(gguf_file)
+    n_ctx = n_ctx or config.n_ctx_train
+    per_token = 2 * config.n_head_kv * config.head_dim * KV_BYTES_PER_VALUE
+    window = getattr(config, "sliding_window", 0) or 0
+    is_sliding = getattr(config, "is_sliding", lambda il: False)
+    counts = defaultdict(int)
+    for il in range(config.n_layer):
+        counts[window if window and is_sliding(il) else 0] += 1
+    kinds = tuple(
+        LayerKind("full attention" if w == 0 else f"sliding window {w}", n, per_token,
+                  ring_capacity(n_ctx, w, DEFAULT_N_BATCH))
+        for w, n in sorted(counts.items()))
+    weights = sum(t.nbytes for t in gguf_file.tensors.values())
+    return MemoryPlan(n_ctx, weights, kinds)
+
+
+def _fmt_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def _file_type_name(value) -> str:
+    if value is None:
+        return "-"
+    try:
+        from gguf import LlamaFileType
+        return f"{LlamaFileType(int(value)).name.removeprefix('MOSTLY_')} ({value})"
+    except (ImportError, ValueError):
+        return str(value)
+
+
+def _metadata_lines(md: dict, arch: str) -> list[str]:
+    def get(key, default="-"):
+        value = md.get(key, default)
+        return value if not hasattr(value, "__len__") or isinstance(value, str) else f"[{len(value)} items]"
+
+    template = md.get("tokenizer.chat_template")
+    rows = [
+        ("name", get("general.name")),
+        ("architecture", arch),
+        ("file type", _file_type_name(md.get("general.file_type"))),
+        ("context (trained)", get(f"{arch}.context_length")),
+        ("embedding", get(f"{arch}.embedding_length")),
+        ("layers", get(f"{arch}.block_count")),
+        ("heads / kv heads", f"{get(f'{arch}.attention.head_count')} / {get(f'{arch}.attention.head_count_kv')}"),
+        ("feed-forward", get(f"{arch}.feed_forward_length")),
+        ("rope base", get(f"{arch}.rope.freq_base")),
+        ("sliding window", get(f"{arch}.attention.sliding_window")),
+        ("tokenizer", f"{get('tokenizer.ggml.model')} (pre: {get('tokenizer.ggml.pre')})"),
+        ("vocabulary", len(md.get("tokenizer.ggml.tokens", ()))),
+        ("bos / eos ids", f"{get('tokenizer.ggml.bos_token_id')} / {get('tokenizer.ggml.eos_token_id')}"),
+        ("chat template", f"yes ({len(template)} chars)" if isinstance(template, str) else "no (built-in format)"),
+    ]
+    return [f"  {k:<18} {v}" for k, v in rows if v not in ("-", "- / -")]
+
+
+def describe(model=None, n_ctx: int | None = None, models_dir=None) -> str:
+    """The text `edgellm info` prints."""
+    path = catalog.resolve(model, models_dir)
+    with gguf_reader.open(path) as f:
+        md, arch = f.metadata, f.architecture
+        lines = [f"{os.path.basename(path)}  ({os.path.getsize(path) / MiB:.1f} MiB)  {path}", "", "metadata:"]
+        lines += _metadata_lines(md, arch)
+
+        by_type = defaultdict(lambda: [0, 0, 0])
+        for t in f.tensors.values():
+            row = by_type[t.ggml_type]
+            row[0] += 1
+            row[1] += t.n_elements
+            row[2] += t.nbytes
+        n_params = sum(r[1] for r in by_type.values())
+        total = sum(r[2] for r in by_type.values())
+        lines += ["", f"tensors: {len(f.tensors)}, {_fmt_count(n_params)} parameters, {total / MiB:.1f} MiB",
+                  f"  {'type':<8} {'tensors':>7} {'elements':>10} {'MiB':>9} {'share':>6} {'bits/weight':>11}"]
+        for ggml_type, (count, elements, nbytes) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
+            lines.append(f"  {ggml_type:<8} {count:>7} {_fmt_count(elements):>10} {nbytes / MiB:>9.2f} "
+                         f"{nbytes / total:>6.1%} {8 * nbytes / max(elements, 1):>11.2f}")
+
+        plan = memory_plan(f, n_ctx)
+        lines += ["", f"memory plan at n_ctx = {plan.n_ctx}:",
+                  f"  weights                  {plan.weights_bytes / MiB:9.1f} MiB  (memory-mapped from the file)"]
+        for k in plan.layer_kinds:
+            lines.append(f"  KV {k.name:<21} {k.total_bytes / MiB:9.1f} MiB  ({k.n_layers} layers x {k.slots} "
+                         f"positions x {k.bytes_per_token_per_layer} bytes per position per layer, f32)")
+        lines.append(f"  total                    {plan.total_bytes / MiB:9.1f} MiB  (plus activations and logits)")
+    return "\n".join(lines)

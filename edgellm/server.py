@@ -1,0 +1,431 @@
+"""`edgellm serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn; the `edgellm[server]` extra).
+
+Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the context check); the model
+slot (one generation at a time: a FIFO asyncio lock, and one worker thread that does all model work, so a
+generation is always advanced by the thread that started it); the endpoints; `create_app`, `BackgroundServer`
+(a server on a thread, for tests and embedding apps) and `serve` (the CLI entry).
+
+Streaming answers are server-sent events, one OpenAI chunk per `data:` line, then `data: [DONE]`. A client that
+disconnects mid-stream cancels its response task; the generator is closed on the worker thread before the next
+request's work (the worker runs jobs in order), so the slot is free at once. A non-streamed request whose client
+leaves stops at the next token through a stopping criterion.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from .errors import EdgeLLMError
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+DEFAULT_MAX_QUEUE = 64  # waiting requests beyond this get 503 rather than an unbounded wait
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------------------
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.body()}, status_code=self.status)
+
+    def body(self) -> dict:
+        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+
+
+def _error_from_exception(e: Exception, fields) -> HTTPError:
+    """A library error as a 400 naming the request field its message starts with, when it does."""
+    message = str(e).replace("create_chat_completion() got", "the request has").replace(
+        "create_completion() got", "the request has")
+    name = re.match(r"(\w+)", message)
+    param = name.group(1) if name and name.group(1) in fields else None
+    return HTTPError(400, message, param=param)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request bodies
+# ---------------------------------------------------------------------------------------------------------------
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_stop(v):
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+
+
+def _is_prompt(v):
+    return isinstance(v, str) or (isinstance(v, list) and len(v) > 0 and (
+        all(_is_int(t) for t in v) or (len(v) == 1 and (isinstance(v[0], str) or (
+            isinstance(v[0], list) and all(_is_int(t) for t in v[0]))))))
+
+
+NUMBER = (_is_number, "a number")
+INTEGER = (_is_int, "an integer")
+BOOLEAN = (lambda v: isinstance(v, bool), "true or false")
+STRING = (lambda v: isinstance(v, str), "a string")
+OBJECT = (lambda v: isinstance(v, dict), "an object")
+STOP = (_is_stop, "a string or a list of strings")
+
+SAMPLING_FIELDS = {
+    "max_tokens": INTEGER, "temperature": NUMBER, "top_p": NUMBER, "top_k": INTEGER, "min_p": NUMBER,
+    "typical_p": NUMBER, "repeat_penalty": NUMBER, "repeat_last_n": INTEGER, "presence_penalty": NUMBER,
+    "frequency_penalty": NUMBER, "seed": INTEGER, "stop": STOP, "logit_bias": OBJECT, "ignore_eos": BOOLEAN,
+    "stream": BOOLEAN, "stream_options": OBJECT, "n": INTEGER, "model": STRING, "user": STRING,
+}
+COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string or a list of token ids"),
+                     "logprobs": INTEGER, "echo": BOOLEAN, "best_of": INTEGER, "suffix": STRING}
+CHAT_FIELDS = {**SAMPLING_FIELDS, "messages": (lambda v: isinstance(v, list), "a list of messages"),
+               "max_completion_tokens": INTEGER, "logprobs": BOOLEAN, "top_logprobs": INTEGER,
+               "response_format": OBJECT, "tools": (lambda v: False, "null (tools are not supported)"),
+               "tool_choice": (lambda v: v == "none", "null or \"none\""),
+               "parallel_tool_calls": BOOLEAN}
+# accepted and ignored: they describe the caller or OpenAI's storage, not the generation
+IGNORED_FIELDS = ("model", "user", "n", "best_of", "stream", "stream_options", "parallel_tool_calls", "service_tier",
+                  "store", "metadata")
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise HTTPError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes}",
+                        code="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise HTTPError(413, f"request body exceeds the limit of {max_bytes} bytes", code="request_too_large")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, "request body must be a JSON object")
+    return data
+
+
+def check_fields(body: dict, fields: dict, required: tuple) -> None:
+    for name in required:
+        if name not in body:
+            raise HTTPError(400, f"'{name}' is required", param=name)
+    for name, value in body.items():
+        if name not in fields and name not in IGNORED_FIELDS:
+            raise HTTPError(400, f"unrecognized request field '{name}'", param=name)
+        if value is None or name not in fields:
+            continue  # null means "the default", as in OpenAI's API
+        is_valid, expected = fields[name]
+        if not is_valid(value):
+            raise HTTPError(400, f"'{name}' must be {expected}, got {json.dumps(value)[:80]}", param=name)
+    for name in ("n", "best_of"):
+        if body.get(name) not in (None, 1):
+            raise HTTPError(400, f"'{name}' must be 1: one choice per request", param=name)
+
+
+def generation_kwargs(body: dict, fields: dict) -> dict:
+    """The body's generation fields as create_completion / create_chat_completion keyword arguments."""
+    # tool_choice is only accepted as "none" or null, which both mean what edgellm does anyway
+    kwargs = {k: v for k, v in body.items()
+              if k in fields and k not in IGNORED_FIELDS and k != "tool_choice" and v is not None}
+    if "max_completion_tokens" in kwargs:  # OpenAI's newer name
+        kwargs["max_tokens"] = kwargs.pop("max_completion_tokens")
+    if kwargs.get("max_tokens", 1) < 1:
+        raise HTTPError(400, "'max_tokens' must be at least 1", param="max_tokens")
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model slot
+# ---------------------------------------------------------------------------------------------------------------
+
+class ModelSlot:
+    """One generation at a time, first come first served; every model call runs on one worker thread."""
+
+    def __init__(self, llm, max_queue: int = DEFAULT_MAX_QUEUE):
+        self.llm = llm
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-model")
+        self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
+        self.max_queue = max_queue
+        self.waiting = 0
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(fn, *args))
+
+    def check_queue(self):
+        if self.waiting >= self.max_queue:
+            raise HTTPError(503, f"the server is busy ({self.waiting} requests waiting); retry later",
+                            kind="server_error", code="server_busy")
+
+    async def acquire(self):
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Endpoints
+# ---------------------------------------------------------------------------------------------------------------
+
+class Endpoints:
+    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int):
+        self.llm = llm
+        self.model_name = model_name
+        self.max_request_bytes = max_request_bytes
+        self.slot = ModelSlot(llm, max_queue)
+        self.created = int(time.time())
+
+    async def health(self, request):
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "edgellm",
+             "meta": {"n_ctx": self.llm.n_ctx, "n_vocab": self.llm.n_vocab}}]})
+
+    async def tokenize(self, request):
+        body = await read_json(request, self.max_request_bytes)
+        check_fields(body, {"content": STRING, "add_special": BOOLEAN, "parse_special": BOOLEAN,
+                            "with_pieces": BOOLEAN}, ("content",))
+        ids = await asyncio.to_thread(self.llm.tokenize, body["content"], body.get("add_special") or False,
+                                      body.get("parse_special", True) is not False)
+        if body.get("with_pieces"):
+            return JSONResponse({"tokens": [{"id": i, "piece": self.llm.detokenize([i], special=True)}
+                                            for i in ids]})
+        return JSONResponse({"tokens": ids})
+
+    async def detokenize(self, request):
+        body = await read_json(request, self.max_request_bytes)
+        check_fields(body, {"tokens": (lambda v: isinstance(v, list) and all(_is_int(t) for t in v),
+                                       "a list of token ids")}, ("tokens",))
+        try:
+            text = self.llm.detokenize(body["tokens"])
+        except EdgeLLMError as e:
+            raise HTTPError(400, str(e), param="tokens") from None
+        return JSONResponse({"content": text})
+
+    async def completions(self, request):
+        body = await read_json(request, self.max_request_bytes)
+        check_fields(body, COMPLETION_FIELDS, ("prompt",))
+        kwargs = generation_kwargs(body, COMPLETION_FIELDS)
+        prompt = kwargs.pop("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
+            prompt = prompt[0]  # a batch of one
+        ids_of = partial(self.llm._prompt_ids, prompt)
+        return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
+                                    partial(self.llm.create_completion, prompt), kwargs)
+
+    async def chat_completions(self, request):
+        body = await read_json(request, self.max_request_bytes)
+        check_fields(body, CHAT_FIELDS, ("messages",))
+        kwargs = generation_kwargs(body, CHAT_FIELDS)
+        messages = kwargs.pop("messages")
+        ids_of = partial(self.llm.chat_prompt_ids, messages)
+        return await self._generate(request, body, CHAT_FIELDS, ids_of,
+                                    partial(self.llm.create_chat_completion, messages), kwargs)
+
+    async def _generate(self, request, body, fields, ids_of, create, kwargs):
+        from .options import parse_options
+        kwargs["model"] = self.model_name
+        options = {k: v for k, v in kwargs.items() if k not in ("echo", "logprobs", "top_logprobs")}
+        if fields is COMPLETION_FIELDS:
+            options["logprobs"] = kwargs.get("logprobs")
+        else:  # chat's logprobs is a switch; the number of alternatives is top_logprobs
+            options["logprobs"] = kwargs.get("top_logprobs", 0) if kwargs.get("logprobs") else None
+        try:
+            # what can be refused is refused here, with a 400, before a slot is taken
+            parse_options("request", options, {}, allow_compat=True)
+            if kwargs.get("echo") and kwargs.get("logprobs") is not None:
+                raise HTTPError(400, "echo with logprobs is not supported", param="echo")
+            if kwargs.get("top_logprobs") is not None and not kwargs.get("logprobs"):
+                raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            n_prompt = len(await asyncio.to_thread(ids_of))
+        except (EdgeLLMError, TypeError, ValueError) as e:
+            raise _error_from_exception(e, fields) from None
+        max_tokens = kwargs.get("max_tokens")
+        if max_tokens is not None and n_prompt + max_tokens > self.llm.n_ctx:
+            raise HTTPError(400, f"this model's context holds {self.llm.n_ctx} tokens, but {n_prompt + max_tokens} "
+                                 f"were requested ({n_prompt} in the prompt, {max_tokens} to generate)",
+                            param="max_tokens", code="context_length_exceeded")
+        self.slot.check_queue()
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._sse(create, kwargs, include_usage, fields), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._whole(request, create, kwargs, fields)
+
+    async def _whole(self, request, create, kwargs, fields):
+        client_left = threading.Event()
+        kwargs["stopping_criteria"] = lambda input_ids, logits: client_left.is_set()
+        watcher = asyncio.create_task(_watch_disconnect(request, client_left))
+        try:
+            await self.slot.acquire()
+            try:
+                result = await self.slot.run(partial(create, **kwargs))
+            finally:
+                self.slot.lock.release()
+        except (EdgeLLMError, TypeError, ValueError) as e:
+            raise _error_from_exception(e, fields) from None
+        finally:
+            watcher.cancel()
+        return JSONResponse(result)
+
+    async def _sse(self, create, kwargs, include_usage, fields):
+        gen = last = None
+        await self.slot.acquire()
+        try:
+            try:
+                gen = await self.slot.run(partial(create, stream=True, **kwargs))
+                while True:
+                    chunk = await self.slot.run(next, gen, None)
+                    if chunk is None:
+                        break
+                    last = chunk
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            except (EdgeLLMError, TypeError, ValueError) as e:
+                yield f"data: {json.dumps({'error': _error_from_exception(e, fields).body()})}\n\n"
+                return
+            if include_usage:
+                done = self.llm.last_completion
+                usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                         "total_tokens": done.prompt_tokens + done.completion_tokens}
+                yield f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            # runs on a finished stream and on a cancelled one (client gone) alike, without awaiting: the close
+            # is queued on the worker ahead of anything the next request submits
+            if gen is not None:
+                self.slot.worker.submit(gen.close)
+            self.slot.lock.release()
+
+
+async def _watch_disconnect(request: Request, flag: threading.Event):
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            flag.set()
+            return
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The app, a background server, and `edgellm serve`
+# ---------------------------------------------------------------------------------------------------------------
+
+def create_app(llm, api_key: str | None = None, model_name: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE) -> Starlette:
+    """The ASGI app serving `llm` (an edgellm Model)."""
+    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue)
+    routes = [
+        Route("/health", ep.health, methods=["GET"]),
+        Route("/v1/models", ep.models, methods=["GET"]),
+        Route("/v1/completions", ep.completions, methods=["POST"]),
+        Route("/v1/chat/completions", ep.chat_completions, methods=["POST"]),
+        Route("/tokenize", ep.tokenize, methods=["POST"]),
+        Route("/detokenize", ep.detokenize, methods=["POST"]),
+    ]
+
+    async def on_http_error(request, exc):
+        return exc.response()
+
+    async def on_not_found(request, exc):
+        status = getattr(exc, "status_code", 404)
+        return HTTPError(status, f"{request.method} {request.url.path}: "
+                                 f"{'no such endpoint' if status == 404 else 'method not allowed'}").response()
+
+    app = Starlette(routes=routes, exception_handlers={HTTPError: on_http_error, 404: on_not_found,
+                                                       405: on_not_found})
+    app.state.endpoints = ep
+    if api_key:
+        return _require_key(app, api_key)
+    return app
+
+
+def _require_key(app, api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                response = HTTPError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                     code="invalid_api_key", kind="authentication_error").response()
+                await response(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    guarded.state = app.state
+    return guarded
+
+
+class BackgroundServer:
+    """Serve an app on a loopback port from a thread: `with BackgroundServer(app) as srv: srv.base_url`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+        return False
+
+
+def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+          n_ctx: int | None = None, n_threads: int | None = None,
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> int:
+    import sys
+
+    import uvicorn
+
+    import edgellm
+    llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads)
+    name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
+    app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"edgellm: warning: serving on {host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)
+    print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
+          file=sys.stderr)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return 0

@@ -1,0 +1,94 @@
+"""Tiny random models end to end on the CUDA path, in Numba's CUDA simulator: a prompt split into batches, then
+token-by-token decoding, against the float64 numpy reference and against the CPU models.
+
+Runs only under NUMBA_ENABLE_CUDASIM=1 (see tests/test_cuda_simulator.py, which runs it in a subprocess).
+n_batch = 4 splits the 6-token prompt and, for Gemma, makes the sliding-window layers' ring (window 4 + 4 - 1
+slots) wrap within the 9 positions; 9 positions also span two of the simulator's 8-slot attention tiles.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    pytest.skip("CUDA simulator tests: run through tests/test_cuda_simulator.py", allow_module_level=True)
+
+sys.setswitchinterval(2e-4)  # simulated threads hand over at every barrier: the default 5 ms slice dominates
+
+import edgellm.gguf  # noqa: E402
+from edgellm.cuda import build_cuda_model  # noqa: E402
+from edgellm.models import build_model  # noqa: E402
+from edgellm.reference import ReferenceModel  # noqa: E402
+from helpers_tiny_gguf import TinySpec, write_tiny_model  # noqa: E402
+
+# Device (float32 activations, dequantized weights) vs the float64 reference on the same weights: only float32
+# rounding, ~1e-14 measured; a wrong op gives ~1e-1.
+DEVICE_VS_REFERENCE_NMSE = 1e-9
+# Device vs the CPU path, which quantizes activations to 8 bits before each product (llama.cpp's scheme):
+# as the CPU path's own bound against the reference in tests/test_models_tiny.py.
+DEVICE_VS_CPU_NMSE = 2e-3
+
+N_CTX, N_BATCH, N_PROMPT, N_DECODE = 16, 4, 6, 3
+SPECS = {
+    # the real models' formats: SmolLM2 is Q4_1 with a Q8_0 embedding and an untied output here to use it;
+    # Gemma 3 mixes Q5_0 with a Q8_0 embedding; qwen2 (q/k/v biases) and qwen3 (qk norm) with one layer each
+    "llama": TinySpec(arch="llama", n_embd=64, n_head=2, n_head_kv=1, n_ff=64, n_vocab=64, weight_type="Q4_1",
+                      embd_type="Q8_0", tied=False),
+    "gemma3": TinySpec(arch="gemma3", n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_ff=64, n_vocab=64,
+                       sliding_window=4, weight_type="Q5_0", embd_type="Q8_0"),
+    "qwen2": TinySpec(arch="qwen2", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=64, n_vocab=64,
+                      weight_type="Q8_0"),
+    "qwen3": TinySpec(arch="qwen3", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_ff=64, n_vocab=64,
+                      weight_type="Q8_0"),
+}
+
+
+def nmse(got, want):
+    want = np.asarray(want, dtype=np.float64)
+    return float(np.sum((got - want) ** 2) / np.sum(want**2))
+
+
+def run_prompt_then_decode(model, tokens):
+    """Logits of every position: the prompt in one call (split by n_batch inside), then one token per call."""
+    prompt = model.forward(tokens[:N_PROMPT], all_logits=True)
+    decoded = [model.forward(tokens[i:i + 1])[0].copy() for i in range(N_PROMPT, len(tokens))]
+    return np.concatenate([prompt, np.stack(decoded)])
+
+
+@pytest.mark.parametrize("arch", list(SPECS))
+def test_tiny_model_matches_reference_and_cpu(tmp_path, arch):
+    spec = SPECS[arch]
+    tokens = np.random.default_rng(1).integers(0, spec.n_vocab, N_PROMPT + N_DECODE).astype(np.int32)
+    with edgellm.gguf.open(write_tiny_model(tmp_path / f"{arch}.gguf", spec)) as f:
+        model = build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
+        assert (model.n_vocab, model.n_ctx, model.n_past) == (spec.n_vocab, N_CTX, 0)
+        device_logits = run_prompt_then_decode(model, tokens)
+        assert model.n_past == len(tokens)
+        reference = ReferenceModel(f).logits(tokens)
+        cpu = build_model(f, n_ctx=N_CTX, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
+    assert device_logits.shape == (len(tokens), spec.n_vocab)
+    assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
+    assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
+def test_reset_and_prefix_rewind_on_the_device(tmp_path):
+    """After reset() a sequence starts over; rewinding the cache the way the API reuses a prompt prefix (host slot
+    positions >= n marked empty, n_past = n) continues exactly like a fresh run, although the device keeps the
+    stale slots (which the causal mask hides)."""
+    spec = SPECS["gemma3"]
+    rng = np.random.default_rng(2)
+    first = rng.integers(0, spec.n_vocab, 7).astype(np.int32)  # positions 0..6 fill the 7-slot rings
+    second = np.concatenate([first[:4], rng.integers(0, spec.n_vocab, 2).astype(np.int32)])
+    with edgellm.gguf.open(write_tiny_model(tmp_path / "gemma3.gguf", spec)) as f:
+        model = build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
+        fresh = model.forward(second, all_logits=True)
+        model.reset()
+        assert model.n_past == 0
+        model.forward(first, all_logits=False)
+        for layer in model.cache.layers:  # what edgellm.api.Model._rewind_cache does
+            layer.slot_pos[layer.slot_pos >= 4] = -1
+        model.cache.n_past = 4
+        resumed = model.forward(second[4:], all_logits=True)
+    assert nmse(resumed, fresh[4:]) < DEVICE_VS_REFERENCE_NMSE
