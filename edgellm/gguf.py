@@ -13,6 +13,7 @@ import mmap
 import os
 import stat
 import struct
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,8 +166,10 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
     # Each element takes at least 8 bytes (its length), so a count the file cannot hold is refused before any work.
     if count * 8 > cur.size - cur.pos:
         raise GGUFError(f"string array {key!r} claims {count} elements, more than the rest of the file can hold")
-    starts = np.empty(count, dtype=np.int64)
-    lengths = np.empty(count, dtype=np.int64)
+    # Grown as elements are walked, not sized by the claimed count: a corrupt count that the file could hold
+    # (up to size/8) must not reserve 16 bytes per claimed element before the walk finds the corruption.
+    starts, lengths = array("q"), array("q")
+    add_start, add_length = starts.append, lengths.append
     buf, size, pos, unpack = cur.buf, cur.size, cur.pos, _U64.unpack_from
     for i in range(count):
         if pos + 8 > size:
@@ -175,11 +178,11 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
         pos += 8
         if n > size - pos:
             raise GGUFError(f"string {i} of array {key!r} claims length {n} at offset {pos - 8}, past the end of the file")
-        starts[i] = pos
-        lengths[i] = n
+        add_start(pos)
+        add_length(n)
         pos += n
     cur.pos = pos
-    return LazyStrings(buf, starts, lengths)
+    return LazyStrings(buf, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64))
 
 
 @dataclass(frozen=True)

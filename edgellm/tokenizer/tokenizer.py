@@ -5,11 +5,15 @@ text fragment goes through the model (BPE or SPM) and BOS/EOS are added as the v
 Decoding: each token's bytes (token_to_bytes) are joined and the whole is decoded as UTF-8 once, so characters split
 across tokens come out whole.
 """
+import re
+
 from ..errors import TokenizerError
 from .bpe import BPEModel
 from .spm import SPACE, SPMModel
 from .unicode_classes import UNICODE_TO_BYTE
 from .vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Tokenizer:
@@ -27,6 +31,8 @@ class Tokenizer:
             merges = metadata.get("tokenizer.ggml.merges")
             if merges is None:
                 raise TokenizerError("BPE tokenizer without tokenizer.ggml.merges")
+            if not isinstance(merges, (list, tuple)):
+                raise TokenizerError(f"tokenizer.ggml.merges must be an array of strings, got {type(merges).__name__}")
             return cls(vocab, BPEModel(vocab, merges))
         return cls(vocab, SPMModel(vocab))
 
@@ -72,6 +78,11 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list:
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        if not text.isascii():
+            surrogate = _LONE_SURROGATE.search(text)
+            if surrogate:    # e.g. undecodable bytes carried through surrogateescape: not text, not UTF-8-encodable
+                raise TokenizerError(f"text has a lone surrogate {surrogate.group()!r} at index {surrogate.start()}; "
+                                     "it is not valid Unicode (decode bytes with errors='replace' first)")
         vocab = self.vocab
         out = [vocab.bos_id] if add_special and vocab.add_bos else []
         fragments = vocab.special_matcher(parse_special).split(text) if text else []
@@ -112,7 +123,7 @@ class Tokenizer:
         elif attr & ATTR_NORMAL:
             piece = text.replace(SPACE, " ").encode("utf-8") if self._is_spm else _gpt2_text_to_bytes(text)
         elif attr & ATTR_BYTE:
-            piece = bytes([int(text[3:5], 16)])
+            piece = _byte_token_value(token_id, text)
         else:                    # unused / undefined tokens render as nothing, as in llama.cpp
             piece = b""
         if not special or not attr & (ATTR_CONTROL | ATTR_UNKNOWN):
@@ -132,6 +143,17 @@ class Tokenizer:
     def __repr__(self):
         kind = "SPM" if self._is_spm else f"BPE(pre={self.vocab.pre!r})"
         return f"Tokenizer({kind}, n_vocab={self.n_vocab}, bos={self.bos_id}, eos={self.eos_id})"
+
+
+def _byte_token_value(token_id: int, text: str) -> bytes:
+    # a byte token reads <0xNN>; anything else there means corrupt metadata, refused rather than mis-decoded
+    try:
+        value = int(text[3:5], 16)
+        if 0 <= value < 256:
+            return bytes([value])
+    except ValueError:
+        pass
+    raise TokenizerError(f"token {token_id} is typed as a byte token but its text {text!r} is not <0xNN>")
 
 
 def _gpt2_text_to_bytes(text: str) -> bytes:

@@ -34,7 +34,30 @@ _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>") 
 
 def _meta_int(metadata, key):
     value = metadata.get(key)
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):  # an array, a string, NaN...: corrupt metadata
+        raise TokenizerError(f"{key} must be an integer, got {type(value).__name__} {str(value)[:40]}") from None
+
+
+def _meta_flag(metadata, key):
+    value = metadata.get(key)
+    if value is None or isinstance(value, (bool, int, np.bool_, np.integer)):
+        return value
+    raise TokenizerError(f"{key} must be a boolean, got {type(value).__name__} {str(value)[:40]}")
+
+
+def _meta_numbers(metadata, key):
+    """A 1-D numeric array (scores, token types) or None; anything else is corrupt metadata."""
+    value = metadata.get(key)
+    if value is None:
+        return None
+    array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if array is None or array.ndim != 1 or array.dtype.kind not in "biuf":
+        raise TokenizerError(f"{key} must be an array of numbers, got {type(value).__name__} {str(value)[:40]}")
+    return array
 
 
 class Vocab:
@@ -42,13 +65,17 @@ class Vocab:
 
     def __init__(self, metadata):
         model = metadata.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
+        if not isinstance(model, str) or model not in ("gpt2", "llama"):
             raise TokenizerError(f"unsupported tokenizer model {model!r} (supported: 'gpt2' BPE, 'llama' SPM)")
         self.model = model
-        self.pre = metadata.get("tokenizer.ggml.pre") or ""
+        self.pre = metadata.get("tokenizer.ggml.pre")
+        if self.pre is None:
+            self.pre = ""
+        elif not isinstance(self.pre, str):
+            raise TokenizerError(f"tokenizer.ggml.pre must be a string, got {type(self.pre).__name__}")
         tokens = metadata.get("tokenizer.ggml.tokens")
-        if not tokens:
-            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens")
+        if not isinstance(tokens, (list, tuple)) or not tokens:    # the reader gives a string array as list[str]
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens (a non-empty array of strings)")
         if "" in tokens:         # llama.cpp renames empty entries rather than failing
             tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         elif not isinstance(tokens, list):
@@ -59,8 +86,8 @@ class Vocab:
         if len(self.token_to_id) != n:
             raise TokenizerError("duplicate token text in tokenizer.ggml.tokens")
 
-        scores = metadata.get("tokenizer.ggml.scores")
-        types = metadata.get("tokenizer.ggml.token_type")
+        scores = _meta_numbers(metadata, "tokenizer.ggml.scores")
+        types = _meta_numbers(metadata, "tokenizer.ggml.token_type")
         for key, array in (("scores", scores), ("token_type", types)):
             if array is not None and len(array) < n:
                 raise TokenizerError(f"tokenizer.ggml.{key} has {len(array)} entries for {n} tokens")
@@ -100,7 +127,7 @@ class Vocab:
         self.eot_id, self.eom_id, self.pad_id = ids["eot"], ids["eom"], ids["padding"]
         for attr, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token"),
                           ("add_space_prefix", "add_space_prefix")):
-            value = metadata.get(f"tokenizer.ggml.{key}")
+            value = _meta_flag(metadata, f"tokenizer.ggml.{key}")
             if value is not None:
                 setattr(self, attr, bool(value))
         if self.add_bos and self.bos_id is None:
