@@ -15,6 +15,7 @@ import numpy as np
 
 from . import catalog
 from . import gguf as gguf_reader
+from . import validate
 from .errors import EdgeLLMError, ModelBusyError, ModelError, PromptError, SamplingError
 from .options import GenerationOptions, parse_options
 
@@ -105,7 +106,8 @@ class Model:
     """A loaded model. Calls are serialised by an internal lock; one generation runs at a time."""
 
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
-                 models_dir: str | None = None, verbose: bool = False, device: str = "cpu"):
+                 models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
+                 check_memory: bool = True):
         t0 = time.perf_counter()
         from .cuda import resolve_device
         device = resolve_device(device)  # DeviceError here, before the file is read
@@ -115,6 +117,12 @@ class Model:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         path = catalog.resolve(model, models_dir)
         gguf_file = gguf_reader.open(path)
+        try:  # refuse up front, with the figures, what cannot fit (check_memory=False overrides)
+            weights, kv = validate.model_memory_needs(gguf_file, n_ctx)
+            validate.check_memory(weights, kv, force=not check_memory, what=os.path.basename(str(path)))
+        except BaseException:
+            gguf_file.close()
+            raise
         from .models import build_model
         from .tokenizer import Tokenizer
         tokenizer = Tokenizer.from_metadata(gguf_file.metadata)

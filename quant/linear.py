@@ -16,6 +16,8 @@ the GIL, so sharing is safe for calls from any one thread at a time.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import kernels_float, kernels_legacy, matmul_kquant
@@ -45,17 +47,19 @@ class _ActivationScratch:
         return self.args
 
 
-_SCRATCH: dict[tuple[str, int], _ActivationScratch] = {}
+_THREAD_SCRATCH = threading.local()  # .buffers: {(family, n_in): _ActivationScratch} for this thread
 _UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
 
 
-def _scratch_for(fmt: BlockFormat, n_in: int) -> _ActivationScratch | None:
-    if fmt.family == "float":
-        return None
-    key = (fmt.family, n_in)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = _ActivationScratch(fmt.family, n_in)
-    return _SCRATCH[key]
+def _scratch_for(key) -> _ActivationScratch:
+    # Per thread: parallel kernels release the GIL, so two threads sharing one buffer would corrupt each
+    # other's quantized activations (two models of the same widths, each on its own thread).
+    scratch = getattr(_THREAD_SCRATCH, "buffers", None)
+    if scratch is None:
+        scratch = _THREAD_SCRATCH.buffers = {}
+    if key not in scratch:
+        scratch[key] = _ActivationScratch(*key)
+    return scratch[key]
 
 
 _F32 = np.dtype(np.float32)
@@ -83,7 +87,7 @@ class QuantLinear:
         self.ggml_type = self.format.name
         self.row_bytes = self.format.row_bytes(self.n_in)
         self._kernel = _MATMUL[self.format.name]
-        self._scratch = _scratch_for(self.format, self.n_in)
+        self._scratch_key = None if self.format.family == "float" else (self.format.family, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
 
     @classmethod
@@ -126,10 +130,10 @@ class QuantLinear:
             self._run(x, out)
 
     def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        if self._scratch is None:
+        if self._scratch_key is None:
             self._kernel(self.data, self.row_bytes, x, out)
         else:
-            xq, xd, xs = self._scratch.reserve(x.shape[0])
+            xq, xd, xs = _scratch_for(self._scratch_key).reserve(x.shape[0])
             self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out)
 
     def dequantize(self) -> np.ndarray:

@@ -161,16 +161,25 @@ def test_zero_activations_give_zero_outputs():
     np.testing.assert_array_equal(out, 0)
 
 
-def test_scratch_is_shared_and_grows():
+def test_scratch_is_shared_within_a_thread_grows_and_is_per_thread():
+    import threading
+    from quant.linear import _scratch_for
     fmt = quant.format_by_name("Q8_0")
     a = quant.QuantLinear(matrix(fmt, 4, 96), "Q8_0", (4, 96))
     b = quant.QuantLinear(matrix(fmt, 6, 96, seed=1), "Q8_0", (6, 96))
-    assert a._scratch is b._scratch
+    assert a._scratch_key == b._scratch_key
     x = np.ones((40, 96), np.float32)
     out = np.empty((40, 6), np.float32)
     b.matmul(x, out)
-    assert b._scratch.capacity >= 40
+    mine = _scratch_for(b._scratch_key)
+    assert mine.capacity >= 40
     np.testing.assert_allclose(out[0], b.dequantize().sum(axis=1), rtol=1e-5)
+    # Parallel kernels release the GIL: another thread must get its own activation buffer.
+    other = []
+    t = threading.Thread(target=lambda: other.append(_scratch_for(b._scratch_key)))
+    t.start()
+    t.join()
+    assert other[0] is not mine
 
 
 # --- validation: a kernel never sees a wrong buffer ----------------------------------------------------------------
