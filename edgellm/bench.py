@@ -1,0 +1,238 @@
+"""`edgellm bench`, modelled on llama-bench: prompt processing (pp), generation (tg) at a depth, thread sweeps,
+mean ± std tokens/s, peak RSS, and each figure's share of the memory-bandwidth limit measured in the same run.
+
+Sections: memory bandwidth; bytes a token streams; one measurement; the sweep; output (markdown, JSON, plot).
+"""
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+_BW_BYTES = 256 << 20  # large enough to defeat the caches, small enough for any machine this runs on
+
+
+def measure_bandwidth(n_threads: int, repeats: int = 5) -> float:
+    """Read bandwidth in bytes/s with n_threads, the way a decode step reads weights: a parallel sum over a
+    buffer far larger than the caches. Best of `repeats`."""
+    import numba
+    from .bandwidth_kernel import parallel_sum
+    buf = np.ones(_BW_BYTES // 4, dtype=np.float32)
+    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    parallel_sum(buf[:1024])  # compile / warm
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        parallel_sum(buf)
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best
+
+
+def weight_bytes_per_token(gguf_file) -> int:
+    """Bytes of weights a decode step streams: every matrix once (the embedding only as the tied output
+    projection, since a single row is read for the input). Norm vectors are negligible but counted."""
+    total = 0
+    tensors = gguf_file.tensors
+    for name, t in tensors.items():
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            continue  # only one row is read per token
+        total += t.nbytes
+    return total
+
+
+def kv_bytes_per_token_read(model, depth: int) -> int:
+    """KV cache bytes an attention step reads at `depth` (bounded per layer by its ring capacity)."""
+    cache = getattr(model, "cache", None)
+    if cache is None or not hasattr(cache, "layers"):
+        return 0
+    total = 0
+    for layer in cache.layers:
+        n_kv_heads, capacity, head_dim = layer.k.shape
+        total += 2 * n_kv_heads * min(capacity, depth) * head_dim * layer.k.itemsize
+    return total
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+@dataclass
+class Result:
+    model: str
+    test: str            # "pp128", "tg128", "tg128@d2048"
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    depth: int
+    samples_tps: list = field(default_factory=list)
+    bytes_per_token: int = 0
+    bandwidth: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples_tps)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.samples_tps) if len(self.samples_tps) > 1 else 0.0
+
+    @property
+    def bound_tps(self) -> float:
+        """Tokens/s if every token only had to stream its bytes at the measured bandwidth."""
+        return self.bandwidth / self.bytes_per_token if self.bytes_per_token else 0.0
+
+    @property
+    def share_of_bound(self) -> float:
+        return self.mean / self.bound_tps if self.bound_tps else 0.0
+
+
+def _random_tokens(rng, n_vocab: int, n: int) -> np.ndarray:
+    return rng.integers(0, n_vocab, n, dtype=np.int32)
+
+
+def run_pp(model, n_prompt: int, repeats: int, rng) -> list:
+    out = []
+    for _ in range(repeats):
+        model.reset()
+        toks = _random_tokens(rng, model.n_vocab, n_prompt)
+        t0 = time.perf_counter()
+        model.forward(toks)
+        out.append(n_prompt / (time.perf_counter() - t0))
+    return out
+
+
+def run_tg(model, n_gen: int, depth: int, repeats: int, rng) -> list:
+    out = []
+    for _ in range(repeats):
+        model.reset()
+        if depth:
+            model.forward(_random_tokens(rng, model.n_vocab, depth))
+        tok = np.array([int(rng.integers(0, model.n_vocab))], dtype=np.int32)
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            logits = model.forward(tok)
+            tok[0] = int(np.argmax(logits[-1]))
+        out.append(n_gen / (time.perf_counter() - t0))
+    return out
+
+
+def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,), repeats=3, warmup=True,
+          profile=False, log=None) -> dict:
+    """Run the sweep; returns {"results": [Result...], "bandwidth": {threads: B/s}, "peak_rss": bytes, ...}."""
+    import edgellm
+    rng = np.random.default_rng(0)
+    results, bandwidths = [], {}
+    say = log or (lambda *_: None)
+    for nt in threads:
+        n_ctx = max(max(n_prompt, default=0), max(depths, default=0) + max(n_gen, default=0)) + 16
+        m = edgellm.load(model_name, n_threads=nt, n_ctx=n_ctx)
+        nt = m.n_threads
+        bw = bandwidths[nt] = measure_bandwidth(nt)
+        say(f"threads {nt}: bandwidth {bw / 1e9:.1f} GB/s")
+        model = m.model
+        wbytes = weight_bytes_per_token(m.file)
+        if warmup:  # compile and touch every weight page before timing
+            run_pp(model, min(8, max(n_prompt, default=8)), 1, rng)
+            run_tg(model, 2, 0, 1, rng)
+        for p in n_prompt:
+            if p <= 0:
+                continue
+            r = Result(m.name, f"pp{p}", nt, p, 0, 0, run_pp(model, p, repeats, rng), wbytes, bw)
+            say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s")
+            results.append(r)
+        for n in n_gen:
+            if n <= 0:
+                continue
+            for d in depths:
+                test = f"tg{n}" + (f"@d{d}" if d else "")
+                # bytes at the middle of the run's depth range stand for the run
+                kv = kv_bytes_per_token_read(model, d + n // 2)
+                r = Result(m.name, test, nt, 0, n, d, run_tg(model, n, d, repeats, rng), wbytes + kv, bw)
+                say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s")
+                results.append(r)
+        profile_rows = profile_decode(m) if profile else None
+        load_s = m.timings.load_s
+        del m, model
+    return {"results": results, "bandwidth": bandwidths, "peak_rss": peak_rss_bytes(), "load_s": load_s,
+            "profile": profile_rows}
+
+
+def profile_decode(m, n_tokens: int = 16) -> list:
+    """Time per operation type and per layer for decode steps, from the model's optional profiler hook."""
+    model = m.model
+    if not hasattr(model, "profile_step"):
+        return []
+    model.reset()
+    model.forward(np.array([m.tokenizer.bos_id or 1], dtype=np.int32))
+    rows = {}
+    for _ in range(n_tokens):
+        for (op, layer), dt in model.profile_step(np.array([1], dtype=np.int32)).items():
+            rows[(op, layer)] = rows.get((op, layer), 0.0) + dt / n_tokens
+    return [{"op": op, "layer": layer, "seconds": dt} for (op, layer), dt in sorted(rows.items(), key=str)]
+
+
+def to_markdown(report: dict) -> str:
+    lines = ["| model | test | threads | t/s | bytes/token | bound t/s | share of bound | min latency |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in report["results"]:
+        is_tg = r.test.startswith("tg")
+        bound = f"{r.bound_tps:.1f}" if is_tg else "-"
+        share = f"{100 * r.share_of_bound:.0f}%" if is_tg else "-"
+        lat = f"{1e3 * r.bytes_per_token / r.bandwidth:.2f} ms" if is_tg and r.bandwidth else "-"
+        lines.append(f"| {r.model} | {r.test} | {r.n_threads} | {r.mean:.1f} ± {r.std:.1f} | "
+                     f"{r.bytes_per_token / 1e6:.1f} MB | {bound} | {share} | {lat} |")
+    bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in report["bandwidth"].items())
+    lines.append("")
+    lines.append(f"memory bandwidth (same run): {bw}; peak RSS {report['peak_rss'] / 1e6:.0f} MB; "
+                 f"load {report['load_s']:.2f} s")
+    if report.get("profile"):
+        lines.append("")
+        lines.append("| op | layer | ms/token |")
+        lines.append("| --- | ---: | ---: |")
+        for row in report["profile"]:
+            lines.append(f"| {row['op']} | {row['layer']} | {1e3 * row['seconds']:.3f} |")
+    return "\n".join(lines)
+
+
+def to_json(report: dict) -> str:
+    out = dict(report)
+    out["results"] = [dict(asdict(r), mean=r.mean, std=r.std, bound_tps=r.bound_tps) for r in report["results"]]
+    out["bandwidth"] = {str(k): v for k, v in report["bandwidth"].items()}
+    return json.dumps(out, indent=2)
+
+
+def plot(report: dict, path: str) -> None:
+    """Roofline-style picture: achieved decode t/s against the bandwidth bound, and the profile if present."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'edgellm[plot]'") from None
+    rows = [r for r in report["results"] if r.test.startswith("tg")]
+    n = 2 if report.get("profile") else 1
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.5), squeeze=False)
+    ax = axes[0][0]
+    labels = [f"{r.test}\n{r.n_threads}t" for r in rows]
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r.bound_tps for r in rows], 0.4, label="bandwidth bound", color="#bbb")
+    ax.bar(x + 0.2, [r.mean for r in rows], 0.4, yerr=[r.std for r in rows], label="edgellm", color="#3a7")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("tokens/s")
+    ax.set_title("decode vs memory-bandwidth bound")
+    ax.legend()
+    if n == 2:
+        ax2 = axes[0][1]
+        per_op = {}
+        for row in report["profile"]:
+            per_op[row["op"]] = per_op.get(row["op"], 0.0) + row["seconds"]
+        ops = sorted(per_op, key=per_op.get, reverse=True)
+        ax2.barh(ops, [1e3 * per_op[o] for o in ops], color="#37a")
+        ax2.set_xlabel("ms per token")
+        ax2.set_title("decode profile by operation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,115 @@
+"""Reading a model out of a GGUF file: config keys, and tensors checked against the config before any kernel
+sees them (a wrong-sized buffer must become a ModelError naming the tensor, never a crash or garbage)."""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from edgellm.errors import ModelError
+from edgellm.models.linear import make_linear
+
+_REQUIRED = object()
+
+# Norm weights and biases are small; any of these float formats is read into float32.
+VECTOR_TYPES = ("F32", "F16", "BF16")
+
+
+def read_key(metadata: dict, key: str, kind=int, default=_REQUIRED):
+    """metadata[key] converted to kind; ModelError naming the key when it is missing and has no default."""
+    if key not in metadata:
+        if default is _REQUIRED:
+            raise ModelError(f"GGUF metadata lacks required key {key!r}")
+        return default
+    value = metadata[key]
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values = {kind(v) for v in np.asarray(value).ravel()}
+        if len(values) != 1:
+            raise ModelError(f"{key!r} varies per layer ({sorted(values)}); only uniform values are supported")
+        return values.pop()
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as err:
+        raise ModelError(f"GGUF key {key!r} = {value!r} is not a valid {kind.__name__}") from err
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple  # numpy order, outermost first: a matrix is (n_out, n_in)
+    is_matrix: bool  # matrices go through a linear map (any quant format); vectors become float32 arrays
+    optional: bool = False
+
+
+def matrix(name, shape, optional=False):
+    return TensorSpec(name, tuple(int(s) for s in shape), True, optional)
+
+
+def vector(name, length, optional=False):
+    return TensorSpec(name, (int(length),), False, optional)
+
+
+def _expected_nbytes(ggml_type: str, shape) -> int:
+    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    if shape[-1] % block_size:
+        raise ValueError(f"row length {shape[-1]} is not a multiple of the {ggml_type} block size {block_size}")
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return n_rows * (shape[-1] // block_size) * type_size
+
+
+def _check(tensor, spec: TensorSpec) -> None:
+    got_shape = tuple(int(s) for s in tensor.shape)
+    if got_shape != spec.shape:
+        raise ModelError(f"tensor {spec.name!r} has shape {got_shape}, expected {spec.shape} from the model config")
+    if not spec.is_matrix and tensor.ggml_type not in VECTOR_TYPES:
+        raise ModelError(f"tensor {spec.name!r} has type {tensor.ggml_type}; expected one of {VECTOR_TYPES}")
+    try:
+        expected = _expected_nbytes(tensor.ggml_type, got_shape)
+    except (KeyError, ValueError) as err:
+        raise ModelError(f"tensor {spec.name!r}: unsupported type {tensor.ggml_type} or layout ({err})") from err
+    if tensor.data.nbytes != expected:
+        raise ModelError(f"tensor {spec.name!r} holds {tensor.data.nbytes} bytes; {tensor.ggml_type} "
+                         f"{got_shape} needs {expected}")
+
+
+def _as_float32_vector(tensor) -> np.ndarray:
+    raw = np.asarray(tensor.data)
+    return np.ascontiguousarray(gguf_dequantize(raw, GGMLQuantizationType[tensor.ggml_type]), dtype=np.float32)
+
+
+def load_tensors(gguf_file, specs) -> dict:
+    """Check every spec first, then build: name -> linear map (matrix), float32 array (vector), None (absent)."""
+    tensors = gguf_file.tensors
+    for spec in specs:
+        if spec.name not in tensors:
+            if spec.optional:
+                continue
+            raise ModelError(f"GGUF file lacks tensor {spec.name!r}")
+        _check(tensors[spec.name], spec)
+    loaded = {}
+    for spec in specs:
+        tensor = tensors.get(spec.name)
+        if tensor is None:
+            loaded[spec.name] = None
+        elif spec.is_matrix:
+            try:
+                loaded[spec.name] = make_linear(tensor)
+            except (NotImplementedError, KeyError, ValueError) as err:
+                raise ModelError(f"tensor {spec.name!r}: cannot use type {tensor.ggml_type} ({err})") from err
+        else:
+            loaded[spec.name] = _as_float32_vector(tensor)
+    return loaded
+
+
+def layer_weights(loaded: dict, il: int) -> SimpleNamespace:
+    """Layer il's tensors as attributes named like GGUF:
+    blk.3.attn_q.weight -> .attn_q, blk.3.attn_q.bias -> .attn_q_bias."""
+    prefix = f"blk.{il}."
+    fields = {}
+    for name, value in loaded.items():
+        if name.startswith(prefix):
+            stem, kind = name[len(prefix):].rsplit(".", 1)
+            fields[stem if kind == "weight" else f"{stem}_{kind}"] = value
+    return SimpleNamespace(**fields)

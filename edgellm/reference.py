@@ -1,0 +1,163 @@
+"""A plain numpy reference forward pass, deliberately independent of the fast path: it reads the config keys
+itself, dequantizes every weight to float32 with gguf-py, computes in float64, keeps no cache and recomputes
+every position with a dense masked softmax. Slow, but simple enough to check by eye against llama.cpp's
+src/models/{llama,qwen2,qwen3,gemma3}.cpp; the tests compare the fast path with it.
+"""
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+VOCAB_SLICE = 16384  # output rows cast to float64 at a time
+
+
+def _rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None):
+    """x: [T, H, hd] float64. Rotates pairs (i, i + n_rot/2) for NeoX, else (2i, 2i + 1)."""
+    half = n_rot // 2
+    freqs = freq_scale / base ** (np.arange(half) * 2.0 / n_rot)
+    if factors is not None:
+        freqs = freqs / factors
+    angle = positions[:, None] * freqs[None, :]  # [T, half]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    if neox:
+        first, second = np.arange(half), np.arange(half) + half
+    else:
+        first, second = np.arange(0, n_rot, 2), np.arange(1, n_rot, 2)
+    out = x.copy()
+    out[..., first] = x[..., first] * cos - x[..., second] * sin
+    out[..., second] = x[..., first] * sin + x[..., second] * cos
+    return out
+
+
+def _attention(q, k, v, scale, window=0):
+    """q: [T, H, hd], k, v: [T, H_kv, hd]; causal, optionally limited to the last `window` positions."""
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) * scale
+    distance = np.arange(n_tokens)[:, None] - np.arange(n_tokens)[None, :]
+    allowed = (distance >= 0) & ((distance < window) if window > 0 else True)
+    scores = np.where(allowed, scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", probs, v)
+
+
+class ReferenceModel:
+    def __init__(self, gguf_file):
+        self.file = gguf_file
+        self.meta = gguf_file.metadata
+        self.arch = self.meta["general.architecture"]
+        self._cache = {}
+
+    def key(self, suffix, default=None):
+        value = self.meta.get(f"{self.arch}.{suffix}", default)
+        if value is None:
+            raise KeyError(f"{self.arch}.{suffix}")
+        return value
+
+    def has(self, name):
+        return name in self.file.tensors
+
+    def weight(self, name) -> np.ndarray:
+        """Weights in numpy shape (n_out, n_in) or (n,): float64, except the vocabulary-sized matrices, kept in
+        float32 (a 262k x 640 embedding would take 1.3 GB in float64)."""
+        if name not in self._cache:
+            t = self.file.tensors[name]
+            raw = np.asarray(t.data)
+            rows = raw.reshape(int(np.prod(t.shape[:-1])), -1) if len(t.shape) > 1 else raw
+            w = gguf_dequantize(rows, GGMLQuantizationType[t.ggml_type]).reshape(t.shape)
+            vocab_sized = name in ("token_embd.weight", "output.weight")
+            self._cache[name] = w.astype(np.float32 if vocab_sized else np.float64)
+        return self._cache[name]
+
+    def _output(self, x):
+        """x: [R, d] float64 -> logits [R, n_vocab], in float64 one vocabulary slice at a time."""
+        w = self.weight("output.weight" if self.has("output.weight") else "token_embd.weight")
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        for start in range(0, w.shape[0], VOCAB_SLICE):
+            out[:, start: start + VOCAB_SLICE] = x @ w[start: start + VOCAB_SLICE].astype(np.float64).T
+        return out
+
+    def logits(self, tokens, last_n=None) -> np.ndarray:
+        """float32 [T, n_vocab] (or the last `last_n` rows) for tokens processed from position 0."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if self.arch in LLAMA_LIKE:
+            x = self._llama_like(tokens)
+        elif self.arch == "gemma3":
+            x = self._gemma3(tokens)
+        else:
+            raise NotImplementedError(self.arch)
+        if last_n is not None:
+            x = x[-last_n:]
+        eps = self.key("attention.layer_norm_rms_epsilon")
+        return self._output(_rms_norm(x, self.weight("output_norm.weight"), eps))
+
+    def _heads(self, tokens):
+        n_head = self.key("attention.head_count")
+        n_head_kv = self.key("attention.head_count_kv", n_head)
+        head_dim = self.key("attention.key_length", self.key("embedding_length") // n_head)
+        return n_head, n_head_kv, head_dim, len(tokens)
+
+    def _llama_like(self, tokens):
+        eps = self.key("attention.layer_norm_rms_epsilon")
+        n_head, n_head_kv, hd, T = self._heads(tokens)
+        n_rot = self.key("rope.dimension_count", hd)
+        base = self.key("rope.freq_base", 10000.0)
+        factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
+        factors = self.weight("rope_freqs.weight") if self.has("rope_freqs.weight") else None
+        scale = self.meta.get(f"{self.arch}.attention.scale", 0.0) or 1.0 / np.sqrt(hd)
+        neox = self.arch in NEOX_ARCHITECTURES
+        positions = np.arange(T, dtype=np.float64)
+        x = self.weight("token_embd.weight")[tokens].astype(np.float64)
+        for il in range(self.key("block_count")):
+            W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
+            n = _rms_norm(x, W("attn_norm"), eps)
+            q, k, v = n @ W("attn_q").T, n @ W("attn_k").T, n @ W("attn_v").T
+            if self.arch == "qwen2":
+                q, k, v = (a + self.weight(f"blk.{il}.attn_{c}.bias") for a, c in ((q, "q"), (k, "k"), (v, "v")))
+            q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_head_kv, hd), v.reshape(T, n_head_kv, hd)
+            if self.arch == "qwen3":
+                q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
+            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors)
+            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors)
+            h = x + _attention(q, k, v, scale).reshape(T, -1) @ W("attn_output").T
+            m = _rms_norm(h, W("ffn_norm"), eps)
+            gate = m @ W("ffn_gate").T
+            x = h + (gate / (1.0 + np.exp(-gate)) * (m @ W("ffn_up").T)) @ W("ffn_down").T
+        return x
+
+    def _gemma3(self, tokens):
+        eps = self.key("attention.layer_norm_rms_epsilon")
+        n_head, n_head_kv, hd, T = self._heads(tokens)
+        n_embd, n_layer = self.key("embedding_length"), self.key("block_count")
+        window = self.key("attention.sliding_window")
+        period = self.meta.get(f"{self.arch}.attention.sliding_window_pattern", 6)
+        factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
+        scale = 1.0 / np.sqrt(n_embd / n_head if n_layer == 62 else hd)
+        positions = np.arange(T, dtype=np.float64)
+        x = self.weight("token_embd.weight")[tokens].astype(np.float64) * np.sqrt(np.float32(n_embd))
+        for il in range(n_layer):
+            W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
+            is_global = il % period == period - 1
+            base = self.key("rope.freq_base") if is_global else self.key("rope.freq_base_swa", 10000.0)
+            freq_scale = 1.0 / factor if is_global else 1.0
+            n = _rms_norm(x, W("attn_norm"), eps)
+            q = _rms_norm((n @ W("attn_q").T).reshape(T, n_head, hd), W("attn_q_norm"), eps)
+            k = _rms_norm((n @ W("attn_k").T).reshape(T, n_head_kv, hd), W("attn_k_norm"), eps)
+            v = (n @ W("attn_v").T).reshape(T, n_head_kv, hd)
+            q, k = _rope(q, positions, base, hd, True, freq_scale), _rope(k, positions, base, hd, True, freq_scale)
+            a = _attention(q, k, v, scale, 0 if is_global else window).reshape(T, -1) @ W("attn_output").T
+            h = x + _rms_norm(a, W("post_attention_norm"), eps)
+            m = _rms_norm(h, W("ffn_norm"), eps)
+            g = m @ W("ffn_gate").T
+            gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3)))
+            f = (gelu * (m @ W("ffn_up").T)) @ W("ffn_down").T
+            x = h + _rms_norm(f, W("post_ffw_norm"), eps)
+        return x

@@ -1,0 +1,252 @@
+"""Tiny random-weight models of every architecture: the fast path against the independent numpy reference,
+cached decoding against full recomputation, and the checks that refuse a malformed model.
+
+Most tests swap quant.QuantLinear for the float32 DequantizedLinear (fixture `exact_linear`), so that what remains is
+the forward pass's own arithmetic and a tight bound catches any structural slip (rope order, masks, norms).
+The weight-format tests run the real int8 kernels as well, under a bound sized to activation rounding.
+"""
+
+import numpy as np
+import pytest
+
+import edgellm.gguf
+import edgellm.models.linear
+from edgellm.errors import ModelError
+from edgellm.models import build_model, get_architecture
+from edgellm.reference import ReferenceModel
+from helpers_tiny_gguf import TinySpec, write_tiny_model
+
+# Fast path with float32 matmuls vs float64 reference: float32 rounding only.
+EXACT_VS_REFERENCE_NMSE = 1e-9
+# quant.QuantLinear rounds activations to 8 bits before each matmul, as llama.cpp does (~1e-4 relative per
+# matmul); random tiny models amplify it to at most ~4e-3 (measured, Q6_K). A wrong kernel gives ~1.
+QUANTIZED_VS_REFERENCE_NMSE = 1e-2
+# Token-by-token decoding vs one batch: the same arithmetic, up to summation order and matvec-vs-matmul kernels.
+DECODE_VS_BATCH_NMSE = 1e-5
+
+N_PROMPT = 19
+
+
+def nmse(got, want):
+    want = np.asarray(want, dtype=np.float64)
+    return float(np.sum((got - want) ** 2) / np.sum(want**2))
+
+
+def open_tiny(tmp_path, spec, name="tiny.gguf"):
+    return edgellm.gguf.open(write_tiny_model(tmp_path / name, spec))
+
+
+def tokens_for(spec, n=N_PROMPT, seed=7):
+    return np.random.default_rng(seed).integers(0, spec.n_vocab, n).astype(np.int32)
+
+
+@pytest.fixture
+def exact_linear(monkeypatch):
+    """Build models with the float32 stand-in instead of quant.QuantLinear."""
+    monkeypatch.setattr(edgellm.models.linear, "LINEAR_CLASS", edgellm.models.linear.DequantizedLinear)
+
+
+def check_fast_matches_reference(tmp_path, spec, n_batch=512, n_tokens=N_PROMPT, bound=EXACT_VS_REFERENCE_NMSE):
+    with open_tiny(tmp_path, spec) as f:
+        model = build_model(f, n_ctx=64, n_threads=2, n_batch=n_batch)
+        tokens = tokens_for(spec, n_tokens)
+        fast = model.forward(tokens, all_logits=True)
+        want = ReferenceModel(f).logits(tokens)
+        assert fast.shape == (n_tokens, spec.n_vocab)
+        assert nmse(fast, want) < bound
+        return model, tokens, fast
+
+
+def check_decode_matches_batch(model, tokens, batch_logits):
+    model.reset()
+    assert model.n_past == 0
+    decoded = np.stack([model.forward(tokens[i:i + 1])[0].copy() for i in range(len(tokens))])
+    assert model.n_past == len(tokens)
+    assert nmse(decoded, batch_logits) < DECODE_VS_BATCH_NMSE
+    # a prefix batch then single tokens lands on the same logits too
+    model.reset()
+    model.forward(tokens[:11])
+    last = model.forward(tokens[11:])
+    assert nmse(last[0], batch_logits[-1]) < DECODE_VS_BATCH_NMSE
+
+
+# --- llama: head layouts, every weight format ---------------------------------------------------------------
+
+HEAD_LAYOUTS = [  # (n_embd, n_head, n_head_kv, n_ff)
+    (64, 4, 4, 96),  # multi-head
+    (64, 4, 2, 96),  # grouped-query
+    (96, 6, 1, 160),  # multi-query
+    (72, 9, 3, 128),  # SmolLM2's 9/3 heads, head size 8
+]
+
+
+@pytest.mark.parametrize("n_embd,n_head,n_head_kv,n_ff", HEAD_LAYOUTS)
+def test_llama_head_layouts(tmp_path, exact_linear, n_embd, n_head, n_head_kv, n_ff):
+    spec = TinySpec(n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, weight_type="F32", tied=False)
+    model, tokens, fast = check_fast_matches_reference(tmp_path, spec)
+    check_decode_matches_batch(model, tokens, fast)
+
+
+# K-quants need rows of 256: every matrix's input length is 256 or 512 here.
+WEIGHT_FORMATS = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("weight_type", WEIGHT_FORMATS)
+def test_llama_weight_formats(tmp_path, weight_type):
+    spec = TinySpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512, weight_type=weight_type, embd_type="Q8_0")
+    model, tokens, fast = check_fast_matches_reference(tmp_path, spec, bound=QUANTIZED_VS_REFERENCE_NMSE)
+    check_decode_matches_batch(model, tokens, fast)
+
+
+@pytest.mark.parametrize("weight_type", WEIGHT_FORMATS)
+def test_llama_weight_formats_exact(tmp_path, weight_type, exact_linear):
+    """The same files through float32 matmuls: what the file holds is read with the right layout."""
+    spec = TinySpec(n_embd=256, n_head=4, n_head_kv=2, n_ff=512, weight_type=weight_type, embd_type="Q8_0")
+    check_fast_matches_reference(tmp_path, spec)
+
+
+def test_llama_untied_output_is_used(tmp_path):
+    """With output.weight present the logits come from it, not from the embedding."""
+    spec = TinySpec(weight_type="F32", tied=False)
+    with open_tiny(tmp_path, spec) as f:
+        model = build_model(f, n_ctx=32, n_threads=1)
+        assert model.output is not model.token_embd
+    with open_tiny(tmp_path, TinySpec(weight_type="F32", tied=True), "tied.gguf") as f:
+        model = build_model(f, n_ctx=32, n_threads=1)
+        assert model.output is model.token_embd
+
+
+def test_llama_batches_split_across_n_batch(tmp_path, exact_linear):
+    spec = TinySpec(weight_type="Q8_0")
+    model, tokens, fast = check_fast_matches_reference(tmp_path, spec, n_batch=4)
+    model.reset()
+    assert nmse(model.forward(tokens)[0], fast[-1]) < DECODE_VS_BATCH_NMSE
+
+
+# --- qwen2, qwen3, gemma3 -----------------------------------------------------------------------------------
+
+def test_qwen2_with_qkv_biases(tmp_path, exact_linear):
+    spec = TinySpec(arch="qwen2", weight_type="Q8_0", n_head=4, n_head_kv=2)
+    model, tokens, fast = check_fast_matches_reference(tmp_path, spec)
+    check_decode_matches_batch(model, tokens, fast)
+    assert model.config.qkv_bias and model.config.rope_neox
+
+
+def test_qwen3_with_qk_norm_and_wide_heads(tmp_path, exact_linear):
+    spec = TinySpec(arch="qwen3", weight_type="Q8_0", n_embd=64, n_head=4, n_head_kv=2, head_dim=32)
+    model, tokens, fast = check_fast_matches_reference(tmp_path, spec)
+    check_decode_matches_batch(model, tokens, fast)
+    assert model.config.head_dim == 32 and model.config.qk_norm
+
+
+GEMMA_WINDOW = 5  # much shorter than the prompt, so the sliding-window layers really slide
+
+
+def gemma_spec(**kw):
+    base = dict(arch="gemma3", weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_kv=1, head_dim=32,
+                sliding_window=GEMMA_WINDOW)
+    return TinySpec(**{**base, **kw})
+
+
+def test_gemma3_sliding_window_and_global_layers(tmp_path, exact_linear):
+    model, tokens, fast = check_fast_matches_reference(tmp_path, gemma_spec())
+    assert [kv.window for kv in model.cache.layers] == [GEMMA_WINDOW] * 5 + [0] + [GEMMA_WINDOW]
+    check_decode_matches_batch(model, tokens, fast)
+
+
+def test_gemma3_ring_wraps_during_chunked_prefill(tmp_path, exact_linear):
+    """n_batch 3 + window 5: the ring holds 7 slots, so a 19-token prompt wraps it several times."""
+    model, _, _ = check_fast_matches_reference(tmp_path, gemma_spec(), n_batch=3)
+    assert model.cache.layers[0].slot_pos.shape[0] == GEMMA_WINDOW + 3 - 1
+
+
+def test_gemma3_window_matters(tmp_path):
+    """Sanity check of the test itself: the same weights without a window give other logits."""
+    spec = gemma_spec()
+    with open_tiny(tmp_path, spec) as f:
+        windowed = build_model(f, n_ctx=64, n_threads=1).forward(tokens_for(spec), all_logits=True)
+    wide = gemma_spec(sliding_window=1000)
+    with open_tiny(tmp_path, wide, "wide.gguf") as f:
+        unwindowed = build_model(f, n_ctx=64, n_threads=1).forward(tokens_for(spec), all_logits=True)
+    assert nmse(windowed[:GEMMA_WINDOW], unwindowed[:GEMMA_WINDOW]) < DECODE_VS_BATCH_NMSE
+    assert nmse(windowed[-1], unwindowed[-1]) > 1e-3
+
+
+# --- registry and refusals ------------------------------------------------------------------------------------
+
+def test_registry_aliases_and_unknown_architecture():
+    assert get_architecture("mistral") is get_architecture("llama")
+    with pytest.raises(ModelError, match="unsupported model architecture 'mamba'"):
+        get_architecture("mamba")
+
+
+def test_alias_builds(tmp_path, exact_linear):
+    spec = TinySpec(arch="mistral", weight_type="F32")
+    check_fast_matches_reference(tmp_path, spec)
+
+
+class _Renamed:
+    """A GGUF file view with one tensor removed or replaced, to provoke the checks."""
+
+    def __init__(self, f, drop=None, replace=None):
+        self.metadata = f.metadata
+        self.tensors = dict(f.tensors)
+        if drop:
+            del self.tensors[drop]
+        if replace:
+            self.tensors.update(replace)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    with open_tiny(tmp_path, TinySpec()) as f:
+        with pytest.raises(ModelError, match="blk.1.ffn_up.weight"):
+            build_model(_Renamed(f, drop="blk.1.ffn_up.weight"), n_ctx=16)
+
+
+def test_wrong_shape_is_named(tmp_path):
+    with open_tiny(tmp_path, TinySpec()) as f:
+        wrong = f.tensors["blk.0.attn_q.weight"]  # (64, 64) where attn_k (32, 64) belongs
+        with pytest.raises(ModelError, match="blk.0.attn_k.weight.*shape"):
+            build_model(_Renamed(f, replace={"blk.0.attn_k.weight": wrong}), n_ctx=16)
+
+
+def test_quantized_norm_is_refused(tmp_path):
+    with open_tiny(tmp_path, TinySpec()) as f:
+        with pytest.raises(ModelError, match="output_norm.weight"):
+            build_model(_Renamed(f, replace={"output_norm.weight": f.tensors["blk.0.attn_q.weight"]}), n_ctx=16)
+
+
+def test_partial_biases_are_refused(tmp_path):
+    with open_tiny(tmp_path, TinySpec(arch="qwen2")) as f:
+        view = _Renamed(f, drop="blk.0.attn_k.bias")
+        view.metadata = {**f.metadata, "general.architecture": "llama"}  # llama: biases optional, all or none
+        view.metadata = {k.replace("qwen2.", "llama."): v for k, v in view.metadata.items()}
+        with pytest.raises(ModelError, match="layer 0 has only some"):
+            build_model(view, n_ctx=16)
+    with open_tiny(tmp_path, TinySpec(arch="qwen2"), "q2.gguf") as f:  # qwen2: biases required
+        with pytest.raises(ModelError, match="blk.0.attn_k.bias"):
+            build_model(_Renamed(f, drop="blk.0.attn_k.bias"), n_ctx=16)
+
+
+def test_missing_config_key_is_named(tmp_path):
+    with open_tiny(tmp_path, TinySpec()) as f:
+        view = _Renamed(f)
+        view.metadata = {k: v for k, v in f.metadata.items() if k != "llama.feed_forward_length"}
+        with pytest.raises(ModelError, match="llama.feed_forward_length"):
+            build_model(view, n_ctx=16)
+
+
+def test_bad_tokens_and_full_context(tmp_path):
+    spec = TinySpec()
+    with open_tiny(tmp_path, spec) as f:
+        model = build_model(f, n_ctx=8, n_threads=1)
+        with pytest.raises(ModelError, match="outside the vocabulary"):
+            model.forward([spec.n_vocab])
+        with pytest.raises(ModelError, match="at least one token"):
+            model.forward([])
+        model.forward(np.arange(6))
+        with pytest.raises(ModelError, match="context full"):
+            model.forward(np.arange(3))
+        assert model.n_past == 6
+        model.forward(np.arange(2))
+        assert model.n_past == 8

@@ -1,0 +1,237 @@
+"""Each Numba op in edgellm.ops against its numpy reference, under a named normalised-error limit."""
+
+import numpy as np
+import pytest
+
+from edgellm import ops
+
+# float32 kernels vs float64 references: only rounding differs, ~1e-7 relative per value.
+NMSE_F32 = 1e-10
+# Attention sums over many keys with an online softmax (different summation order than the reference).
+NMSE_ATTENTION = 1e-10
+
+
+def nmse(got, want):
+    want = np.asarray(want, dtype=np.float64)
+    return float(np.sum((got - want) ** 2) / max(np.sum(want**2), 1e-30))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.mark.parametrize("rows,d", [(1, 64), (7, 576), (3, 640)])
+def test_rms_norm_matches_reference(rng, rows, d):
+    x = (rng.standard_normal((rows, d)) * 3).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rms_norm(x, w, 1e-6, out)
+    assert nmse(out, ops.rms_norm_ref(x, w, 1e-6)) < NMSE_F32
+
+
+def test_rms_norm_in_place_equals_out_of_place(rng):
+    x = rng.standard_normal((5, 32)).astype(np.float32)
+    w = rng.standard_normal(32).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rms_norm(x, w, 1e-5, out)
+    ops.rms_norm(x, w, 1e-5, x)
+    np.testing.assert_array_equal(x, out)
+
+
+def test_add_rms_norm_is_residual_then_norm(rng):
+    x = rng.standard_normal((4, 48)).astype(np.float32)
+    delta = rng.standard_normal((4, 48)).astype(np.float32)
+    w = rng.standard_normal(48).astype(np.float32)
+    want_x, want_out = x + delta, ops.rms_norm_ref(x + delta, w, 1e-6)
+    ops.add_rms_norm(x, delta, w, 1e-6, delta)  # output over the delta buffer, as the models call it
+    assert nmse(x, want_x) < NMSE_F32
+    assert nmse(delta, want_out) < NMSE_F32
+
+
+def test_add_post_norm_is_gemma_sandwich(rng):
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    delta = (rng.standard_normal((3, 40)) * 7).astype(np.float32)
+    w = rng.standard_normal(40).astype(np.float32)
+    want = x + ops.rms_norm_ref(delta, w, 1e-6)
+    ops.add_post_norm(x, delta, w, 1e-6)
+    assert nmse(x, want) < NMSE_F32
+
+
+@pytest.mark.parametrize("with_bias,with_norm,neox", [(False, False, False), (True, False, True), (False, True, True)])
+def test_finish_qkv_is_bias_norm_rope_store(rng, with_bias, with_norm, neox):
+    T, H, H_kv, hd, capacity = 3, 4, 2, 16, 8
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    k = rng.standard_normal((T, H_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((T, H_kv, hd)).astype(np.float32)
+    none = np.zeros(0, np.float32)
+    biases = [rng.standard_normal(a.shape[1] * hd).astype(np.float32) if with_bias else none for a in (q, k, v)]
+    norms = [rng.standard_normal(hd).astype(np.float32) if with_norm else none for _ in range(2)]
+    positions = np.array([5, 6, 7], np.int32)
+    inv_freq = ops.rope_inv_freq(hd, 10000.0)
+    cos, sin = np.empty((T, hd // 2), np.float32), np.empty((T, hd // 2), np.float32)
+    ops.rope_tables(positions, inv_freq, cos, sin)
+    # the reference composition, step by step
+    wq, wk, wv = q.copy(), k.copy(), v.copy()
+    if with_bias:
+        wq, wk, wv = (a + b.reshape(a.shape[1:]) for a, b in zip((wq, wk, wv), biases))
+    if with_norm:
+        wq, wk = ops.rms_norm_ref(wq, norms[0], 1e-6), ops.rms_norm_ref(wk, norms[1], 1e-6)
+    wq, wk = ops.rope_ref(wq, positions, inv_freq, neox), ops.rope_ref(wk, positions, inv_freq, neox)
+    k_cache, v_cache = np.zeros((H_kv, capacity, hd), np.float32), np.zeros((H_kv, capacity, hd), np.float32)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.finish_qkv(q, k, v, *biases, *norms, 1e-6, cos, sin, neox, positions, k_cache, v_cache, slot_pos)
+    assert nmse(q, wq) < NMSE_F32
+    assert nmse(k_cache[:, 5:8].transpose(1, 0, 2), wk) < NMSE_F32
+    assert nmse(v_cache[:, 5:8].transpose(1, 0, 2), wv) < NMSE_F32
+    assert list(slot_pos) == [-1] * 5 + [5, 6, 7]
+
+
+# fast_exp's polynomial (Cephes expf): a few float32 ulps.
+FAST_EXP_MAX_REL_ERROR = 5e-7
+
+
+def test_fast_exp_matches_numpy():
+    x = np.concatenate([np.linspace(-87, 88, 200001), [-1e30, -100.0, -87.5, 0.0, 1e-8]]).astype(np.float32)
+    got = np.empty_like(x)
+    ops.fast_exp_array(x, got)
+    inside = x > -87
+    want = np.exp(x[inside].astype(np.float64))
+    assert np.max(np.abs(got[inside] / want - 1)) < FAST_EXP_MAX_REL_ERROR
+    assert (got[~inside] == 0).all()  # masked scores underflow to exactly zero
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("head_dim,n_rot", [(64, 64), (256, 256), (64, 32)])
+def test_rope_matches_reference(rng, neox, head_dim, n_rot):
+    T, H = 5, 3
+    x = rng.standard_normal((T, H, head_dim)).astype(np.float32)
+    positions = np.array([0, 1, 7, 100, 4000], dtype=np.int32)
+    inv_freq = ops.rope_inv_freq(n_rot, 10000.0)
+    cos = np.empty((T, n_rot // 2), np.float32)
+    sin = np.empty((T, n_rot // 2), np.float32)
+    ops.rope_tables(positions, inv_freq, cos, sin)
+    got = x.copy()
+    ops.apply_rope(got, cos, sin, neox)
+    assert nmse(got, ops.rope_ref(x, positions, inv_freq, neox)) < NMSE_F32
+    np.testing.assert_array_equal(got[..., n_rot:], x[..., n_rot:])  # unrotated tail passes through
+    np.testing.assert_allclose(got[0], x[0], rtol=0, atol=0)  # position 0 is the identity
+
+
+def test_rope_orderings_differ(rng):
+    """Guards against the two orderings silently collapsing into one."""
+    x = rng.standard_normal((1, 1, 8)).astype(np.float32)
+    inv_freq = ops.rope_inv_freq(8, 10000.0)
+    a, b = ops.rope_ref(x, np.array([3]), inv_freq, False), ops.rope_ref(x, np.array([3]), inv_freq, True)
+    assert not np.allclose(a, b)
+
+
+def test_rope_scaling_and_factors():
+    base = ops.rope_inv_freq(8, 10000.0)
+    np.testing.assert_allclose(ops.rope_inv_freq(8, 10000.0, freq_scale=0.25), base * 0.25)
+    np.testing.assert_allclose(ops.rope_inv_freq(8, 10000.0, factors=[1, 2, 4, 8]), base / [1, 2, 4, 8])
+    np.testing.assert_allclose(base, 10000.0 ** (-np.arange(0, 8, 2) / 8))
+
+
+def scores_for(q):
+    return np.empty((q.shape[0], q.shape[1], ops.ATTENTION_KEY_BLOCK), np.float32)
+
+
+def _cache_from(k, v, positions, capacity):
+    """Store k, v [S, H_kv, hd] with kv_store into a cache of the given capacity."""
+    h_kv, hd = k.shape[1], k.shape[2]
+    k_cache = np.zeros((h_kv, capacity, hd), np.float32)
+    v_cache = np.zeros((h_kv, capacity, hd), np.float32)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    return k_cache, v_cache, slot_pos
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(4, 4, 16), (9, 3, 64), (4, 1, 256)])
+@pytest.mark.parametrize("n_past,n_new", [(0, 1), (0, 9), (12, 1), (12, 5), (150, 1), (130, 40)])
+def test_attention_matches_reference(rng, n_heads, n_kv_heads, head_dim, n_past, n_new):
+    S = n_past + n_new
+    k = rng.standard_normal((S, n_kv_heads, head_dim)).astype(np.float32)
+    v = rng.standard_normal((S, n_kv_heads, head_dim)).astype(np.float32)
+    q = rng.standard_normal((n_new, n_heads, head_dim)).astype(np.float32)
+    positions = np.arange(S, dtype=np.int32)
+    k_cache, v_cache, slot_pos = _cache_from(k, v, positions, capacity=200)
+    out = np.empty_like(q)
+    scale = 1.0 / np.sqrt(head_dim)
+    ops.attention(q, k_cache, v_cache, slot_pos, positions[n_past:], 0, scale, out, scores_for(q))
+    want = ops.attention_ref(q, k, v, positions[n_past:], positions, 0, scale)
+    assert nmse(out, want) < NMSE_ATTENTION
+
+
+@pytest.mark.parametrize("kernel", [ops._attention_serial, ops._attention_parallel])
+def test_serial_and_parallel_attention_agree(rng, kernel):
+    """ops.attention picks one by the amount of work; both must give the reference's answer."""
+    q = rng.standard_normal((6, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((30, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((30, 2, 32)).astype(np.float32)
+    positions = np.arange(30, dtype=np.int32)
+    k_cache, v_cache, slot_pos = _cache_from(k, v, positions, capacity=40)
+    out = np.empty_like(q)
+    kernel(q, k_cache, v_cache, slot_pos, positions[24:], 9, 0.2, out, scores_for(q))
+    assert nmse(out, ops.attention_ref(q, k, v, positions[24:], positions, 9, 0.2)) < NMSE_ATTENTION
+
+
+@pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
+def test_sliding_window_attention_on_a_ring(rng, window, capacity):
+    """Write 20 positions through a ring smaller than the sequence, 3 at a time, then check the last batch:
+    each query sees exactly the keys within `window` positions, wherever the ring put them."""
+    H, H_kv, hd, S = 2, 1, 8, 20
+    k = rng.standard_normal((S, H_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((S, H_kv, hd)).astype(np.float32)
+    positions = np.arange(S, dtype=np.int32)
+    k_cache = np.zeros((H_kv, capacity, hd), np.float32)
+    v_cache = np.zeros((H_kv, capacity, hd), np.float32)
+    slot_pos = np.full(capacity, -1, np.int32)
+    for start in range(0, S, 3):
+        ops.kv_store(k[start:start + 3], v[start:start + 3], positions[start:start + 3], k_cache, v_cache, slot_pos)
+    last = positions[18:]
+    q = rng.standard_normal((len(last), H, hd)).astype(np.float32)
+    out = np.empty_like(q)
+    ops.attention(q, k_cache, v_cache, slot_pos, last, window, 0.3, out, scores_for(q))
+    want = ops.attention_ref(q, k, v, last, positions, window, 0.3)
+    assert nmse(out, want) < NMSE_ATTENTION
+    assert sorted(slot_pos) == list(range(S - capacity, S))  # the ring holds the newest positions
+
+
+def test_window_masks_old_keys(rng):
+    """A key exactly `window` positions back is invisible (llama.cpp: masked when p - kp >= window)."""
+    k = np.zeros((3, 1, 4), np.float32)
+    v = np.array([[[1, 0, 0, 0]], [[0, 1, 0, 0]], [[0, 0, 1, 0]]], np.float32)
+    k_cache, v_cache, slot_pos = _cache_from(k, v, np.arange(3, dtype=np.int32), 4)
+    q = np.zeros((1, 1, 4), np.float32)
+    out = np.empty_like(q)
+    ops.attention(q, k_cache, v_cache, slot_pos, np.array([2], np.int32), 2, 1.0, out, scores_for(q))
+    np.testing.assert_allclose(out[0, 0], [0, 0.5, 0.5, 0], atol=1e-7)
+
+
+def test_silu_mul_matches_reference(rng):
+    gate = (rng.standard_normal((3, 100)) * 4).astype(np.float32)
+    up = rng.standard_normal((3, 100)).astype(np.float32)
+    want = ops.silu_mul_ref(gate, up)
+    ops.silu_mul(gate, up)
+    assert nmse(gate, want) < NMSE_F32
+
+
+def test_gelu_tanh_mul_matches_reference(rng):
+    gate = (rng.standard_normal((3, 100)) * 4).astype(np.float32)
+    up = rng.standard_normal((3, 100)).astype(np.float32)
+    want = ops.gelu_tanh_mul_ref(gate, up)
+    ops.gelu_tanh_mul(gate, up)
+    assert nmse(gate, want) < NMSE_F32
+    # known values of the tanh approximation of GELU
+    g = np.array([[-3.0, 0.0, 1.0, 3.0]], np.float32)
+    ops.gelu_tanh_mul(g, np.ones_like(g))
+    np.testing.assert_allclose(g[0], [-0.0036373, 0.0, 0.8411920, 2.9963627], atol=1e-6)
+
+
+def test_softcap_matches_reference(rng):
+    x = (rng.standard_normal((2, 50)) * 60).astype(np.float32)
+    want = ops.softcap_ref(x, 30.0)
+    ops.softcap(x, 30.0)
+    assert nmse(x, want) < NMSE_F32
+    assert np.abs(x).max() <= 30.0
