@@ -5,8 +5,7 @@ import numpy as np
 
 
 @numba.njit(parallel=True, cache=True, fastmath=True)
-def parallel_sum(a):
-    n_chunks = numba.get_num_threads() * 8
+def _parallel_sum(a, n_chunks):
     chunk = (a.shape[0] + n_chunks - 1) // n_chunks
     partial = np.zeros(n_chunks, dtype=np.float32)
     for c in numba.prange(n_chunks):
@@ -15,3 +14,7 @@ def parallel_sum(a):
             s += a[i]
         partial[c] = s
     return partial.sum()
+
+
+def parallel_sum(a):
+    return _parallel_sum(a, numba.get_num_threads() * 8)

@@ -180,6 +180,24 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}") from None
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
+                         threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
+                         log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(bench.to_json(report) if args.output == "json" else bench.to_markdown(report))
+    if args.plot:
+        bench.plot(report, args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edgellm", description="CPU-first quantized LLM inference (GGUF models)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -233,6 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
             raise  # the module is there but broken: say so rather than hide its subcommands
     else:
         add_subcommands(sub)
+    p = sub.add_parser("bench", help="llama-bench-style throughput: pp, tg at depth, thread sweeps, bandwidth share")
+    _add_model_arg(p)
+    p.add_argument("-p", "--n-prompt", type=_int_list, default=[128], help="prompt sizes, comma list (default 128)")
+    p.add_argument("-n", "--n-gen", type=_int_list, default=[128], help="generation sizes (default 128)")
+    p.add_argument("-d", "--depth", type=_int_list, default=[0], help="tokens already in the cache for tg (default 0)")
+    p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts (default: physical cores)")
+    p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-o", "--output", choices=("md", "json"), default="md")
+    p.add_argument("--profile", action="store_true", help="time per operation type and layer (where supported)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the roofline (needs matplotlib)")
+    p.set_defaults(func=cmd_bench)
     return ap
 
 

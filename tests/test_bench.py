@@ -1,0 +1,39 @@
+"""`edgellm bench`: the sweep produces one result per test and thread count, shares of the bandwidth bound that
+make sense, and markdown / JSON output (on a tiny model, so it is quick)."""
+import json
+
+import pytest
+
+from edgellm import bench, cli
+from hardening_tiny import write_loadable_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(write_loadable_tiny_model(tmp_path_factory.mktemp("bench") / "tiny.gguf"))
+
+
+def test_sweep_results_and_markdown(tiny_model):
+    report = bench.bench(tiny_model, n_prompt=(8, 16), n_gen=(4,), depths=(0, 8), threads=(1,), repeats=2)
+    tests = [r.test for r in report["results"]]
+    assert tests == ["pp8", "pp16", "tg4", "tg4@d8"]
+    for r in report["results"]:
+        assert len(r.samples_tps) == 2 and all(t > 0 for t in r.samples_tps)
+        assert r.bytes_per_token > 0 and r.bandwidth > 1e8   # any machine reads faster than 100 MB/s
+    tg_d0, tg_d8 = report["results"][2:]
+    assert tg_d8.bytes_per_token > tg_d0.bytes_per_token   # the deeper run also reads its KV cache
+    md = bench.to_markdown(report)
+    assert md.count("\n| ") >= 5 and "memory bandwidth (same run)" in md and "peak RSS" in md
+
+
+def test_cli_json_output(tiny_model, capsys):
+    assert cli.main(["bench", tiny_model, "-p", "8", "-n", "2", "-t", "1", "-r", "1", "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in out["results"]] == ["pp8", "tg2"]
+    assert out["peak_rss"] > 0 and out["bandwidth"]["1"] > 0
+
+
+def test_bad_list_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "x", "-p", "8,a"])
+    assert "comma-separated list of integers" in capsys.readouterr().err
