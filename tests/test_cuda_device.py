@@ -119,7 +119,10 @@ def test_cli_device_cuda_prints_one_line_not_a_traceback(gpu_unusable, smollm2_p
 def _nvvm_available() -> bool:
     if importlib.util.find_spec("numba_cuda") is None:
         return False
-    probe = "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"
+    # NVVM lowers the kernels and NVRTC compiles the half-precision helpers: a machine can have the first (a
+    # system CUDA toolkit) without the second, so probe both.
+    probe = ("from numba.cuda.cudadrv import nvvm; nvvm.NVVM()\n"
+             "from cuda.pathfinder import load_nvidia_dynamic_lib; load_nvidia_dynamic_lib('nvrtc')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
 
@@ -127,7 +130,7 @@ def _nvvm_available() -> bool:
 def test_every_kernel_compiles_to_ptx_without_float64():
     """Type and lower every kernel for a real GPU (sm_80) through NVVM; only the rope angle may use float64."""
     if not _nvvm_available():
-        pytest.skip("needs numba-cuda with the NVVM library (pip install 'numba-cuda[cu12]')")
+        pytest.skip("needs numba-cuda with the NVVM and NVRTC libraries (pip install 'numba-cuda[cu12]')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     result = subprocess.run([sys.executable, "-m", "edgellm.cuda.ptx_check", "--cc", "8.0"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
