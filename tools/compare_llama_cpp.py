@@ -82,10 +82,13 @@ def worker_llama_cpp(model_path, threads, test):
     if depth:
         llm.eval(toks[:depth])
     tok = 1
+    n_vocab = llm.n_vocab()
     t = time.perf_counter()
     for _ in range(n):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # the last token's logits, read in place (llm.scores is only kept with logits_all=True)
+        last = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+        tok = int(np.argmax(last))
     return {"tps": n / (time.perf_counter() - t), "peak_rss": _peak_rss()}
 
 
