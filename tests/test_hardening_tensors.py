@@ -68,7 +68,6 @@ def test_embedding_width_disagreeing_with_the_config_is_refused(tmp_path):
         load(path)
 
 
-CONFIG_CHECKS = "edgellm/models: config values are trusted before the tensors are matched to them"
 ADDRESS_SPACE_HEADROOM = 1 << 30   # bytes of address space a capped load may add: far above a tiny model's needs
 
 
@@ -85,16 +84,12 @@ def address_space_capped(extra_bytes):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-@pytest.mark.xfail(reason=CONFIG_CHECKS + ": a huge head_count gives head_dim 0 and ZeroDivisionError",
-                   raises=ZeroDivisionError, strict=False)
 def test_head_count_past_the_embedding_width_is_refused(tmp_path):
     path = patch_uint32_key(write_loadable_tiny_model(tmp_path / "heads.gguf"), "llama.attention.head_count", 2**31)
     with pytest.raises(ModelError, match="head"):
         load(path)
 
 
-@pytest.mark.xfail(reason=CONFIG_CHECKS + ": block_count 4e9 builds 36e9 tensor specs (MemoryError after ~15 s "
-                   "and gigabytes); not run until fixed", run=False)
 def test_block_count_beyond_the_file_is_refused(tmp_path):
     path = patch_uint32_key(write_loadable_tiny_model(tmp_path / "blocks.gguf"), "llama.block_count", 4 * 10**9)
     with pytest.raises(ModelError, match="block_count"):

@@ -16,7 +16,7 @@ from edgellm import ops
 from edgellm.errors import ModelError
 from edgellm.kvcache import KVCache
 from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel, TokenBuffers
-from edgellm.models.loading import layer_weights, load_tensors, matrix, read_key, vector
+from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class LlamaConfig:
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelError(f"head_count {n_head} must be a positive multiple of head_count_kv {n_head_kv}")
         head_dim = read_key(meta, f"{arch}.attention.key_length", default=n_embd // n_head)
+        check_shape_keys(gguf_file, arch, read_key(meta, f"{arch}.block_count"), n_embd, n_head, head_dim)
         if read_key(meta, f"{arch}.attention.value_length", default=head_dim) != head_dim:
             raise ModelError("attention.value_length differs from key_length; not supported")
         n_rot = read_key(meta, f"{arch}.rope.dimension_count", default=head_dim)

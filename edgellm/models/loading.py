@@ -35,6 +35,18 @@ def read_key(metadata: dict, key: str, kind=int, default=_REQUIRED):
         raise ModelError(f"GGUF key {key!r} = {value!r} is not a valid {kind.__name__}") from err
 
 
+def check_shape_keys(gguf_file, arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> None:
+    """Refuse config values no file could back, before anything is sized from them: a corrupt block_count or
+    head_count must be a ModelError, not gigabytes of tensor specs or a division by zero."""
+    n_tensors = len(gguf_file.tensors)
+    if not 0 < n_layer <= n_tensors:  # every layer has tensors of its own
+        raise ModelError(f"{arch}.block_count {n_layer} is impossible for a file of {n_tensors} tensors")
+    if not 0 < n_head <= n_embd:
+        raise ModelError(f"{arch}.attention.head_count {n_head} must be between 1 and embedding_length {n_embd}")
+    if not 0 < head_dim <= n_embd * 64:
+        raise ModelError(f"{arch}: head size {head_dim} (attention.key_length) is not a usable size")
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
