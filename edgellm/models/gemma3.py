@@ -19,8 +19,8 @@ import numpy as np
 from edgellm import ops
 from edgellm.errors import ModelError
 from edgellm.kvcache import KVCache
-from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel, TokenBuffers
-from edgellm.models.llama import linear_rope_scale
+from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel
+from edgellm.models.llama import BlockBuffers, linear_rope_scale
 from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
 
 SWA_PERIOD_DEFAULT = 6  # llama.cpp: hparams.set_swa_pattern(6) for gemma3
@@ -115,23 +115,10 @@ def tensor_specs(cfg: Gemma3Config):
     return specs
 
 
-class Gemma3Buffers(TokenBuffers):
+class Gemma3Buffers(BlockBuffers):
     def __init__(self, cfg: Gemma3Config, n_tokens: int):
-        super().__init__(n_tokens)
-        T, f32, hd, half = n_tokens, np.float32, cfg.head_dim, cfg.n_rot // 2
-        self.x = np.zeros((T, cfg.n_embd), f32)  # [T, d] residual stream
-        self.xn = np.zeros((T, cfg.n_embd), f32)  # [T, d] normed block input, then block output
-        self.q = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd]
-        self.k = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
-        self.v = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
-        self.attn = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd] attention output, heads side by side
-        self.q_heads = self.q.reshape(T, cfg.n_head, hd)  # views of the same memory, [T, heads, hd]
-        self.k_heads = self.k.reshape(T, cfg.n_head_kv, hd)
-        self.v_heads = self.v.reshape(T, cfg.n_head_kv, hd)
-        self.attn_heads = self.attn.reshape(T, cfg.n_head, hd)
-        self.scores = np.zeros((T, cfg.n_head, ops.ATTENTION_KEY_BLOCK), f32)  # [T, H, key block] softmax scratch
-        self.gate = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
-        self.up = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
+        super().__init__(cfg, n_tokens)
+        T, f32, half = n_tokens, np.float32, cfg.n_rot // 2
         self.cos_local = np.zeros((T, half), f32)  # [T, n_rot/2] sliding-window layers' rope
         self.sin_local = np.zeros((T, half), f32)
         self.cos_global = np.zeros((T, half), f32)  # [T, n_rot/2] global layers' rope

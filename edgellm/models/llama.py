@@ -118,8 +118,10 @@ def tensor_specs(cfg: LlamaConfig):
     return specs
 
 
-class LlamaBuffers(TokenBuffers):
-    def __init__(self, cfg: LlamaConfig, n_tokens: int):
+class BlockBuffers(TokenBuffers):
+    """Activations of one transformer block for T tokens; each architecture adds its rope tables."""
+
+    def __init__(self, cfg, n_tokens: int):
         super().__init__(n_tokens)
         T, f32, hd = n_tokens, np.float32, cfg.head_dim
         self.x = np.zeros((T, cfg.n_embd), f32)  # [T, d] residual stream
@@ -135,8 +137,13 @@ class LlamaBuffers(TokenBuffers):
         self.scores = np.zeros((T, cfg.n_head, ops.ATTENTION_KEY_BLOCK), f32)  # [T, H, key block] softmax scratch
         self.gate = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
         self.up = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
-        self.rope_cos = np.zeros((T, cfg.n_rot // 2), f32)  # [T, n_rot/2]
-        self.rope_sin = np.zeros((T, cfg.n_rot // 2), f32)  # [T, n_rot/2]
+
+
+class LlamaBuffers(BlockBuffers):
+    def __init__(self, cfg: LlamaConfig, n_tokens: int):
+        super().__init__(cfg, n_tokens)
+        self.rope_cos = np.zeros((n_tokens, cfg.n_rot // 2), np.float32)  # [T, n_rot/2]
+        self.rope_sin = np.zeros((n_tokens, cfg.n_rot // 2), np.float32)  # [T, n_rot/2]
 
 
 NONE = np.zeros(0, np.float32)  # an absent bias or norm: finish_qkv skips that step
