@@ -3,11 +3,18 @@
 Sections: results (Timings, TokenInfo, Completion); loading; tokens; logits and the KV-cache prefix reuse;
 the decode loop (`_events`, shared by every generating call); generate / complete / stream; chat; the
 llama-cpp-python-shaped calls (create_completion, create_chat_completion, in edgellm/llama_compat.py).
+
+Threads: one call runs at a time. A call marks the model busy under a short-held Condition rather than holding a
+lock for its whole length, because a stream is a generator that may be stepped, closed or garbage-collected on
+any thread. A call that finds the model busy waits, unless its own thread is the one that last stepped the busy
+stream: that stream could never finish while it waits, so it gets ModelBusyError. `cancel()` ends the call in
+flight between prompt batches or decode steps.
 """
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 import time
 from dataclasses import dataclass, field
 
@@ -16,10 +23,15 @@ import numpy as np
 from . import catalog
 from . import gguf as gguf_reader
 from . import validate
-from .errors import EdgeLLMError, ModelBusyError, ModelError, PromptError, SamplingError
+from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError, PromptError,
+                     SamplingError)
 from .options import GenerationOptions, parse_options
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
+
+
+class ContextShiftWarning(UserWarning):
+    """A prompt longer than the context: it was processed through the shifting cache, its middle dropped."""
 
 
 
@@ -81,7 +93,8 @@ class Completion:
     """The result of a generation.
 
     finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
-    "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length".
+    "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length",
+    or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
     """
     text: str
     tokens: list = field(default_factory=list)
@@ -103,11 +116,15 @@ class Completion:
 # ---------------------------------------------------------------------------------------------------------------
 
 class Model:
-    """A loaded model. Calls are serialised by an internal lock; one generation runs at a time."""
+    """A loaded model. Calls from several threads run one after another (see the module docstring)."""
 
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
-                 check_memory: bool = True):
+                 check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
+                 context_shift: bool = True):
+        """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
+        kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
+        context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes."""
         t0 = time.perf_counter()
         from .cuda import resolve_device
         device = resolve_device(device)  # DeviceError here, before the file is read
@@ -115,10 +132,18 @@ class Model:
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if n_keep is not None and (isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < 0):
+            raise ValueError(f"n_keep must be a non-negative integer, got {n_keep!r}")
+        from .kvtypes import kv_type as parse_kv_type
+        kv_name = "f32" if device == "cuda" and kv_type is None else parse_kv_type(kv_type).name  # ValueError
         path = catalog.resolve(model, models_dir)
         gguf_file = gguf_reader.open(path)
+        self.context_fit = None
         try:  # refuse up front, with the figures, what cannot fit (check_memory=False overrides)
-            weights, kv = validate.model_memory_needs(gguf_file, n_ctx)
+            if n_ctx is None and check_memory:
+                self.context_fit = validate.fit_context(gguf_file, kv_name)
+                n_ctx = self.context_fit.n_ctx
+            weights, kv = validate.model_memory_needs(gguf_file, n_ctx, kv_type=kv_name)
             validate.check_memory(weights, kv, force=not check_memory, what=os.path.basename(str(path)))
         except BaseException:
             gguf_file.close()
@@ -127,7 +152,11 @@ class Model:
         from .tokenizer import Tokenizer
         tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
         n_threads = n_threads or default_threads()
-        forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device)
+        forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device,
+                                    kv_type=kv_type if device == "cuda" else kv_name)
+        if n_keep is not None:
+            forward_model.n_keep = n_keep
+        forward_model.context_shift = forward_model.context_shift and bool(context_shift)
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
         self.timings = Timings(load_s=time.perf_counter() - t0)
@@ -151,10 +180,19 @@ class Model:
         self.n_vocab = forward_model.n_vocab
         self.n_ctx = forward_model.n_ctx
         self.last_completion: Completion | None = None
-        self._lock = threading.RLock()
-        self._generating = False
+        # guards _busy / _busy_thread; reentrant because a stream's finalizer (it releases the model) can run
+        # inside a garbage collection triggered while this thread holds it
+        self._state = threading.Condition(threading.RLock())
+        self._busy = False
+        self._busy_thread: int | None = None  # the thread that started or last stepped the call in flight
+        # set by cancel(), cleared when a call starts or ends; an Event, not a Model attribute, so the forward
+        # model's hook holds no reference back to this Model
+        self._cancel_requested = threading.Event()
+        forward_model.should_stop = self._cancel_requested.is_set  # DecoderModel checks it between prompt batches
         self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
         self._chat_format = None
+        self._batch_pool = self._batch_pool_key = None  # KV caches of the last batch shape (edgellm/batch.py)
+        self.last_batch: list | None = None
 
     def __repr__(self):
         return f"Model({self.name!r}, n_ctx={self.n_ctx}, n_vocab={self.n_vocab}, threads={self.n_threads})"
@@ -188,13 +226,31 @@ class Model:
             raise PromptError("logits() needs at least one token")
         if arr.size > self.n_ctx:
             raise PromptError(f"{arr.size} tokens do not fit in the context of {self.n_ctx}")
-        with self._lock:
-            self._ensure_idle("logits")
+        self._acquire("logits")
+        try:
             self._cached_tokens = []
             self.model.reset()
-            out = self.model.forward(arr, all_logits=True)
+            try:
+                out = self.model.forward(arr, all_logits=True)
+            except Cancelled:
+                # the batches that ran are whole (and logits() fits the context: nothing shifted)
+                self._cached_tokens = arr[:self.model.n_past].tolist()
+                raise
+            self._check_finite(out, "for the given ids")  # raises with _cached_tokens empty: no reuse of it
             self._cached_tokens = arr.tolist()
             return out
+        finally:
+            self._release()
+
+    def _check_finite(self, logits: np.ndarray, where: str) -> None:
+        # one reduction over a bool array: ~40 us for a 262,144-token vocabulary, small beside a decode step
+        if np.isfinite(logits).all():
+            return
+        n_nan = int(np.isnan(logits).sum())
+        n_inf = int(np.isinf(logits).sum())
+        raise NumericalError(f"the model's logits {where} hold {n_nan} NaN and {n_inf} Inf of {logits.size} values: "
+                             "a weight of this file is corrupt or overflows float32 (e.g. huge quantization "
+                             "scales); nothing was sampled")
 
     def _rewind_cache(self, n: int) -> bool:
         """Make the KV cache hold positions [0, n) only; False when that is impossible (a window ring already
@@ -226,14 +282,81 @@ class Model:
         if common == 0 or not self._rewind_cache(common):
             self.model.reset()
             common = 0
-        out = self.model.forward(np.asarray(ids[common:], dtype=np.int32), all_logits=False)
-        self._cached_tokens = list(ids)
+        try:
+            out = self.model.forward(np.asarray(ids[common:], dtype=np.int32), all_logits=False)
+        except Cancelled:
+            # the batches that ran are whole, so reusable, unless the context shifted on the way
+            self._cached_tokens = [] if self._shift_log() else list(ids[:self.model.n_past])
+            raise
+        self._cached_tokens = self._apply_shifts(list(ids))
         return out[-1]
 
-    def _ensure_idle(self, what: str) -> None:
-        if self._generating:
-            raise ModelBusyError(f"{what}() was called while another generation on this model is unfinished; "
-                                 "exhaust or close() the earlier stream first")
+    def _shift_log(self) -> list:
+        return getattr(getattr(self.model, "cache", None), "shift_log", None) or []
+
+    def _apply_shifts(self, tokens: list) -> list:
+        """The tokens the cache holds, given those fed to it: each context shift since the last call dropped
+        tokens[n_keep : n_keep + n_discard] of what the cache held then."""
+        log = self._shift_log()
+        for n_keep, n_discard in log:
+            del tokens[n_keep:n_keep + n_discard]
+        log.clear()
+        return tokens
+
+    # -- session state -------------------------------------------------------------------------------------------
+    def save_state(self):
+        """A snapshot of the KV cache and the tokens it holds (edgellm.state.ModelState; .save(path) writes it)."""
+        from .state import ModelState
+        self._acquire("save_state")
+        try:
+            return ModelState(self.name, self.n_ctx, list(self._cached_tokens), self.model.cache.export_state())
+        finally:
+            self._release()
+
+    def load_state(self, state) -> None:
+        """Restore a snapshot from save_state() (or ModelState.load(path)) of a model of the same file, n_ctx and
+        kv_type: the next generation continues from exactly that cache."""
+        from .state import ModelState
+        if not isinstance(state, ModelState):
+            raise TypeError(f"load_state() takes what save_state() returned, got {type(state).__name__}")
+        if state.model_name != self.name:
+            raise ModelError(f"the state was saved from {state.model_name!r}, not {self.name!r}")
+        if state.n_ctx != self.n_ctx:
+            raise ModelError(f"the state was saved with n_ctx {state.n_ctx}, this model has {self.n_ctx}")
+        self._acquire("load_state")
+        try:
+            self._cached_tokens = []
+            self.model.cache.import_state(state.cache)  # checks kv_type and layout; resets on success
+            self._cached_tokens = list(state.tokens)
+        finally:
+            self._release()
+
+    # -- one call at a time --------------------------------------------------------------------------------------
+    def _acquire(self, what: str) -> None:
+        me = threading.get_ident()
+        with self._state:
+            while self._busy:
+                if self._busy_thread == me:
+                    raise ModelBusyError(f"{what}() was called while another generation on this model is "
+                                         "unfinished; exhaust or close() the earlier stream first")
+                self._state.wait()
+            self._busy, self._busy_thread = True, me
+            self._cancel_requested.clear()  # a cancel() aimed at an earlier call must not end this one
+
+    def _release(self) -> None:
+        with self._state:
+            self._busy, self._busy_thread = False, None
+            self._cancel_requested.clear()
+            self._state.notify_all()
+
+    def cancel(self) -> bool:
+        """End the call in flight, from any thread: at its next prompt batch or decode step it returns what it has
+        (stop_reason "cancelled"; logits() raises Cancelled) and the model stays usable. Returns whether a call
+        was in flight; with none, nothing happens (a later call is not affected)."""
+        with self._state:
+            if self._busy:
+                self._cancel_requested.set()
+            return self._busy
 
     # -- the decode loop -----------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt, add_special: bool = True) -> list[int]:
@@ -250,103 +373,91 @@ class Model:
         if not ids:
             raise PromptError("the prompt is empty: give some text or token ids")
         if len(ids) >= self.n_ctx:
-            raise PromptError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
-                              "(one position is needed for the first generated token)")
+            if not getattr(self.model, "context_shift", False):
+                raise PromptError(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
+                                  "(one position is needed for the first generated token)")
+            warnings.warn(f"the prompt has {len(ids)} tokens, more than the context of {self.n_ctx}: it goes through "
+                          f"the cache in chunks and only its first {self.model.n_keep} and most recent tokens stay "
+                          "in view", ContextShiftWarning, stacklevel=3)
         return ids
 
     def _events(self, ids: list[int], opts: GenerationOptions):
         """Generate after prompt ids: a generator of (text piece, TokenInfo or None) per step, then the Completion.
 
-        Checks what it can before returning; the generator holds the model lock from its first step to its end,
-        so a consumer that stops early must close() it."""
-        from .sampling import Sampler
-        from .textstream import TextStream
+        Checks what it can before returning; the generator holds the model from its first step to its end, so a
+        consumer that stops early must close() it (or drop it)."""
+        return self._locked_decode(ids, opts, self._logit_bias(opts))
 
-        bias = None
-        if opts.logit_bias:
-            bias_ids = np.array(list(opts.logit_bias), dtype=np.int64)
-            bad = bias_ids[(bias_ids < 0) | (bias_ids >= self.n_vocab)]
-            if bad.size:
-                raise SamplingError(f"logit_bias names token id {int(bad[0])}, outside the vocabulary "
-                                    f"[0, {self.n_vocab})")
-            bias = (bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32))
-        return self._locked_decode(ids, opts, Sampler(opts.sampling, seed=opts.seed), TextStream(opts.stop), bias)
+    def _logit_bias(self, opts: GenerationOptions):
+        """opts.logit_bias as (ids, values) arrays, checked against the vocabulary; None without one."""
+        if not opts.logit_bias:
+            return None
+        bias_ids = np.array(list(opts.logit_bias), dtype=np.int64)
+        bad = bias_ids[(bias_ids < 0) | (bias_ids >= self.n_vocab)]
+        if bad.size:
+            raise SamplingError(f"logit_bias names token id {int(bad[0])}, outside the vocabulary [0, {self.n_vocab})")
+        return bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32)
 
-    def _locked_decode(self, ids, opts, sampler, text, bias):
-        with self._lock:
-            self._ensure_idle("generate")
-            self._generating = True
-            try:
-                yield from self._decode(ids, opts, sampler, text, bias)
-            except GeneratorExit:
-                raise  # the consumer stopped: the cache bookkeeping is consistent at every yield
-            except BaseException:
-                self._cached_tokens = []  # an error or Ctrl-C mid-step: trust nothing the cache holds
-                raise
-            finally:
-                self._generating = False
+    def _locked_decode(self, ids, opts, bias):
+        self._acquire("generate")
+        try:
+            for event in self._decode(ids, opts, bias):
+                yield event
+                with self._state:  # whoever steps a stream owns it: that thread must not wait for it
+                    self._busy_thread = threading.get_ident()
+        except GeneratorExit:
+            raise  # the consumer stopped: the cache bookkeeping is consistent at every yield
+        except BaseException:
+            self._cached_tokens = []  # an error or Ctrl-C mid-step: trust nothing the cache holds
+            raise
+        finally:
+            self._release()
 
-    def _decode(self, ids, opts, sampler, text, bias):
-        from .completions import top_logprobs_entry
-        from .sampling import token_logprobs
+    def _max_tokens(self, n_prompt: int, requested) -> int:
+        limit = self.n_ctx - n_prompt  # max_tokens None: until the context is full, as llama-cpp-python
+        shifts = getattr(self.model, "context_shift", False)
+        if requested is None:
+            return max(limit, 1 if shifts else 0)
+        return requested if shifts else min(requested, limit)  # a full context shifts: generation goes on
 
-        limit = self.n_ctx - len(ids)
-        max_tokens = limit if opts.max_tokens is None else min(opts.max_tokens, limit)
+    def _decode(self, ids, opts, bias):
+        from .decoding import SequenceState
+        seq = SequenceState(self, ids, opts, self._max_tokens(len(ids), opts.max_tokens), bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
-        generated: list[int] = []
-        infos: list[TokenInfo] = []
-        stop_reason = "length"
         t0 = time.perf_counter()
-        if max_tokens > 0:
-            logits = self._prefill(ids)
+        if not seq.done:
+            try:
+                logits = self._prefill(ids)
+            except Cancelled:
+                logits = None
             t.prompt_s = time.perf_counter() - t0
-            history = list(ids)
             t1 = time.perf_counter()
             while True:
-                ts = time.perf_counter()
-                scores = logits
-                if bias is not None:
-                    scores = scores.copy()
-                    scores[bias[0]] += bias[1]
-                if opts.logits_processor is not None:
-                    scores = np.asarray(opts.logits_processor(np.asarray(history, dtype=np.intc), scores.copy()),
-                                        dtype=np.float32)
-                token = sampler.sample(scores, history)
-                t.sample_s += time.perf_counter() - ts
-                if not opts.ignore_eos and self.tokenizer.is_eog(token):
-                    stop_reason = "eog"
+                if logits is None or self._cancel_requested.is_set():
+                    seq.stop_reason = "cancelled"
                     break
-                info = TokenInfo(token, self.tokenizer.token_to_bytes(token).decode("utf-8", errors="ignore"),
-                                 text.decoded_chars)
-                if opts.logprobs is not None:
-                    # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
-                    lp = token_logprobs(logits, token, opts.logprobs)
-                    info.logprob = lp.logprob
-                    info.top_logprobs = top_logprobs_entry(
-                        info.text, lp.logprob, [(self._token_text(i), v) for i, v in zip(lp.top_ids, lp.top_logprobs)])
-                generated.append(token)
-                history.append(token)
-                infos.append(info)
-                piece = text.push(self.tokenizer.token_to_bytes(token))
-                yield piece, info
-                if text.stopped:
-                    stop_reason = "stop_string"
+                self._check_finite(logits, f"after {len(seq.history)} tokens")
+                event = seq.step(logits)
+                if event is None:
                     break
-                if len(generated) >= max_tokens:
+                yield event
+                if seq.done:
                     break
-                if opts.stopping_criteria is not None and opts.stopping_criteria(
-                        np.asarray(history, dtype=np.intc), logits):
-                    stop_reason = "criteria"
-                    break
-                logits = self.model.forward(np.array([token], dtype=np.int32))[-1]
+                token = seq.generated[-1]
+                try:
+                    logits = self.model.forward(np.array([token], dtype=np.int32))[-1]
+                except Cancelled:
+                    logits = None  # the token was generated but not fed: the cache does not hold it
+                    continue
                 self._cached_tokens.append(token)
-            t.generated_tokens = len(generated)
+                if self._shift_log():
+                    self._cached_tokens = self._apply_shifts(self._cached_tokens)
+            t.generated_tokens = len(seq.generated)
             t.generate_s = time.perf_counter() - t1
-        finish = "length" if stop_reason == "length" else "stop"
-        piece = text.finish(finish)
+            t.sample_s = seq.sample_s
+        piece, completion = seq.finish()
         if piece:
             yield piece, None
-        completion = Completion(text.text, generated, finish, len(ids), stop_reason, text.stop_string, infos)
         self.last_completion = completion
         yield completion
 
@@ -390,6 +501,34 @@ class Model:
                     return event
                 if event[0]:
                     yield event[0]
+
+    # -- batches -------------------------------------------------------------------------------------------------
+    def stream_batch(self, prompts, max_tokens: int | None = 128, n_parallel: int | None = None,
+                     seq_ctx: int | None = None, **options):
+        """Generate for many prompts at once, yielding (prompt index, text piece) as pieces come. Up to n_parallel
+        sequences (default: all, at most n_batch) decode together, each decode step reading the weights once for
+        all; when one finishes, the next queued prompt takes its slot. Each sequence has its own KV cache of
+        seq_ctx positions (default: enough for its prompt and max_tokens) and its own sampler (same options and
+        seed for all); greedy, each gives exactly the tokens it gives alone. The Completions, in prompt order,
+        are the generator's return value and `model.last_batch`. Takes generate's options."""
+        from .batch import prepare, run_batch
+        return run_batch(self, *prepare(self, prompts, max_tokens, n_parallel, seq_ctx, options))
+
+    def complete_batch(self, prompts, max_tokens: int | None = 128, n_parallel: int | None = None,
+                       seq_ctx: int | None = None, **options) -> list:
+        """stream_batch run to its end: the Completions, in prompt order."""
+        events = self.stream_batch(prompts, max_tokens, n_parallel, seq_ctx, **options)
+        with _closing(events):
+            while True:
+                try:
+                    next(events)
+                except StopIteration as stop:
+                    return stop.value
+
+    def generate_batch(self, prompts, max_tokens: int | None = 128, n_parallel: int | None = None,
+                       seq_ctx: int | None = None, **options) -> list:
+        """The generated texts for many prompts, decoded together (see stream_batch)."""
+        return [c.text for c in self.complete_batch(prompts, max_tokens, n_parallel, seq_ctx, **options)]
 
     # -- chat ----------------------------------------------------------------------------------------------------
     def chat_format(self):
@@ -457,4 +596,4 @@ def load(model=None, n_threads: int | None = None, n_ctx: int | None = None, **k
 
 
 __all__ = ["Model", "load", "Completion", "TokenInfo", "Timings", "PromptError", "ModelBusyError", "EdgeLLMError",
-           "SamplingError"]
+           "SamplingError", "NumericalError", "Cancelled"]

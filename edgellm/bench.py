@@ -63,7 +63,7 @@ def peak_rss_bytes() -> int:
 @dataclass
 class Result:
     model: str
-    test: str            # "pp128", "tg128", "tg128@d2048"
+    test: str            # "pp128", "tg128", "tg128@d2048", "tg128 b8" (8 sequences decoded together)
     n_threads: int
     n_prompt: int
     n_gen: int
@@ -71,6 +71,7 @@ class Result:
     samples_tps: list = field(default_factory=list)
     bytes_per_token: int = 0
     bandwidth: float = 0.0
+    batch: int = 1       # sequences per decode step; samples_tps is then the aggregate over all of them
 
     @property
     def mean(self) -> float:
@@ -120,8 +121,45 @@ def run_tg(model, n_gen: int, depth: int, repeats: int, rng) -> list:
     return out
 
 
+BATCH_PROMPT = 16  # tokens each sequence of a batched run is prefilled with
+
+
+def run_tg_batch(model, n_seq: int, n_gen: int, repeats: int, rng) -> list:
+    """Aggregate decode tokens/s with n_seq sequences decoded together (forward_multi), each prefilled with
+    BATCH_PROMPT random tokens in its own cache of one KVPool."""
+    from .kvcache import KVPool
+    cfg, windows = model.config, [kv.window for kv in model.cache.layers]
+    pool = KVPool(n_seq, BATCH_PROMPT + n_gen + 1, cfg.n_head_kv, cfg.head_dim, windows, model.n_batch,
+                  model.cache.kv_type)
+    out, saved = [], model.cache
+    for _ in range(repeats):
+        for cache in pool.caches:
+            cache.reset()
+            model.cache = cache
+            try:
+                model.forward(_random_tokens(rng, model.n_vocab, BATCH_PROMPT))
+            finally:
+                model.cache = saved
+        toks = _random_tokens(rng, model.n_vocab, n_seq)
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            toks = model.forward_multi(toks, pool.caches).argmax(axis=1).astype(np.int32)
+        out.append(n_seq * n_gen / (time.perf_counter() - t0))
+    return out
+
+
+def batch_turn(results) -> int | None:
+    """The batch size from which doubling it no longer gains 1.5x aggregate throughput: where decoding turns
+    from bandwidth-bound (each weight read serves more tokens for free) to compute-bound. None if it never does."""
+    rows = sorted((r for r in results if r.batch > 1 or " b" in r.test), key=lambda r: r.batch)
+    for prev, cur in zip(rows, rows[1:]):
+        if cur.batch == 2 * prev.batch and cur.mean < 1.5 * prev.mean:
+            return prev.batch
+    return None
+
+
 def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,), repeats=3, warmup=True,
-          profile=False, log=None) -> dict:
+          profile=False, log=None, batches=()) -> dict:
     """Run the sweep; returns {"results": [Result...], "bandwidth": {threads: B/s}, "peak_rss": bytes, ...}."""
     import edgellm
     rng = np.random.default_rng(0)
@@ -129,6 +167,7 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
     say = log or (lambda *_: None)
     for nt in threads:
         n_ctx = max(max(n_prompt, default=0), max(depths, default=0) + max(n_gen, default=0)) + 16
+        n_ctx = max(n_ctx, max(batches, default=0))  # a batch's step runs as one n_batch-sized forward
         m = edgellm.load(model_name, n_threads=nt, n_ctx=n_ctx)
         nt = m.n_threads
         bw = bandwidths[nt] = measure_bandwidth(nt)
@@ -136,7 +175,7 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
         model = m.model
         wbytes = weight_bytes_per_token(m.file)
         if warmup:  # compile and touch every weight page before timing
-            run_pp(model, min(8, max(n_prompt, default=8)), 1, rng)
+            run_pp(model, max(1, min(8, max(n_prompt, default=8))), 1, rng)
             run_tg(model, 2, 0, 1, rng)
         for p in n_prompt:
             if p <= 0:
@@ -154,11 +193,16 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
                 r = Result(m.name, test, nt, 0, n, d, run_tg(model, n, d, repeats, rng), wbytes + kv, bw)
                 say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s")
                 results.append(r)
+            for b in batches:  # the weights are read once per step for all b sequences
+                r = Result(m.name, f"tg{n} b{b}", nt, BATCH_PROMPT, n, 0, run_tg_batch(model, b, n, repeats, rng),
+                           max(1, wbytes // b), bw, batch=b)
+                say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s aggregate, {r.mean / b:.1f} per sequence")
+                results.append(r)
         profile_rows = profile_decode(m) if profile else None
         load_s = m.timings.load_s
         del m, model
     return {"results": results, "bandwidth": bandwidths, "peak_rss": peak_rss_bytes(), "load_s": load_s,
-            "profile": profile_rows}
+            "profile": profile_rows, "batch_turn": batch_turn(results) if batches else None}
 
 
 def profile_decode(m, n_tokens: int = 16) -> list:
@@ -179,12 +223,27 @@ def to_markdown(report: dict) -> str:
     lines = ["| model | test | threads | t/s | bytes/token | bound t/s | share of bound | min latency |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in report["results"]:
+        if r.batch > 1 or " b" in r.test:
+            continue  # in the batch table below
         is_tg = r.test.startswith("tg")
         bound = f"{r.bound_tps:.1f}" if is_tg else "-"
         share = f"{100 * r.share_of_bound:.0f}%" if is_tg else "-"
         lat = f"{1e3 * r.bytes_per_token / r.bandwidth:.2f} ms" if is_tg and r.bandwidth else "-"
         lines.append(f"| {r.model} | {r.test} | {r.n_threads} | {r.mean:.1f} ± {r.std:.1f} | "
                      f"{r.bytes_per_token / 1e6:.1f} MB | {bound} | {share} | {lat} |")
+    batched = [r for r in report["results"] if r.batch > 1 or " b" in r.test]
+    if batched:
+        lines += ["", "| model | batch | threads | aggregate t/s | per sequence t/s | vs b1 | weight bytes/token | "
+                      "bandwidth bound t/s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        base = {r.n_threads: r.mean for r in batched if r.batch == 1}
+        for r in batched:
+            gain = f"{r.mean / base[r.n_threads]:.2f}x" if r.n_threads in base else "-"
+            lines.append(f"| {r.model} | {r.batch} | {r.n_threads} | {r.mean:.1f} ± {r.std:.1f} | "
+                         f"{r.mean / r.batch:.1f} | {gain} | {r.bytes_per_token / 1e6:.1f} MB | {r.bound_tps:.0f} |")
+        turn = report.get("batch_turn")
+        lines.append("")
+        lines.append(f"bandwidth-bound up to batch {turn}: doubling it further gains < 1.5x" if turn else
+                     "every doubling of the batch gained >= 1.5x: still bandwidth-bound at the largest batch")
     bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in report["bandwidth"].items())
     lines.append("")
     lines.append(f"memory bandwidth (same run): {bw}; peak RSS {report['peak_rss'] / 1e6:.0f} MB; "
@@ -213,8 +272,9 @@ def plot(report: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install 'edgellm[plot]'") from None
-    rows = [r for r in report["results"] if r.test.startswith("tg")]
-    n = 2 if report.get("profile") else 1
+    rows = [r for r in report["results"] if r.test.startswith("tg") and r.batch == 1 and " b" not in r.test]
+    batched = [r for r in report["results"] if r.batch > 1 or " b" in r.test]
+    n = 1 + bool(report.get("profile")) + bool(batched)
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.5), squeeze=False)
     ax = axes[0][0]
     labels = [f"{r.test}\n{r.n_threads}t" for r in rows]
@@ -225,7 +285,20 @@ def plot(report: dict, path: str) -> None:
     ax.set_ylabel("tokens/s")
     ax.set_title("decode vs memory-bandwidth bound")
     ax.legend()
-    if n == 2:
+    if batched:  # the batch roofline: aggregate t/s against the bound of reading the weights once per step
+        axb = axes[0][n - 1]
+        b = [r.batch for r in batched]
+        axb.plot(b, [r.mean for r in batched], "o-", color="#3a7", label="edgellm aggregate")
+        axb.plot(b, [r.bound_tps for r in batched], "--", color="#999", label="bandwidth bound")
+        axb.set_xscale("log", base=2)
+        axb.set_yscale("log")
+        axb.set_xlabel("sequences per step")
+        axb.set_ylabel("tokens/s")
+        if report.get("batch_turn"):
+            axb.axvline(report["batch_turn"], color="#c55", lw=1, label="turns compute-bound")
+        axb.set_title("batched decoding")
+        axb.legend()
+    if report.get("profile"):
         ax2 = axes[0][1]
         per_op = {}
         for row in report["profile"]:

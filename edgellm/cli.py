@@ -21,7 +21,12 @@ def _add_model_arg(p, optional=True):
 def _add_load_args(p):
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help="context size in tokens (default: the model's training context)")
+                   help="context size in tokens (default: the largest that fits in free memory, at most the "
+                        "model's training context)")
+    p.add_argument("-ctk", "--kv-type", choices=("f32", "f16", "q8_0"), default=None,
+                   help="KV cache storage (default f16, as llama.cpp)")
+    p.add_argument("--keep", type=int, default=None,
+                   help="positions kept when a full context shifts (attention sinks, default 4)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="cpu (default), cuda (an NVIDIA GPU; pip install 'edgellm[cuda]') or auto (the GPU if usable)")
 
@@ -80,7 +85,8 @@ def cmd_run(args) -> int:
     else:
         prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     sampling = _sampling_kwargs(args)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device)
+    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
+                     kv_type=args.kv_type, n_keep=args.keep)
     stream = m.stream(prompt, max_tokens=_max_tokens(args.n_predict), **sampling)  # checks the prompt
     out = sys.stdout
     if args.echo:
@@ -110,7 +116,8 @@ def cmd_chat(args) -> int:
     except ImportError:
         pass
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device)
+    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
+                     kv_type=args.kv_type, n_keep=args.keep)
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -176,7 +183,7 @@ def cmd_serve(args) -> int:
 
 def cmd_info(args) -> int:
     from .info import describe
-    print(describe(args.model, n_ctx=args.ctx_size))
+    print(describe(args.model, n_ctx=args.ctx_size, kv_type=args.kv_type))
     return 0
 
 
@@ -191,6 +198,7 @@ def cmd_bench(args) -> int:
     from . import bench
     report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
                          threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
+                         batches=args.batch,
                          log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(bench.to_json(report) if args.output == "json" else bench.to_markdown(report))
     if args.plot:
@@ -233,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="metadata, tensor types and sizes, and the memory plan")
     _add_model_arg(p)
     p.add_argument("-c", "--ctx-size", type=int, default=None)
+    p.add_argument("-ctk", "--kv-type", choices=("f32", "f16", "q8_0"), default=None)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the edgellm[server] extra)")
@@ -258,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--depth", type=_int_list, default=[0], help="tokens already in the cache for tg (default 0)")
     p.add_argument("-t", "--threads", type=_int_list, default=None, help="thread counts (default: physical cores)")
     p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-b", "--batch", type=_int_list, default=[],
+                   help="sequences decoded together, comma list (e.g. 1,2,4,8,16): aggregate and per-sequence t/s")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md")
     p.add_argument("--profile", action="store_true", help="time per operation type and layer (where supported)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the roofline (needs matplotlib)")

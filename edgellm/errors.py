@@ -39,3 +39,13 @@ class PromptError(ModelError):
 
 class ModelBusyError(EdgeLLMError, RuntimeError):
     """A second generation was started on a model while another (e.g. an unfinished stream) still runs."""
+
+
+class NumericalError(SamplingError):
+    """The model's logits hold NaN or Inf (a corrupt file with huge but finite-looking scales, or an overflow);
+    reported instead of sampled. A SamplingError because sampling is where such logits were first refused."""
+
+
+class Cancelled(EdgeLLMError):
+    """Model.cancel() ended a call that has no partial result to give (logits()); generating calls instead return
+    what they have, with stop_reason "cancelled"."""

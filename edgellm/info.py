@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from . import catalog
 from . import gguf as gguf_reader
+from .errors import EdgeLLMError
 
-KV_BYTES_PER_VALUE = 4  # the KV cache holds float32 keys and values
 MiB = 1024 * 1024
 
 
@@ -20,7 +20,7 @@ MiB = 1024 * 1024
 class LayerKind:
     name: str  # "full attention" or "sliding window 512"
     n_layers: int
-    bytes_per_token_per_layer: int  # K and V of one position in one layer
+    bytes_per_token_per_layer: int  # K and V of one position in one layer, in the plan's kv_type
     slots: int  # positions each such layer holds at this n_ctx
 
     @property
@@ -31,37 +31,44 @@ class LayerKind:
 @dataclass(frozen=True)
 class MemoryPlan:
     n_ctx: int
+    kv_type: str
     weights_bytes: int
     layer_kinds: tuple
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(k.total_bytes for k in self.layer_kinds)
+    kv_bytes: int  # exactly what the cache allocates (values, scales, slot positions, alignment)
+    per_type: dict  # kv type -> {layer kind name: bytes per token per layer}
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes
 
 
-def memory_plan(gguf_file, n_ctx: int | None = None) -> MemoryPlan:
-    from .kvcache import ring_capacity
+def memory_plan(gguf_file, n_ctx: int | None = None, kv_type=None) -> MemoryPlan:
+    from .kvcache import KVCache, ring_capacity
+    from .kvtypes import KV_TYPES, kv_type as parse_kv_type, row_bytes
     from .models import get_architecture
     from .models.base import DEFAULT_N_BATCH
 
+    kvt = parse_kv_type(kv_type)
     config = get_architecture(gguf_file.architecture).config_class.from_gguf(gguf_file)
     n_ctx = n_ctx or config.n_ctx_train
-    per_token = 2 * config.n_head_kv * config.head_dim * KV_BYTES_PER_VALUE
     window = getattr(config, "sliding_window", 0) or 0
     is_sliding = getattr(config, "is_sliding", lambda il: False)
+    windows = [window if window and is_sliding(il) else 0 for il in range(config.n_layer)]
     counts = defaultdict(int)
-    for il in range(config.n_layer):
-        counts[window if window and is_sliding(il) else 0] += 1
-    kinds = tuple(
-        LayerKind("full attention" if w == 0 else f"sliding window {w}", n, per_token,
-                  ring_capacity(n_ctx, w, DEFAULT_N_BATCH))
-        for w, n in sorted(counts.items()))
+    for w in windows:
+        counts[w] += 1
+
+    def per_token(t):
+        return 2 * config.n_head_kv * row_bytes(t, config.head_dim)
+
+    names = {w: "full attention" if w == 0 else f"sliding window {w}" for w in counts}
+    kinds = tuple(LayerKind(names[w], n, per_token(kvt), ring_capacity(n_ctx, w, DEFAULT_N_BATCH))
+                  for w, n in sorted(counts.items()))
+    per_type = {t.name: {names[w]: per_token(t) for w in sorted(counts)} for t in KV_TYPES.values()
+                if not t.block or config.head_dim % t.block == 0}
     weights = sum(t.nbytes for t in gguf_file.tensors.values())
-    return MemoryPlan(n_ctx, weights, kinds)
+    kv_bytes = KVCache.planned_nbytes(n_ctx, config.n_head_kv, config.head_dim, windows, DEFAULT_N_BATCH, kvt)
+    return MemoryPlan(n_ctx, kvt.name, weights, kinds, kv_bytes, per_type)
 
 
 def _fmt_count(n: int) -> str:
@@ -106,7 +113,7 @@ def _metadata_lines(md: dict, arch: str) -> list[str]:
     return [f"  {k:<18} {v}" for k, v in rows if v not in ("-", "- / -")]
 
 
-def describe(model=None, n_ctx: int | None = None, models_dir=None) -> str:
+def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None) -> str:
     """The text `edgellm info` prints."""
     path = catalog.resolve(model, models_dir)
     with gguf_reader.open(path) as f:
@@ -128,11 +135,25 @@ def describe(model=None, n_ctx: int | None = None, models_dir=None) -> str:
             lines.append(f"  {ggml_type:<8} {count:>7} {_fmt_count(elements):>10} {nbytes / MiB:>9.2f} "
                          f"{nbytes / total:>6.1%} {8 * nbytes / max(elements, 1):>11.2f}")
 
-        plan = memory_plan(f, n_ctx)
-        lines += ["", f"memory plan at n_ctx = {plan.n_ctx}:",
+        plan = memory_plan(f, n_ctx, kv_type)
+        lines += ["", f"memory plan at n_ctx = {plan.n_ctx}, kv_type {plan.kv_type}:",
                   f"  weights                  {plan.weights_bytes / MiB:9.1f} MiB  (memory-mapped from the file)"]
         for k in plan.layer_kinds:
             lines.append(f"  KV {k.name:<21} {k.total_bytes / MiB:9.1f} MiB  ({k.n_layers} layers x {k.slots} "
-                         f"positions x {k.bytes_per_token_per_layer} bytes per position per layer, f32)")
+                         f"positions x {k.bytes_per_token_per_layer} bytes per position per layer)")
         lines.append(f"  total                    {plan.total_bytes / MiB:9.1f} MiB  (plus activations and logits)")
+        lines += ["", "KV bytes per token per layer (K and V):"]
+        kinds = list(next(iter(plan.per_type.values())))
+        lines.append(f"  {'kv_type':<8}" + "".join(f"{name:>22}" for name in kinds) + f"{'whole model':>14}")
+        counts = {k.name: k.n_layers for k in plan.layer_kinds}
+        for t, row in plan.per_type.items():
+            total = sum(row[name] * counts[name] for name in kinds if name == "full attention")
+            lines.append(f"  {t:<8}" + "".join(f"{row[name]:>22,}" for name in kinds) + f"{total:>14,}")
+        lines.append("  (whole model: one more token of context; sliding-window rings are fixed-size)")
+        try:
+            from .validate import fit_context
+            fit = fit_context(f, kv_type)
+            lines += ["", "n_ctx=None (the default) would pick, with the memory available now:", "  " + fit.explain()]
+        except EdgeLLMError as e:
+            lines += ["", f"n_ctx=None would be refused: {e}"]
     return "\n".join(lines)

@@ -3,25 +3,39 @@
 Layer il owns capacity[il] slots; position p lives in slot p % capacity[il]. A full-attention layer gets
 capacity n_ctx (so the slot is the position); a sliding-window layer gets a ring just big enough for the window
 plus one batch of new tokens, because a batch's earliest query still needs keys from window - 1 positions back
-while its latest keys are being written. Slot positions (-1 = empty) are what the attention mask reads, so a
-later ring with attention sinks, or a cache that drops old tokens, only changes which slots hold what.
+while its latest keys are being written. Slot positions (-1 = empty) are what the attention mask reads.
+
+Values are stored as f32, f16 or q8_0 (edgellm.kvtypes); all layers' values and scales are views into one byte
+block allocated once (np.zeros: the OS maps pages in as the cache fills, so an unused context costs no RSS).
+
+When the context is full, `shift` makes room as llama.cpp's context shift does (StreamingLLM's attention sinks):
+the first n_keep positions stay, the next n_discard are dropped, and every later key is rotated back by
+n_discard positions and moved to its new slot, so positions stay contiguous and RoPE distances stay right. The
+alternative, unrotated keys rotated at attention time by their slot position, would add a rotation of every
+cached key to every decode step; the shift instead costs one pass over the cache per n_discard tokens
+(measured in the issue note).
 """
+from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgellm import kvtypes
 from edgellm.errors import ModelError
 
 EMPTY_SLOT = -1
+_ALIGN = 64  # bytes: each layer's arrays start on a cache line
 
 
 @dataclass(frozen=True)
 class LayerKV:
     """Views into the shared block for one layer."""
 
-    k: np.ndarray  # [n_head_kv, capacity, head_dim]
+    k: np.ndarray  # [n_head_kv, capacity, head_dim] values (float32, float16 bits, or int8)
     v: np.ndarray  # [n_head_kv, capacity, head_dim]
+    k_scale: np.ndarray  # [n_head_kv, capacity, head_dim / 32] float32 for q8_0, else [0, 0, 0]
+    v_scale: np.ndarray
     slot_pos: np.ndarray  # [capacity] int32: the position held by each slot, EMPTY_SLOT if none
     window: int  # 0: full attention; else a query at p sees keys p - window < kp <= p
 
@@ -33,33 +47,183 @@ def ring_capacity(n_ctx: int, window: int, n_batch: int) -> int:
     return min(n_ctx, window + n_batch - 1)
 
 
+def slot_bytes(n_head_kv: int, head_dim: int, kv_type) -> int:
+    """Bytes one slot of one layer takes: K and V rows of every KV head, plus its int32 position."""
+    return 2 * n_head_kv * kvtypes.row_bytes(kvtypes.kv_type(kv_type), head_dim) + 4
+
+
+def cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int, kv_type=None) -> int:
+    """What KVCache(...) allocates (before alignment padding, < 64 bytes an array)."""
+    slots = sum(ring_capacity(n_ctx, int(w), n_batch) for w in windows)
+    return slots * slot_bytes(n_head_kv, head_dim, kv_type)
+
+
+class _Carver:
+    """Hands out aligned typed views of one byte block."""
+
+    def __init__(self, block: np.ndarray):
+        self.block, self.offset = block, 0
+
+    def take(self, dtype, shape) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        start = -(-self.offset // _ALIGN) * _ALIGN
+        self.offset = start + nbytes
+        return self.block[start:start + nbytes].view(dtype).reshape(shape)
+
+    @staticmethod
+    def size(requests) -> int:
+        offset = 0
+        for dtype, shape in requests:
+            offset = -(-offset // _ALIGN) * _ALIGN + int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return offset
+
+
 class KVCache:
-    def __init__(self, n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int, dtype=np.float32):
-        """windows: per layer, 0 for full attention or the sliding window length."""
+    def __init__(self, n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int, kv_type=None, block=None):
+        """windows: per layer, 0 for full attention or the sliding window length. block: a uint8 array of
+        planned_nbytes(...) bytes to lay the cache out in (KVPool's share), instead of allocating one."""
         if n_ctx <= 0:
             raise ModelError(f"n_ctx must be positive, got {n_ctx}")
-        self.n_ctx = n_ctx
+        self.kv_type = kvtypes.kv_type(kv_type)
+        kvtypes.check_head_dim(self.kv_type, head_dim)
+        self.n_ctx, self.n_head_kv, self.head_dim = n_ctx, n_head_kv, head_dim
         self.capacities = tuple(ring_capacity(n_ctx, w, n_batch) for w in windows)
-        per_slot = n_head_kv * head_dim
-        total_slots = sum(self.capacities)
-        self._block = np.zeros(2 * total_slots * per_slot, dtype=dtype)  # [K0 V0 K1 V1 ...], one allocation
-        self._positions = np.full(total_slots, EMPTY_SLOT, dtype=np.int32)
+        requests = self._requests(self.capacities, n_head_kv, head_dim, self.kv_type)
+        size = _Carver.size(requests)
+        if block is None:
+            block = np.zeros(size, dtype=np.uint8)  # the one allocation
+        elif block.dtype != np.uint8 or block.ndim != 1 or block.size != size:
+            raise ModelError(f"a KV cache of this layout needs a uint8 block of {size} bytes")
+        self._block = block
+        carver = _Carver(self._block)
         self.layers = []
-        slot_offset = 0
         for capacity, window in zip(self.capacities, windows):
-            start = 2 * slot_offset * per_slot
-            size = capacity * per_slot
-            k = self._block[start: start + size].reshape(n_head_kv, capacity, head_dim)
-            v = self._block[start + size: start + 2 * size].reshape(n_head_kv, capacity, head_dim)
-            slot_pos = self._positions[slot_offset: slot_offset + capacity]
-            self.layers.append(LayerKV(k, v, slot_pos, int(window)))
-            slot_offset += capacity
+            k, v, k_scale, v_scale, slot_pos = (carver.take(*request) for request in requests[:5])
+            requests = requests[5:]
+            slot_pos[:] = EMPTY_SLOT
+            self.layers.append(LayerKV(k, v, k_scale, v_scale, slot_pos, int(window)))
         self.n_past = 0  # positions [0, n_past) have been written
+        self.n_shifted = 0  # positions dropped by context shifts so far (the cache's positions lag by this)
+        self.shift_log: list[tuple[int, int]] = []  # (n_keep, n_discard) of every shift since the last reset
+
+    @staticmethod
+    def _requests(capacities, n_head_kv, head_dim, kvt):
+        """(dtype, shape) of every array, in block order: per layer K, V, K scales, V scales, slot positions."""
+        n_scales = head_dim // kvt.block if kvt.block else 0
+        requests = []
+        for capacity in capacities:
+            values = (kvt.dtype, (n_head_kv, capacity, head_dim))
+            scales = (np.float32, (n_head_kv, capacity, n_scales) if n_scales else (0, 0, 0))
+            requests += [values, values, scales, scales, (np.int32, (capacity,))]
+        return requests
+
+    @classmethod
+    def planned_nbytes(cls, n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type=None) -> int:
+        """The block size KVCache(...) with these arguments allocates, without allocating it."""
+        capacities = [ring_capacity(n_ctx, w, n_batch) for w in windows]
+        return _Carver.size(cls._requests(capacities, n_head_kv, head_dim, kvtypes.kv_type(kv_type)))
 
     @property
     def nbytes(self) -> int:
-        return self._block.nbytes + self._positions.nbytes
+        return self._block.nbytes
+
+    def bytes_per_token(self) -> int:
+        """Bytes of K and V one more token of context adds (full-attention layers only: rings are fixed)."""
+        row = kvtypes.row_bytes(self.kv_type, self.head_dim)
+        return sum(2 * self.n_head_kv * row for kv in self.layers if kv.window == 0)
 
     def reset(self) -> None:
-        self._positions.fill(EMPTY_SLOT)
+        for layer in self.layers:
+            layer.slot_pos.fill(EMPTY_SLOT)
         self.n_past = 0
+        self.n_shifted = 0
+        self.shift_log = []
+
+    # -- context shift ---------------------------------------------------------------------------------------
+    def shift(self, n_keep: int, n_discard: int, layer_rope) -> None:
+        """Drop positions [n_keep, n_keep + n_discard); later positions move down by n_discard, their keys
+        rotated back by n_discard. layer_rope(il) -> (inv_freq float32 [n_rot/2], neox: bool)."""
+        from edgellm import ops
+        if not (0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_past):
+            raise ModelError(f"cannot shift: n_keep {n_keep} + n_discard {n_discard} exceed the {self.n_past} "
+                             "cached positions")
+        for il, layer in enumerate(self.layers):
+            capacity = layer.slot_pos.shape[0]
+            held = np.flatnonzero(layer.slot_pos != EMPTY_SLOT)
+            pos = layer.slot_pos[held].astype(np.int64)
+            keep = (pos < n_keep) | (pos >= n_keep + n_discard)
+            moved = keep & (pos >= n_keep + n_discard)
+            old_slots, new_pos = held[keep], np.where(moved[keep], pos[keep] - n_discard, pos[keep])
+            new_slots = new_pos % capacity
+            # decode what stays, rotate the moved keys back, and write everything to its new slot
+            k = kvtypes.decode_ref(layer.k[:, old_slots], _scales(layer.k_scale, old_slots), self.kv_type)
+            v_vals, v_scales = layer.v[:, old_slots].copy(), _scales(layer.v_scale, old_slots).copy()
+            inv_freq, neox = layer_rope(il)
+            rotate = moved[keep]
+            if rotate.any():
+                shifted = k[:, rotate].transpose(1, 0, 2)  # [n, H_kv, hd]
+                back = np.full(shifted.shape[0], -n_discard, dtype=np.int64)
+                k[:, rotate] = ops.rope_ref(shifted, back, inv_freq, neox).transpose(1, 0, 2)
+            k_vals, k_scales = kvtypes.encode_ref(k, self.kv_type)
+            layer.slot_pos[:] = EMPTY_SLOT
+            layer.k[:, new_slots], layer.v[:, new_slots] = k_vals, v_vals
+            if self.kv_type.block:
+                layer.k_scale[:, new_slots], layer.v_scale[:, new_slots] = k_scales, v_scales
+            layer.slot_pos[new_slots] = new_pos
+        self.n_past -= n_discard
+        self.n_shifted += n_discard
+        self.shift_log.append((n_keep, n_discard))
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def export_state(self) -> dict:
+        """The occupied slots of every layer (values, scales, positions) and n_past: a copy, sized by use."""
+        state = {"n_past": self.n_past, "n_shifted": self.n_shifted, "kv_type": self.kv_type.name,
+                 "capacities": self.capacities, "layers": []}
+        for layer in self.layers:
+            held = np.flatnonzero(layer.slot_pos != EMPTY_SLOT)
+            state["layers"].append((held, layer.slot_pos[held].copy(), layer.k[:, held].copy(),
+                                    layer.v[:, held].copy(), _scales(layer.k_scale, held).copy(),
+                                    _scales(layer.v_scale, held).copy()))
+        return state
+
+    def import_state(self, state: dict) -> None:
+        if state["kv_type"] != self.kv_type.name or tuple(state["capacities"]) != self.capacities:
+            raise ModelError(f"state of a {state['kv_type']} cache with slots {tuple(state['capacities'])} does not "
+                             f"fit this {self.kv_type.name} cache with slots {self.capacities}")
+        self.reset()
+        for layer, (held, pos, k, v, k_scale, v_scale) in zip(self.layers, state["layers"]):
+            layer.k[:, held], layer.v[:, held] = k, v
+            if self.kv_type.block:
+                layer.k_scale[:, held], layer.v_scale[:, held] = k_scale, v_scale
+            layer.slot_pos[held] = pos
+        self.n_past, self.n_shifted = int(state["n_past"]), int(state["n_shifted"])
+        self.shift_log = []
+
+
+def _scales(scales: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    return scales[:, slots] if scales.size else np.zeros((scales.shape[0], slots.size, 0), np.float32)
+
+
+class KVPool:
+    """n_seq KV caches of one layout carved from one allocation: batched decoding's memory (one cache per
+    sequence slot, each a ring that shifts on its own). Nothing is allocated per token or per sequence."""
+
+    def __init__(self, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int, kv_type=None):
+        if n_seq <= 0:
+            raise ModelError(f"a KV pool needs at least one sequence, got {n_seq}")
+        self.seq_nbytes = KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
+        self.seq_nbytes += -self.seq_nbytes % _ALIGN  # each sequence's share starts on a cache line
+        self._block = np.zeros(n_seq * self.seq_nbytes, dtype=np.uint8)
+        size = KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
+        self.caches = [KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type,
+                               block=self._block[i * self.seq_nbytes: i * self.seq_nbytes + size])
+                       for i in range(n_seq)]
+
+    @staticmethod
+    def planned_nbytes(n_seq, n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type=None) -> int:
+        one = KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
+        return n_seq * (one + -one % _ALIGN)
+
+    @property
+    def nbytes(self) -> int:
+        return self._block.nbytes

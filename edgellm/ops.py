@@ -14,6 +14,8 @@ from numba import njit, prange, types
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 from numba.extending import intrinsic
 
+from edgellm.kvtypes import axpy_row, dot_row, store_row
+
 # ----------------------------------------------------------------------------------------------------------------
 # exp in float32 that LLVM can vectorise: without Intel's SVML, Numba calls libm's exp one value at a time
 # (~5 ns each), which dominated SwiGLU/GeGLU and the softmax. Cephes' expf: 2^n * p(r), |r| <= ln2/2, with 2^n
@@ -137,7 +139,11 @@ def rope_tables(positions, inv_freq, cos_out, sin_out):
             sin_out[t, i] = math.sin(angle)
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+# inline="always" here and in the other helpers finish_qkv calls: a helper compiled as its own function and
+# linked into the caller came out with different rounding in the first process (compiled fresh) than in later
+# ones (loaded from the on-disk cache), so the first run after a code change gave other logits than every later
+# run (measured: top-1 against llama.cpp moved by 2 positions). Inlined, it is part of the caller's own code.
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
 def apply_rope(x, cos, sin, neox):
     """In place. x: [T, H, head_dim]; cos, sin: [T, n_rot/2] from rope_tables."""
     n_tokens, n_heads, _ = x.shape
@@ -180,23 +186,30 @@ def rope_ref(x, positions, inv_freq, neox):
 # positions are checked too, so a slot overwritten by a newer token is never mistaken for an old one.
 
 
-@njit(cache=True)
-def kv_store(k_new, v_new, positions, k_cache, v_cache, slot_pos):
-    """k_new, v_new: [T, H_kv, head_dim]; k_cache, v_cache: [H_kv, capacity, head_dim]; slot_pos: [capacity].
-    Position p goes to slot p % capacity."""
+NO_SCALES = np.zeros((0, 0, 0), np.float32)  # the scales argument of an f32 or f16 cache
+
+
+@njit(cache=True, inline="always")
+def _kv_store(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
     capacity = slot_pos.shape[0]
     for t in range(positions.shape[0]):
         slot = positions[t] % capacity
         slot_pos[slot] = positions[t]
         for h in range(k_new.shape[1]):
-            k_cache[h, slot, :] = k_new[t, h, :]
-            v_cache[h, slot, :] = v_new[t, h, :]
+            store_row(k_new[t, h], k_cache, k_scale, h, slot)
+            store_row(v_new[t, h], v_cache, v_scale, h, slot)
+
+
+def kv_store(k_new, v_new, positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES):
+    """k_new, v_new: [T, H_kv, head_dim] float32; k_cache, v_cache: [H_kv, capacity, head_dim] of any KV type
+    (edgellm.kvtypes) with its scales; slot_pos: [capacity]. Position p goes to slot p % capacity."""
+    _kv_store(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
 # From the projections to the cache: one call does the small per-token steps in between.
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
 def _rms_norm_heads(x, weight, eps):
     """In place over the last axis of x: [T, H, hd], weight: [hd]."""
     for t in range(x.shape[0]):
@@ -210,11 +223,8 @@ def _rms_norm_heads(x, weight, eps):
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
-               positions, k_cache, v_cache, slot_pos):
-    """Everything between the q/k/v projections and attention, in one call:
-    add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
-    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step."""
+def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
     if q_bias.size:
         q_flat, k_flat, v_flat = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
         for t in range(q.shape[0]):
@@ -226,7 +236,16 @@ def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, n
         _rms_norm_heads(k, k_norm, eps)
     apply_rope(q, cos, sin, neox)
     apply_rope(k, cos, sin, neox)
-    kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    _kv_store(k, v, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
+
+
+def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES):
+    """Everything between the q/k/v projections and attention, in one call:
+    add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
+    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step."""
+    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
 # Keys are scored a block at a time into a small scratch row: the block's scores, softmax weights and value sum
@@ -236,8 +255,8 @@ MASKED = np.float32(-1.0e30)  # score of a key the query must not see; fast_exp 
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _attend_slots(q, k_cache, v_cache, slot_pos, first, last, t, h, kv, lo, p, scale, acc, scores, running_max,
-                  denom):
+def _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, last, t, h, kv, lo, p, scale, acc, scores,
+                  running_max, denom):
     """Fold slots [first, last) into the online softmax of query (t, h): acc [head_dim] holds the unnormalised
     weighted sum of values under running_max; returns the updated (running_max, denom)."""
     head_dim = q.shape[2]
@@ -247,11 +266,7 @@ def _attend_slots(q, k_cache, v_cache, slot_pos, first, last, t, h, kv, lo, p, s
     for j0 in range(first, last, ATTENTION_KEY_BLOCK):
         n = min(ATTENTION_KEY_BLOCK, last - j0)
         for jb in range(n):
-            k_row = k_cache[kv, j0 + jb]
-            dot = np.float32(0.0)
-            for d in range(head_dim):
-                dot += q_row[d] * k_row[d]
-            scores[jb] = dot * scale
+            scores[jb] = dot_row(q_row, k_cache, k_scale, kv, j0 + jb) * scale
         block_max = MASKED
         positions = slot_pos[j0: j0 + n]
         for jb in range(n):
@@ -270,15 +285,12 @@ def _attend_slots(q, k_cache, v_cache, slot_pos, first, last, t, h, kv, lo, p, s
             scores[jb] = fast_exp(scores[jb] - running_max)
             denom += scores[jb]
         for jb in range(n):
-            weight = scores[jb]
-            v_row = v_cache[kv, j0 + jb]
-            for d in range(head_dim):
-                acc[d] += weight * v_row[d]
+            axpy_row(acc, scores[jb], v_cache, v_scale, kv, j0 + jb)
     return running_max, denom
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _attend(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, scores):
+def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t, h, kv, out, scores):
     """out[t, h] = sum over visible keys of softmax(q[t, h] . k * scale) v. scores: [ATTENTION_KEY_BLOCK] scratch."""
     capacity = slot_pos.shape[0]
     lo = max(0, p - window + 1) if window > 0 else 0
@@ -288,52 +300,55 @@ def _attend(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, scor
     running_max, denom = MASKED, np.float32(0.0)
     first, last = lo % capacity, p % capacity + 1
     if first < last:
-        running_max, denom = _attend_slots(q, k_cache, v_cache, slot_pos, first, last, t, h, kv, lo, p, scale, acc,
-                                           scores, running_max, denom)
+        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, last, t, h, kv,
+                                           lo, p, scale, acc, scores, running_max, denom)
     else:  # the visible positions wrap around the end of the ring
-        running_max, denom = _attend_slots(q, k_cache, v_cache, slot_pos, first, capacity, t, h, kv, lo, p, scale,
-                                           acc, scores, running_max, denom)
-        running_max, denom = _attend_slots(q, k_cache, v_cache, slot_pos, 0, last, t, h, kv, lo, p, scale, acc,
-                                           scores, running_max, denom)
+        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, capacity, t, h,
+                                           kv, lo, p, scale, acc, scores, running_max, denom)
+        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, 0, last, t, h, kv, lo,
+                                           p, scale, acc, scores, running_max, denom)
     inv = np.float32(1.0) / denom
     for d in range(acc.shape[0]):
         acc[d] *= inv
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def _attention_serial(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores):
+def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scores):
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[0]
     for th in range(n_tokens * n_heads):
         t, h = th // n_heads, th % n_heads
-        _attend(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
-                scores[t, h])
+        _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
+                h // group, out, scores[t, h])
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", parallel=True)
-def _attention_parallel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores):
+def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                        scores):
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[0]
     for th in prange(n_tokens * n_heads):
         t, h = th // n_heads, th % n_heads
-        _attend(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
-                scores[t, h])
+        _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
+                h // group, out, scores[t, h])
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.
 ATTENTION_PARALLEL_MIN_WORK = 1 << 17
 
 
-def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores):
+def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores, k_scale=NO_SCALES,
+              v_scale=NO_SCALES):
     """q: [T, H, head_dim]; k_cache, v_cache: [H_kv, capacity, head_dim]; slot_pos: [capacity] positions;
     q_positions: [T] (their keys already stored); window: 0 for full attention;
     out: [T, H, head_dim]; scores: [T, H, ATTENTION_KEY_BLOCK] scratch.
-    Grouped-query: query head h reads kv head h // (H / H_kv)."""
+    Grouped-query: query head h reads kv head h // (H / H_kv). k_scale, v_scale: a q8_0 cache's scales.
+    The cache's values are read in their stored type (edgellm.kvtypes)."""
     n_tokens, n_heads, head_dim = q.shape
     span = min(slot_pos.shape[0], window if window > 0 else int(q_positions[-1]) + 1)
     kernel = _attention_parallel if n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK \
         else _attention_serial
-    kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores)
+    kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scores)
 
 
 def attention_ref(q, k, v, q_positions, k_positions, window, scale):

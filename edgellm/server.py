@@ -7,8 +7,9 @@ generation is always advanced by the thread that started it); the endpoints; `cr
 
 Streaming answers are server-sent events, one OpenAI chunk per `data:` line, then `data: [DONE]`. A client that
 disconnects mid-stream cancels its response task; the generator is closed on the worker thread before the next
-request's work (the worker runs jobs in order), so the slot is free at once. A non-streamed request whose client
-leaves stops at the next token through a stopping criterion.
+request's work (the worker runs jobs in order), so the slot is free at once. A client that leaves while the worker
+runs its request's model call (a long prompt, or a non-streamed generation) has that call cancelled
+(Model.cancel) at its next prompt batch or token.
 """
 from __future__ import annotations
 
@@ -167,9 +168,26 @@ class ModelSlot:
         self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.max_queue = max_queue
         self.waiting = 0
+        self._running = None  # the owner of the job the worker runs now, so a disconnect cancels only its own call
+        self._running_lock = threading.Lock()
 
-    async def run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(fn, *args))
+    async def run(self, fn, *args, owner=None):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(self._job, owner, fn, *args))
+
+    def _job(self, owner, fn, *args):
+        with self._running_lock:
+            self._running = owner
+        try:
+            return fn(*args)
+        finally:  # fn's model call has ended here, so a cancel() that raced with the end finds the model idle
+            with self._running_lock:
+                self._running = None
+
+    def cancel(self, owner) -> None:
+        """Cancel the model call in flight if it is `owner`'s (a client that left), never another request's."""
+        with self._running_lock:
+            if self._running is owner:
+                self.llm.cancel()
 
     def check_queue(self):
         if self.waiting >= self.max_queue:
@@ -277,12 +295,13 @@ class Endpoints:
 
     async def _whole(self, request, create, kwargs, fields):
         client_left = threading.Event()
+        # the criterion covers a client gone before the call started; cancel() one gone while it runs
         kwargs["stopping_criteria"] = lambda input_ids, logits: client_left.is_set()
-        watcher = asyncio.create_task(_watch_disconnect(request, client_left))
+        watcher = asyncio.create_task(_watch_disconnect(request, client_left, partial(self.slot.cancel, client_left)))
         try:
             await self.slot.acquire()
             try:
-                result = await self.slot.run(partial(create, **kwargs))
+                result = await self.slot.run(partial(create, **kwargs), owner=client_left)
             finally:
                 self.slot.lock.release()
         except (EdgeLLMError, TypeError, ValueError) as e:
@@ -293,12 +312,13 @@ class Endpoints:
 
     async def _sse(self, create, kwargs, include_usage, fields):
         gen = last = None
+        owner = object()  # this response, in the worker's bookkeeping
         await self.slot.acquire()
         try:
             try:
                 gen = await self.slot.run(partial(create, stream=True, **kwargs))
                 while True:
-                    chunk = await self.slot.run(next, gen, None)
+                    chunk = await self.slot.run(next, gen, None, owner=owner)
                     if chunk is None:
                         break
                     last = chunk
@@ -316,15 +336,18 @@ class Endpoints:
             # runs on a finished stream and on a cancelled one (client gone) alike, without awaiting: the close
             # is queued on the worker ahead of anything the next request submits
             if gen is not None:
+                self.slot.cancel(owner)  # a step still running (the client left mid-prompt) ends at its next batch
                 self.slot.worker.submit(gen.close)
             self.slot.lock.release()
 
 
-async def _watch_disconnect(request: Request, flag: threading.Event):
+async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             flag.set()
+            if on_disconnect is not None:
+                on_disconnect()
             return
 
 

@@ -12,6 +12,7 @@ to psutil's available memory and raises MemoryBudgetError with the figures; the 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .errors import MemoryBudgetError, ModelError
 
@@ -19,8 +20,6 @@ SKIP_ENV = "EDGELLM_SKIP_MEMORY_CHECK"
 # Beyond weights and cache: activation buffers for one batch, tokenizer tables, the JIT and the interpreter
 # (measured: ~60 MiB of anonymous memory for Gemma 3's 262k-token tokenizer plus buffers).
 DEFAULT_HEADROOM_BYTES = 128 << 20
-KV_ITEMSIZE = 4        # float32 K and V, as edgellm.kvcache.KVCache allocates them
-SLOT_POSITION_BYTES = 4  # one int32 position per cache slot
 
 
 def available_memory() -> int:
@@ -56,26 +55,91 @@ def check_memory(weight_bytes: int, kv_bytes_min: int, available: int | None = N
     return needed
 
 
-def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int) -> int:
-    """What KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch) allocates: K and V for every slot of every
-    layer (a sliding-window layer keeps a ring of window + one batch), plus one position per slot."""
-    from .kvcache import ring_capacity
-    slots = sum(ring_capacity(n_ctx, int(w), n_batch) for w in windows)
-    return slots * (2 * n_head_kv * head_dim * KV_ITEMSIZE + SLOT_POSITION_BYTES)
+def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int, kv_type=None) -> int:
+    """What KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type) allocates: K and V for every slot of
+    every layer (a sliding-window layer keeps a ring of window + one batch), plus one position per slot, plus the
+    block's alignment padding."""
+    from .kvcache import KVCache
+    return KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
 
 
-def model_memory_needs(gguf_file, n_ctx: int | None = None, n_batch: int | None = None) -> tuple[int, int]:
-    """(weight bytes, KV-cache bytes) that loading this file with n_ctx (default: its training context) needs."""
+def _config_and_windows(gguf_file):
     from .models import get_architecture
-    from .models.base import DEFAULT_N_BATCH
     arch = get_architecture(gguf_file.metadata.get("general.architecture", "<missing>"))
     config = arch.config_class.from_gguf(gguf_file)
     if not 0 < config.n_layer <= len(gguf_file.tensors):   # every layer has tensors: more layers is a corrupt count
         raise ModelError(f"block_count {config.n_layer} is impossible for a file of {len(gguf_file.tensors)} tensors")
-    n_ctx = n_ctx or config.n_ctx_train
     if hasattr(config, "is_sliding"):
         windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
     else:
         windows = [0] * config.n_layer
+    return config, windows
+
+
+def model_memory_needs(gguf_file, n_ctx: int | None = None, n_batch: int | None = None,
+                       kv_type=None) -> tuple[int, int]:
+    """(weight bytes, KV-cache bytes) that loading this file with n_ctx (default: its training context) needs."""
+    from .models.base import DEFAULT_N_BATCH
+    config, windows = _config_and_windows(gguf_file)
+    n_ctx = n_ctx or config.n_ctx_train
     weights = sum(t.nbytes for t in gguf_file.tensors.values())
-    return weights, kv_cache_bytes(n_ctx, config.n_head_kv, config.head_dim, windows, n_batch or DEFAULT_N_BATCH)
+    return weights, kv_cache_bytes(n_ctx, config.n_head_kv, config.head_dim, windows, n_batch or DEFAULT_N_BATCH,
+                                   kv_type)
+
+
+# The smallest context n_ctx=None settles for; below it the model is refused rather than run crippled.
+MIN_AUTO_CTX = 256
+# Of the memory left after weights and headroom, the share the automatic context may take (the rest stays free
+# for the application and the OS).
+AUTO_CTX_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    """How n_ctx=None was chosen: n_ctx = min(trained, (share x (available - weights - headroom) - fixed) / per_token)."""
+    n_ctx: int
+    n_ctx_train: int
+    available: int
+    weights: int
+    headroom: int
+    share: float
+    fixed_bytes: int      # sliding-window rings and alignment: the same at any n_ctx past the window
+    per_token_bytes: int  # K and V of one more position in every full-attention layer, plus its slot positions
+
+    def explain(self) -> str:
+        budget = self.share * (self.available - self.weights - self.headroom)
+        return (f"n_ctx {self.n_ctx} = min(trained {self.n_ctx_train}, ({self.share:.0%} x ({_mib(self.available)} "
+                f"available - {_mib(self.weights)} weights - {_mib(self.headroom)} headroom) = {_mib(int(budget))} "
+                f"- {_mib(self.fixed_bytes)} fixed) / {self.per_token_bytes:,} bytes per token)")
+
+
+def fit_context(gguf_file, kv_type=None, n_batch: int | None = None, available: int | None = None,
+                headroom_bytes: int = DEFAULT_HEADROOM_BYTES, share: float = AUTO_CTX_SHARE) -> ContextFit:
+    """The context n_ctx=None picks: the largest that fits in a share of the memory free now, after the weights
+    (they will be resident) and headroom, capped by the training context. MemoryBudgetError below MIN_AUTO_CTX."""
+    from .models.base import DEFAULT_N_BATCH
+    config, windows = _config_and_windows(gguf_file)
+    n_batch = n_batch or DEFAULT_N_BATCH
+    if available is None:
+        available = available_memory()
+    weights = sum(t.nbytes for t in gguf_file.tensors.values())
+    big = max(config.n_ctx_train, max(windows) + n_batch)  # past every ring's size: the cost is linear from here
+
+    def cost(n):
+        return kv_cache_bytes(n, config.n_head_kv, config.head_dim, windows, n_batch, kv_type)
+
+    per_token = cost(big + 1) - cost(big)
+    fixed = cost(big) - per_token * big
+    budget = int(share * (available - weights - headroom_bytes))
+    n_ctx = config.n_ctx_train if per_token == 0 else min(config.n_ctx_train, (budget - fixed) // per_token)
+    while n_ctx > 0 and cost(n_ctx) > budget:  # below the rings' full size the cost is not linear: step down
+        n_ctx -= max(1, n_ctx // 64)
+    floor = min(MIN_AUTO_CTX, config.n_ctx_train)
+    if n_ctx < floor and os.environ.get(SKIP_ENV, "") not in ("", "0"):
+        n_ctx = floor  # the override: run anyway, at the smallest useful context
+    fit = ContextFit(int(n_ctx), config.n_ctx_train, available, weights, headroom_bytes, share, fixed, per_token)
+    if fit.n_ctx < floor:
+        raise MemoryBudgetError(f"not enough memory for even a {MIN_AUTO_CTX}-token context: {fit.explain()}. "
+                                "Free memory, use a smaller model or a smaller kv_type (f16, q8_0), or give n_ctx "
+                                f"and override the check (check_memory=False, or {SKIP_ENV}=1)")
+    return fit

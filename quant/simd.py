@@ -160,6 +160,40 @@ def load_f16_portable(typingctx, buf, offset):
 
 
 @intrinsic
+def f16_bits_to_f32(typingctx, bits):
+    """The float32 value of float16 bits held in an integer (e.g. an element of a uint16 array)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = args[0]
+        h = builder.trunc(h, _I16) if h.type.width > 16 else builder.zext(h, _I16) if h.type.width < 16 else h
+        return _f16_to_f32(builder, h)
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, value):
+    """The bit pattern of a float32, as uint32."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+    return types.uint32(value), codegen
+
+
+@intrinsic
+def _f32_to_f16_native(typingctx, value):
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), _I16)
+    return types.uint16(value), codegen
+
+
+@intrinsic
 def load_f32(typingctx, buf, offset):
     """The float32 at buf[offset]: a byte offset into a uint8 buffer, an element offset into a float32 array."""
     def codegen(context, builder, sig, args):

@@ -48,7 +48,7 @@ def exact_linear(monkeypatch):
 
 def check_fast_matches_reference(tmp_path, spec, n_batch=512, n_tokens=N_PROMPT, bound=EXACT_VS_REFERENCE_NMSE):
     with open_tiny(tmp_path, spec) as f:
-        model = build_model(f, n_ctx=64, n_threads=2, n_batch=n_batch)
+        model = build_model(f, n_ctx=64, n_threads=2, n_batch=n_batch, kv_type="f32")
         tokens = tokens_for(spec, n_tokens)
         fast = model.forward(tokens, all_logits=True)
         want = ReferenceModel(f).logits(tokens)
@@ -109,10 +109,10 @@ def test_llama_untied_output_is_used(tmp_path):
     """With output.weight present the logits come from it, not from the embedding."""
     spec = TinySpec(weight_type="F32", tied=False)
     with open_tiny(tmp_path, spec) as f:
-        model = build_model(f, n_ctx=32, n_threads=1)
+        model = build_model(f, n_ctx=32, n_threads=1, kv_type="f32")
         assert model.output is not model.token_embd
     with open_tiny(tmp_path, TinySpec(weight_type="F32", tied=True), "tied.gguf") as f:
-        model = build_model(f, n_ctx=32, n_threads=1)
+        model = build_model(f, n_ctx=32, n_threads=1, kv_type="f32")
         assert model.output is model.token_embd
 
 
@@ -164,10 +164,10 @@ def test_gemma3_window_matters(tmp_path):
     """Sanity check of the test itself: the same weights without a window give other logits."""
     spec = gemma_spec()
     with open_tiny(tmp_path, spec) as f:
-        windowed = build_model(f, n_ctx=64, n_threads=1).forward(tokens_for(spec), all_logits=True)
+        windowed = build_model(f, n_ctx=64, n_threads=1, kv_type="f32").forward(tokens_for(spec), all_logits=True)
     wide = gemma_spec(sliding_window=1000)
     with open_tiny(tmp_path, wide, "wide.gguf") as f:
-        unwindowed = build_model(f, n_ctx=64, n_threads=1).forward(tokens_for(spec), all_logits=True)
+        unwindowed = build_model(f, n_ctx=64, n_threads=1, kv_type="f32").forward(tokens_for(spec), all_logits=True)
     assert nmse(windowed[:GEMMA_WINDOW], unwindowed[:GEMMA_WINDOW]) < DECODE_VS_BATCH_NMSE
     assert nmse(windowed[-1], unwindowed[-1]) > 1e-3
 
@@ -222,7 +222,7 @@ def test_partial_biases_are_refused(tmp_path):
         view.metadata = {**f.metadata, "general.architecture": "llama"}  # llama: biases optional, all or none
         view.metadata = {k.replace("qwen2.", "llama."): v for k, v in view.metadata.items()}
         with pytest.raises(ModelError, match="layer 0 has only some"):
-            build_model(view, n_ctx=16)
+            build_model(view, n_ctx=16, kv_type="f32")
     with open_tiny(tmp_path, TinySpec(arch="qwen2"), "q2.gguf") as f:  # qwen2: biases required
         with pytest.raises(ModelError, match="blk.0.attn_k.bias"):
             build_model(_Renamed(f, drop="blk.0.attn_k.bias"), n_ctx=16)
@@ -233,17 +233,18 @@ def test_missing_config_key_is_named(tmp_path):
         view = _Renamed(f)
         view.metadata = {k: v for k, v in f.metadata.items() if k != "llama.feed_forward_length"}
         with pytest.raises(ModelError, match="llama.feed_forward_length"):
-            build_model(view, n_ctx=16)
+            build_model(view, n_ctx=16, kv_type="f32")
 
 
 def test_bad_tokens_and_full_context(tmp_path):
     spec = TinySpec()
     with open_tiny(tmp_path, spec) as f:
-        model = build_model(f, n_ctx=8, n_threads=1)
+        model = build_model(f, n_ctx=8, n_threads=1, kv_type="f32")
         with pytest.raises(ModelError, match="outside the vocabulary"):
             model.forward([spec.n_vocab])
         with pytest.raises(ModelError, match="at least one token"):
             model.forward([])
+        model.context_shift = False  # with it (the default) a full context shifts instead: tests/test_kv_ring_*
         model.forward(np.arange(6))
         with pytest.raises(ModelError, match="context full"):
             model.forward(np.arange(3))

@@ -172,7 +172,7 @@ def test_serial_and_parallel_attention_agree(rng, kernel):
     positions = np.arange(30, dtype=np.int32)
     k_cache, v_cache, slot_pos = _cache_from(k, v, positions, capacity=40)
     out = np.empty_like(q)
-    kernel(q, k_cache, v_cache, slot_pos, positions[24:], 9, 0.2, out, scores_for(q))
+    kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, positions[24:], 9, 0.2, out, scores_for(q))
     assert nmse(out, ops.attention_ref(q, k, v, positions[24:], positions, 9, 0.2)) < NMSE_ATTENTION
 
 

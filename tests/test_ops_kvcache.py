@@ -8,7 +8,7 @@ from edgellm.kvcache import EMPTY_SLOT, KVCache, ring_capacity
 
 
 def test_layers_are_disjoint_views_of_one_block():
-    cache = KVCache(n_ctx=100, n_head_kv=2, head_dim=8, windows=[0, 16, 0], n_batch=4)
+    cache = KVCache(n_ctx=100, n_head_kv=2, head_dim=8, windows=[0, 16, 0], n_batch=4, kv_type="f32")
     assert cache.capacities == (100, 16 + 4 - 1, 100)
     arrays = [a for layer in cache.layers for a in (layer.k, layer.v)]
     for a in arrays:
@@ -17,7 +17,8 @@ def test_layers_are_disjoint_views_of_one_block():
         a[...] = i + 1
     for i, a in enumerate(arrays):
         assert (a == i + 1).all()
-    assert cache.nbytes == 2 * (100 + 19 + 100) * 2 * 8 * 4 + (100 + 19 + 100) * 4
+    slots = 100 + 19 + 100
+    assert slots * (2 * 2 * 8 * 4 + 4) <= cache.nbytes < slots * (2 * 2 * 8 * 4 + 4) + 15 * 64  # + alignment
     assert [layer.k.shape for layer in cache.layers] == [(2, 100, 8), (2, 19, 8), (2, 100, 8)]
 
 

@@ -103,8 +103,11 @@ class DeviceBuffers:
 class CudaDecoderModel(DecoderModel):
     """What both architectures share on the device: uploading, token/position upload, the logits head."""
 
+    SUPPORTS_MULTI = False  # batched decoding (forward_multi) is CPU-only for now
+
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int, specs, windows):
-        super().__init__(config, n_ctx, 1, n_batch)
+        super().__init__(config, n_ctx, 1, n_batch, kv_type="f32")
+        self.context_shift = False  # DeviceKVCache cannot shift yet: a full context raises ModelError
         if config.head_dim > MAX_HEAD_DIM:
             raise ModelError(f"head size {config.head_dim} exceeds the CUDA attention kernel's {MAX_HEAD_DIM}")
         kv_bytes = kv_cache_nbytes(self.n_ctx, config.n_head_kv, config.head_dim, windows, self.n_batch)

@@ -5,10 +5,14 @@ import numba
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 import numpy as np
 
-from edgellm.errors import ModelError
+from edgellm import ops
+from edgellm.errors import Cancelled, ModelError
+from edgellm.kvcache import KVCache
 
 # Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
 DEFAULT_N_BATCH = 512
+# Attention sinks: positions a full context keeps when it shifts (StreamingLLM's 4; llama.cpp's --keep).
+DEFAULT_N_KEEP = 4
 
 
 class TokenBuffers:
@@ -34,16 +38,37 @@ class TokenBuffers:
 
 
 class DecoderModel:
-    """Subclasses set self.config, self.cache (KVCache) and implement forward_batch."""
+    """Subclasses call make_cache(windows), implement forward_batch and layer_rope.
 
-    def __init__(self, config, n_ctx: int, n_threads: int, n_batch: int):
+    A full context shifts (context_shift=True, the default): the first n_keep positions stay, the oldest half of
+    the rest is dropped (llama.cpp's context shift), so generation and long prompts go on past n_ctx."""
+
+    # Checked before each batch (api.Model.cancel sets it): True raises Cancelled with the cache holding exactly
+    # the batches already run, so a long prompt can be cancelled without leaving a half-written batch behind.
+    should_stop = None
+    SUPPORTS_MULTI = True  # forward_multi: several sequences per step, each in its own KVCache
+
+    def __init__(self, config, n_ctx: int, n_threads: int, n_batch: int, kv_type=None):
         self.config = config
         self.n_ctx = int(n_ctx)
         self.n_threads = max(1, int(n_threads))
         self.n_batch = int(n_batch)
         self.n_vocab = config.n_vocab
+        self.kv_type = kv_type
+        self.n_keep = DEFAULT_N_KEEP
+        self.context_shift = True
         self._all_positions = np.arange(self.n_ctx, dtype=np.int32)
         self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
+        self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
+
+    def make_cache(self, windows) -> KVCache:
+        self.cache = KVCache(self.n_ctx, self.config.n_head_kv, self.config.head_dim, windows, self.n_batch,
+                             self.kv_type)
+        return self.cache
+
+    def layer_rope(self, il: int):
+        """(inv_freq, neox) of layer il's rotary embedding: what a context shift re-rotates keys with."""
+        raise NotImplementedError
 
     @property
     def n_past(self) -> int:
@@ -62,22 +87,105 @@ class DecoderModel:
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
             raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
-        start_pos = self.cache.n_past
-        if start_pos + n_tokens > self.n_ctx:
-            raise ModelError(f"context full: {start_pos} cached + {n_tokens} new tokens > n_ctx {self.n_ctx}")
+        n_keep = min(max(0, int(self.n_keep)), self.n_ctx // 2)
+        if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
+            step = max(1, min(self.n_batch, self.n_ctx - n_keep))
+        else:
+            step = self.n_batch
+            if self.cache.n_past + n_tokens > self.n_ctx:
+                raise ModelError(f"context full: {self.cache.n_past} cached + {n_tokens} new tokens > n_ctx "
+                                 f"{self.n_ctx} (context_shift is off)")
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
         result = np.empty((n_tokens, self.n_vocab), dtype=np.float32) if all_logits else self._last_logits
-        for begin in range(0, n_tokens, self.n_batch):
-            end = min(begin + self.n_batch, n_tokens)
+        for begin in range(0, n_tokens, step):
+            if self.should_stop is not None and self.should_stop():
+                raise Cancelled(f"cancelled after {begin} of {n_tokens} tokens")
+            end = min(begin + step, n_tokens)
             if all_logits:
                 logits_out = result[begin:end]
             else:
                 logits_out = self._last_logits if end == n_tokens else None
-            positions = self._all_positions[start_pos + begin: start_pos + end]
+            start_pos = self.cache.n_past
+            if start_pos + end - begin > self.n_ctx:
+                self._shift_context(n_keep, start_pos + end - begin - self.n_ctx)
+                start_pos = self.cache.n_past
+            positions = self._all_positions[start_pos: start_pos + end - begin]
             self.forward_batch(tokens[begin:end], positions, logits_out)
-            self.cache.n_past = start_pos + end
+            self.cache.n_past = start_pos + end - begin
         return result
 
-    def forward_batch(self, tokens, positions, logits_out):
-        """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None."""
+    def _shift_context(self, n_keep: int, needed: int) -> None:
+        """Drop at least `needed` positions after the first n_keep: half of those after n_keep, as llama.cpp."""
+        n_past = self.cache.n_past
+        n_discard = min(max(needed, (n_past - n_keep) // 2), n_past - n_keep)
+        self.cache.shift(n_keep, n_discard, self.layer_rope)
+
+    def forward_batch(self, tokens, positions, logits_out, groups=None):
+        """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None.
+        groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences (batched decoding);
+        None: all rows are one sequence in self.cache."""
         raise NotImplementedError
+
+    def logits_head(self, s, T, logits_out):
+        """logits_out <- output · rmsnorm(last rows of s.x) · output_norm. A non-finite hidden state (corrupt
+        weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of the output matmul
+        would otherwise turn it into finite garbage that the API's NaN check cannot see."""
+        rows = s.x[T - logits_out.shape[0]:]
+        normed = s.xn[: rows.shape[0]]
+        ops.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
+        self.output.matmul(normed, logits_out)
+        if not np.isfinite(normed).all():
+            logits_out[~np.isfinite(normed).all(axis=1)] = np.nan
+
+    def attend(self, il, s, positions, cos, sin, neox, biases, norms, groups):
+        """Layer il's steps between the q/k/v projections and W_o, for each group of rows in its own cache:
+        biases, QK norms, rope, the cache store (ops.finish_qkv), then attention into s.attn_heads."""
+        eps, scale = self.config.norm_eps, self.config.attn_scale
+        for b0, b1, cache in groups:
+            kv = cache.layers[il]
+            if b0 == 0 and b1 == len(positions):
+                q, k, v, c, sn, pos, out, scores = (s.q_heads, s.k_heads, s.v_heads, cos, sin, positions,
+                                                    s.attn_heads, s.scores)
+            else:
+                q, k, v, c, sn, pos, out, scores = (a[b0:b1] for a in (s.q_heads, s.k_heads, s.v_heads, cos, sin,
+                                                                        positions, s.attn_heads, s.scores))
+            ops.finish_qkv(q, k, v, *biases, *norms, eps, c, sn, neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
+                           kv.v_scale)
+            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, scale, out, scores, kv.k_scale, kv.v_scale)
+
+    def forward_multi(self, tokens, caches) -> np.ndarray:
+        """One decode step for len(tokens) sequences, token i appended to caches[i] (KVCaches of this model's
+        layout): the weights are read once for all of them. Returns logits [B, n_vocab] (reused by the next call).
+        Each row equals what forward() of that token alone on that cache gives, bit for bit."""
+        if not self.SUPPORTS_MULTI:
+            raise ModelError(f"{type(self).__name__} cannot decode several sequences at once")
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n = tokens.shape[0]
+        if n == 0 or n != len(caches) or n > self.n_batch:
+            raise ModelError(f"forward_multi needs 1 to n_batch ({self.n_batch}) tokens, one per cache; got "
+                             f"{n} tokens for {len(caches)} caches")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
+                             f"vocabulary [0, {self.n_vocab})")
+        if len({id(c) for c in caches}) != n:
+            raise ModelError("forward_multi needs a distinct cache per sequence")
+        n_keep = min(max(0, int(self.n_keep)), self.n_ctx // 2)
+        positions = np.empty(n, np.int32)
+        for i, cache in enumerate(caches):
+            if cache.n_past + 1 > cache.n_ctx:
+                if not self.context_shift:
+                    raise ModelError(f"context full for sequence {i}: {cache.n_past} cached, n_ctx {cache.n_ctx}")
+                saved, self.cache = self.cache, cache
+                try:
+                    self._shift_context(n_keep, 1)
+                finally:
+                    self.cache = saved
+            positions[i] = cache.n_past
+        if self._multi_logits is None or self._multi_logits.shape[0] < n:
+            self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
+        logits = self._multi_logits[:n]
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        for cache in caches:
+            cache.n_past += 1
+        return logits

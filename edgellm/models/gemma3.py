@@ -18,7 +18,6 @@ import numpy as np
 
 from edgellm import ops
 from edgellm.errors import ModelError
-from edgellm.kvcache import KVCache
 from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel
 from edgellm.models.llama import BlockBuffers, linear_rope_scale
 from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
@@ -129,8 +128,9 @@ NONE = np.zeros(0, np.float32)  # no q/k/v biases in Gemma
 
 
 class Gemma3Model(DecoderModel):
-    def __init__(self, gguf_file, config: Gemma3Config, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(config, n_ctx, n_threads, n_batch)
+    def __init__(self, gguf_file, config: Gemma3Config, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
+                 kv_type=None):
+        super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
         w = load_tensors(gguf_file, tensor_specs(config))
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -140,27 +140,29 @@ class Gemma3Model(DecoderModel):
         self.inv_freq_global = ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
         windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
-        self.cache = KVCache(self.n_ctx, config.n_head_kv, config.head_dim, windows, self.n_batch)
+        self.make_cache(windows)
         self.buffers = Gemma3Buffers(config, self.n_batch)
 
-    def forward_batch(self, tokens, positions, logits_out):
+    def layer_rope(self, il: int):
+        return (self.inv_freq_local if self.config.is_sliding(il) else self.inv_freq_global), True
+
+    def forward_batch(self, tokens, positions, logits_out, groups=None):
         cfg, eps, T = self.config, self.config.norm_eps, len(tokens)
+        groups = groups or ((0, T, self.cache),)
         s = self.buffers.for_tokens(T)
         ops.rope_tables(positions, self.inv_freq_local, s.cos_local, s.sin_local)
         ops.rope_tables(positions, self.inv_freq_global, s.cos_global, s.sin_global)
         self.token_embd.get_rows(tokens, s.x)
         s.x *= self.embd_scale
-        for layer, kv in zip(self.layers, self.cache.layers):
-            cos, sin = (s.cos_local, s.sin_local) if kv.window else (s.cos_global, s.sin_global)
+        for il, layer in enumerate(self.layers):
+            cos, sin = (s.cos_global, s.sin_global) if self.cache.layers[il].window == 0 else (s.cos_local, s.sin_local)
             # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             layer.attn_q.matmul(s.xn, s.q)
             layer.attn_k.matmul(s.xn, s.k)
             layer.attn_v.matmul(s.xn, s.v)
-            ops.finish_qkv(s.q_heads, s.k_heads, s.v_heads, NONE, NONE, NONE, layer.attn_q_norm, layer.attn_k_norm,
-                           eps, cos, sin, True, positions, kv.k, kv.v, kv.slot_pos)
-            ops.attention(s.q_heads, kv.k, kv.v, kv.slot_pos, positions, kv.window, cfg.attn_scale, s.attn_heads,
-                          s.scores)
+            self.attend(il, s, positions, cos, sin, True, (NONE, NONE, NONE), (layer.attn_q_norm, layer.attn_k_norm),
+                        groups)
             layer.attn_output.matmul(s.attn, s.xn)
             ops.add_post_norm(s.x, s.xn, layer.post_attention_norm, eps)
             # feed-forward block: m = norm(x); x += post_norm(W_down · (gelu(W_gate m) * W_up m))
@@ -171,7 +173,4 @@ class Gemma3Model(DecoderModel):
             layer.ffn_down.matmul(s.gate, s.xn)
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
         if logits_out is not None:
-            rows = s.x[T - logits_out.shape[0]:]
-            normed = s.xn[: rows.shape[0]]
-            ops.rms_norm(rows, self.output_norm, eps, normed)
-            self.output.matmul(normed, logits_out)
+            self.logits_head(s, T, logits_out)

@@ -14,7 +14,6 @@ import numpy as np
 
 from edgellm import ops
 from edgellm.errors import ModelError
-from edgellm.kvcache import KVCache
 from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel, TokenBuffers
 from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
 
@@ -150,8 +149,9 @@ NONE = np.zeros(0, np.float32)  # an absent bias or norm: finish_qkv skips that 
 
 
 class LlamaModel(DecoderModel):
-    def __init__(self, gguf_file, config: LlamaConfig, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(config, n_ctx, n_threads, n_batch)
+    def __init__(self, gguf_file, config: LlamaConfig, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
+                 kv_type=None):
+        super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
         w = load_tensors(gguf_file, tensor_specs(config))
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -167,25 +167,27 @@ class LlamaModel(DecoderModel):
                         setattr(layer, name, NONE)
         rope_factors = w["rope_freqs.weight"]
         self.inv_freq = ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale, rope_factors)
-        self.cache = KVCache(self.n_ctx, config.n_head_kv, config.head_dim, [0] * config.n_layer, self.n_batch)
+        self.make_cache([0] * config.n_layer)
         self.buffers = LlamaBuffers(config, self.n_batch)
 
-    def forward_batch(self, tokens, positions, logits_out):
+    def layer_rope(self, il: int):
+        return self.inv_freq, self.config.rope_neox
+
+    def forward_batch(self, tokens, positions, logits_out, groups=None):
         cfg, eps, T = self.config, self.config.norm_eps, len(tokens)
+        groups = groups or ((0, T, self.cache),)
         s = self.buffers.for_tokens(T)
         ops.rope_tables(positions, self.inv_freq, s.rope_cos, s.rope_sin)
         self.token_embd.get_rows(tokens, s.x)
-        for layer, kv in zip(self.layers, self.cache.layers):
+        for il, layer in enumerate(self.layers):
             # attention block: n = norm(x); x += W_o · attention(rope(W_q n), rope(W_k n), W_v n)
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             layer.attn_q.matmul(s.xn, s.q)
             layer.attn_k.matmul(s.xn, s.k)
             layer.attn_v.matmul(s.xn, s.v)
-            ops.finish_qkv(s.q_heads, s.k_heads, s.v_heads, layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias,
-                           layer.attn_q_norm, layer.attn_k_norm, eps, s.rope_cos, s.rope_sin, cfg.rope_neox,
-                           positions, kv.k, kv.v, kv.slot_pos)
-            ops.attention(s.q_heads, kv.k, kv.v, kv.slot_pos, positions, kv.window, cfg.attn_scale, s.attn_heads,
-                          s.scores)
+            self.attend(il, s, positions, s.rope_cos, s.rope_sin, cfg.rope_neox,
+                        (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias), (layer.attn_q_norm, layer.attn_k_norm),
+                        groups)
             layer.attn_output.matmul(s.attn, s.xn)
             ops.add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn)  # the residual add, then m = norm(x)
             # feed-forward block: x += W_down · (silu(W_gate m) * W_up m)
@@ -195,7 +197,4 @@ class LlamaModel(DecoderModel):
             layer.ffn_down.matmul(s.gate, s.xn)
             s.x += s.xn
         if logits_out is not None:
-            rows = s.x[T - logits_out.shape[0]:]
-            normed = s.xn[: rows.shape[0]]
-            ops.rms_norm(rows, self.output_norm, eps, normed)
-            self.output.matmul(normed, logits_out)
+            self.logits_head(s, T, logits_out)

@@ -1,0 +1,77 @@
+"""One sequence's generation step by step: logit bias and processors, the sampler, end-of-generation, stop
+strings and criteria, per-token info and log-probabilities, UTF-8-safe text pieces.
+
+Shared by Model's single-sequence decode loop (edgellm/api.py) and batched generation (edgellm/batch.py), so a
+sequence behaves the same alone or in a batch: the forward passes differ, the choice of tokens does not.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class SequenceState:
+    """Feed step() the logits after the prompt, then after each token it returned; stop when it returns None
+    (an end-of-generation token) or .done is set (stop string, max_tokens, stopping criterion)."""
+
+    def __init__(self, model, prompt_ids, opts, max_tokens: int, bias=None):
+        from .sampling import Sampler
+        from .textstream import TextStream
+        self.model, self.opts, self.bias, self.max_tokens = model, opts, bias, max_tokens
+        self.prompt_ids = list(prompt_ids)
+        self.sampler = Sampler(opts.sampling, seed=opts.seed)
+        self.text = TextStream(opts.stop)
+        self.history = list(prompt_ids)
+        self.generated: list[int] = []
+        self.infos: list = []
+        self.stop_reason = "length"
+        self.done = max_tokens <= 0
+        self.sample_s = 0.0
+
+    def step(self, logits: np.ndarray):
+        """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation."""
+        from .api import TokenInfo
+        from .completions import top_logprobs_entry
+        from .sampling import token_logprobs
+        opts, tok = self.opts, self.model.tokenizer
+        ts = time.perf_counter()
+        scores = logits
+        if self.bias is not None:
+            scores = scores.copy()
+            scores[self.bias[0]] += self.bias[1]
+        if opts.logits_processor is not None:
+            scores = np.asarray(opts.logits_processor(np.asarray(self.history, dtype=np.intc), scores.copy()),
+                                dtype=np.float32)
+        token = self.sampler.sample(scores, self.history)
+        self.sample_s += time.perf_counter() - ts
+        if not opts.ignore_eos and tok.is_eog(token):
+            self.stop_reason, self.done = "eog", True
+            return None
+        info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), self.text.decoded_chars)
+        if opts.logprobs is not None:
+            # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
+            lp = token_logprobs(logits, token, opts.logprobs)
+            info.logprob = lp.logprob
+            info.top_logprobs = top_logprobs_entry(
+                info.text, lp.logprob, [(self.model._token_text(i), v) for i, v in zip(lp.top_ids, lp.top_logprobs)])
+        self.generated.append(token)
+        self.history.append(token)
+        self.infos.append(info)
+        piece = self.text.push(tok.token_to_bytes(token))
+        if self.text.stopped:
+            self.stop_reason, self.done = "stop_string", True
+        elif len(self.generated) >= self.max_tokens:
+            self.done = True
+        elif opts.stopping_criteria is not None and opts.stopping_criteria(
+                np.asarray(self.history, dtype=np.intc), logits):
+            self.stop_reason, self.done = "criteria", True
+        return piece, info
+
+    def finish(self):
+        """(the last text piece held back for stop strings, the Completion)."""
+        from .api import Completion
+        finish = "length" if self.stop_reason == "length" else "stop"
+        piece = self.text.finish(finish)
+        return piece, Completion(self.text.text, self.generated, finish, len(self.prompt_ids), self.stop_reason,
+                                 self.text.stop_string, self.infos)
