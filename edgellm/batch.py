@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from .errors import PromptError
+from .errors import Cancelled, PromptError
 
 
 def pool_for(model, n_seq: int, seq_ctx: int):
@@ -60,16 +60,20 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
                 seq.index = index
                 cache = pool.caches[slot]
                 cache.reset()
-                if seq.done:  # max_tokens 0
-                    completions[index] = seq.finish()[1]
-                    free.append(slot)
-                    continue
-                fm.cache = cache
-                try:
-                    pending[slot] = fm.forward(np.asarray(ids, dtype=np.int32))[-1].copy()
-                finally:
-                    fm.cache = saved_cache
-                active[slot] = seq
+                if model._cancel_requested.is_set():  # cancelled before its turn: an empty completion
+                    seq.stop_reason, seq.done = "cancelled", True
+                if not seq.done:  # (max_tokens 0 is done at once)
+                    fm.cache = cache
+                    try:
+                        pending[slot] = fm.forward(np.asarray(ids, dtype=np.int32))[-1].copy()
+                        active[slot] = seq
+                        continue
+                    except Cancelled:  # cancel() during this prompt: whole batches ran, the cache is dropped
+                        seq.stop_reason, seq.done = "cancelled", True
+                    finally:
+                        fm.cache = saved_cache
+                completions[index] = seq.finish()[1]
+                free.append(slot)
             step_slots = []
             for slot in sorted(pending):
                 seq = active[slot]

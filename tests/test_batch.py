@@ -105,11 +105,13 @@ def test_bad_batches_are_refused_before_anything_runs(tiny, monkeypatch):
 
 
 def test_cancel_ends_every_sequence_and_the_model_stays_usable(tiny):
-    stream = tiny.stream_batch(PROMPTS[:3], max_tokens=40, ignore_eos=True)
+    """Two slots for five prompts: the active ones stop where they are, the queued ones end empty."""
+    stream = tiny.stream_batch(PROMPTS[:5], max_tokens=40, n_parallel=2, ignore_eos=True)
     next(stream)
     assert tiny.cancel()
     completions = list_and_return(stream)
     assert all(c.stop_reason == "cancelled" for c in completions)
+    assert [len(c.tokens) for c in completions[2:]] == [0, 0, 0]
     assert tiny.complete(PROMPTS[0], max_tokens=6).tokens == alone(tiny, PROMPTS[:1], max_tokens=6)[0].tokens
 
 
