@@ -1,8 +1,9 @@
 """The Python API: `edgellm.load(...)` returns a `Model` that tokenizes, scores, generates and chats.
 
-Sections: results (Timings, TokenInfo, Completion); loading; tokens; logits and the KV-cache prefix reuse;
-the decode loop (`_events`, shared by every generating call); generate / complete / stream; chat; the
-llama-cpp-python-shaped calls (create_completion, create_chat_completion, in edgellm/llama_compat.py).
+Sections: loading; tokens; logits and the KV-cache prefix reuse; session state; one call at a time; the decode
+loop (`_events`, shared by every generating call, its per-token logic in edgellm/decoding.py); generate /
+complete / stream; batches (edgellm/batch.py); chat; the llama-cpp-python-shaped calls (create_completion,
+create_chat_completion, in edgellm/llama_compat.py). The result types are in edgellm/results.py.
 
 Threads: one call runs at a time. A call marks the model busy under a short-held Condition rather than holding a
 lock for its whole length, because a stream is a generator that may be stepped, closed or garbage-collected on
@@ -16,7 +17,6 @@ import os
 import threading
 import warnings
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from . import validate
 from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError, PromptError,
                      SamplingError)
 from .options import GenerationOptions, parse_options
+from .results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
 
@@ -43,72 +44,6 @@ def default_threads() -> int:
     except Exception:  # psutil can fail inside some containers
         n = None
     return max(1, n or os.cpu_count() or 1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Results
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Timings:
-    """What the last generation cost, as llama.cpp reports it."""
-    load_s: float = 0.0
-    prompt_tokens: int = 0
-    prompt_s: float = 0.0
-    generated_tokens: int = 0
-    generate_s: float = 0.0
-    sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw
-
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
-
-    @property
-    def generate_tps(self) -> float:
-        # The first generated token comes from the prompt's logits; the rest each cost one decode step.
-        steps = max(self.generated_tokens - 1, 0)
-        return steps / self.generate_s if self.generate_s > 0 else 0.0
-
-    @property
-    def sample_share(self) -> float:
-        return self.sample_s / self.generate_s if self.generate_s > 0 else 0.0
-
-    def summary(self) -> str:
-        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} t/s | "
-                f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s")
-
-
-@dataclass
-class TokenInfo:
-    """One generated token: its text, where that text starts in the completion, and its log-probabilities."""
-    id: int
-    text: str
-    offset: int  # characters into the generated text (stop strings included) where this token's text begins
-    logprob: float | None = None
-    top_logprobs: dict | None = None  # token text -> logprob for the top-n alternatives and the chosen token
-
-
-@dataclass
-class Completion:
-    """The result of a generation.
-
-    finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
-    "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length",
-    or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
-    """
-    text: str
-    tokens: list = field(default_factory=list)
-    finish_reason: str = "length"
-    prompt_tokens: int = 0
-    stop_reason: str = "length"
-    stop_string: str | None = None
-    # TokenInfo per generated token (logprobs filled when asked); as in llama-cpp-python, the tokens of a matched
-    # stop string are included (and counted in usage) although their text is cut
-    token_info: list = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------------
