@@ -348,16 +348,10 @@ class Model:
         finally:
             self._release()
 
-    def _max_tokens(self, n_prompt: int, requested) -> int:
-        limit = self.n_ctx - n_prompt  # max_tokens None: until the context is full, as llama-cpp-python
-        shifts = getattr(self.model, "context_shift", False)
-        if requested is None:
-            return max(limit, 1 if shifts else 0)
-        return requested if shifts else min(requested, limit)  # a full context shifts: generation goes on
-
     def _decode(self, ids, opts, bias):
-        from .decoding import SequenceState
-        seq = SequenceState(self, ids, opts, self._max_tokens(len(ids), opts.max_tokens), bias)
+        from .decoding import SequenceState, max_new_tokens
+        budget = max_new_tokens(opts.max_tokens, self.n_ctx, len(ids), getattr(self.model, "context_shift", False))
+        seq = SequenceState(self, ids, opts, budget, bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
         t0 = time.perf_counter()
         if not seq.done:

@@ -41,11 +41,10 @@ def pool_for(model, n_seq: int, seq_ctx: int):
 def run_batch(model, prompt_ids: list, opts, pool, bias):
     """Generator of (index, text piece) for every sequence; returns the Completions in prompt order.
     Holds the model (one call at a time) from its first step to its end."""
-    from .decoding import SequenceState
+    from .decoding import SequenceState, max_new_tokens
     fm = model.model
     n_parallel, seq_ctx = len(pool.caches), pool.caches[0].n_ctx
     model._acquire("generate_batch")
-    saved_cache = fm.cache
     completions = [None] * len(prompt_ids)
     try:
         queue = deque(range(len(prompt_ids)))
@@ -56,22 +55,20 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
             while free and queue:  # a free slot takes the next queued prompt: prefilled alone in its cache
                 index, slot = queue.popleft(), free.pop()
                 ids = prompt_ids[index]
-                seq = SequenceState(model, ids, opts, _max_tokens(opts.max_tokens, seq_ctx, len(ids), fm), bias)
+                budget = max_new_tokens(opts.max_tokens, seq_ctx, len(ids), fm.context_shift)
+                seq = SequenceState(model, ids, opts, budget, bias)
                 seq.index = index
                 cache = pool.caches[slot]
                 cache.reset()
                 if model._cancel_requested.is_set():  # cancelled before its turn: an empty completion
                     seq.stop_reason, seq.done = "cancelled", True
                 if not seq.done:  # (max_tokens 0 is done at once)
-                    fm.cache = cache
                     try:
-                        pending[slot] = fm.forward(np.asarray(ids, dtype=np.int32))[-1].copy()
+                        pending[slot] = fm.forward(np.asarray(ids, dtype=np.int32), cache=cache)[-1].copy()
                         active[slot] = seq
                         continue
                     except Cancelled:  # cancel() during this prompt: whole batches ran, the cache is dropped
                         seq.stop_reason, seq.done = "cancelled", True
-                    finally:
-                        fm.cache = saved_cache
                 completions[index] = seq.finish()[1]
                 free.append(slot)
             step_slots = []
@@ -103,15 +100,7 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
         model.last_batch = completions
         return completions
     finally:
-        fm.cache = saved_cache
         model._release()
-
-
-def _max_tokens(requested, seq_ctx: int, n_prompt: int, fm) -> int:
-    limit = seq_ctx - n_prompt
-    if requested is None:
-        return max(limit, 1 if fm.context_shift else 0)
-    return requested if fm.context_shift else min(requested, limit)
 
 
 def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):

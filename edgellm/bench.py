@@ -131,15 +131,11 @@ def run_tg_batch(model, n_seq: int, n_gen: int, repeats: int, rng) -> list:
     cfg, windows = model.config, [kv.window for kv in model.cache.layers]
     pool = KVPool(n_seq, BATCH_PROMPT + n_gen + 1, cfg.n_head_kv, cfg.head_dim, windows, model.n_batch,
                   model.cache.kv_type)
-    out, saved = [], model.cache
+    out = []
     for _ in range(repeats):
         for cache in pool.caches:
             cache.reset()
-            model.cache = cache
-            try:
-                model.forward(_random_tokens(rng, model.n_vocab, BATCH_PROMPT))
-            finally:
-                model.cache = saved
+            model.forward(_random_tokens(rng, model.n_vocab, BATCH_PROMPT), cache=cache)
         toks = _random_tokens(rng, model.n_vocab, n_seq)
         t0 = time.perf_counter()
         for _ in range(n_gen):

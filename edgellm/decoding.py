@@ -11,6 +11,15 @@ import time
 import numpy as np
 
 
+def max_new_tokens(requested, n_ctx: int, n_prompt: int, context_shift: bool) -> int:
+    """How many tokens a sequence may generate: max_tokens None runs until the context is full (as
+    llama-cpp-python); an explicit count is capped by the context only where a full context cannot shift."""
+    limit = n_ctx - n_prompt
+    if requested is None:
+        return max(limit, 1 if context_shift else 0)
+    return requested if context_shift else min(requested, limit)
+
+
 class SequenceState:
     """Feed step() the logits after the prompt, then after each token it returned; stop when it returns None
     (an end-of-generation token) or .done is set (stop string, max_tokens, stopping criterion)."""

@@ -74,13 +74,8 @@ def test_forward_multi_rows_equal_single_decoding_bit_for_bit(tiny):
     pool = KVPool(3, 64, cfg.n_head_kv, cfg.head_dim, windows, fm.n_batch, fm.cache.kv_type)
     assert all(np.shares_memory(c._block, pool._block) for c in pool.caches)
     prompts = [np.array(tiny.tokenize(p), np.int32) for p in PROMPTS[:3]]
-    saved = fm.cache
-    try:
-        for cache, ids in zip(pool.caches, prompts):
-            fm.cache = cache
-            fm.forward(ids)
-    finally:
-        fm.cache = saved
+    for cache, ids in zip(pool.caches, prompts):
+        fm.forward(ids, cache=cache)
     rows = fm.forward_multi([5, 6, 7], pool.caches).copy()
     for i, (ids, token) in enumerate(zip(prompts, [5, 6, 7])):
         fm.reset()

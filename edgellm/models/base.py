@@ -77,9 +77,12 @@ class DecoderModel:
     def reset(self) -> None:
         self.cache.reset()
 
-    def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens, all_logits: bool = False, cache=None) -> np.ndarray:
         """Append tokens to the cache and return logits: [T, n_vocab] if all_logits else [1, n_vocab] for the last.
-        The [1, n_vocab] array is reused by the next call: copy it to keep it."""
+        The [1, n_vocab] array is reused by the next call: copy it to keep it. cache: another KVCache of this
+        model's layout to append to (a batch's sequence), instead of self.cache."""
+        cache = self.cache if cache is None else cache
+        other_cache = cache is not self.cache  # then forward_batch gets it as the one group of rows
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n_tokens = tokens.shape[0]
         if n_tokens == 0:
@@ -87,14 +90,14 @@ class DecoderModel:
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
             raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
-        n_keep = min(max(0, int(self.n_keep)), self.n_ctx // 2)
+        n_ctx = cache.n_ctx
         if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
-            step = max(1, min(self.n_batch, self.n_ctx - n_keep))
+            step = max(1, min(self.n_batch, n_ctx - self._n_keep(cache)))
         else:
             step = self.n_batch
-            if self.cache.n_past + n_tokens > self.n_ctx:
-                raise ModelError(f"context full: {self.cache.n_past} cached + {n_tokens} new tokens > n_ctx "
-                                 f"{self.n_ctx} (context_shift is off)")
+            if cache.n_past + n_tokens > n_ctx:
+                raise ModelError(f"context full: {cache.n_past} cached + {n_tokens} new tokens > n_ctx "
+                                 f"{n_ctx} (context_shift is off)")
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
         result = np.empty((n_tokens, self.n_vocab), dtype=np.float32) if all_logits else self._last_logits
         for begin in range(0, n_tokens, step):
@@ -105,20 +108,27 @@ class DecoderModel:
                 logits_out = result[begin:end]
             else:
                 logits_out = self._last_logits if end == n_tokens else None
-            start_pos = self.cache.n_past
-            if start_pos + end - begin > self.n_ctx:
-                self._shift_context(n_keep, start_pos + end - begin - self.n_ctx)
-                start_pos = self.cache.n_past
+            start_pos = cache.n_past
+            if start_pos + end - begin > n_ctx:
+                self._shift_context(cache, start_pos + end - begin - n_ctx)
+                start_pos = cache.n_past
             positions = self._all_positions[start_pos: start_pos + end - begin]
-            self.forward_batch(tokens[begin:end], positions, logits_out)
-            self.cache.n_past = start_pos + end - begin
+            if other_cache:
+                self.forward_batch(tokens[begin:end], positions, logits_out, groups=((0, end - begin, cache),))
+            else:  # (the CUDA models' forward_batch takes no groups)
+                self.forward_batch(tokens[begin:end], positions, logits_out)
+            cache.n_past = start_pos + end - begin
         return result
 
-    def _shift_context(self, n_keep: int, needed: int) -> None:
+    def _n_keep(self, cache) -> int:
+        """The attention sinks a shift of this cache keeps: n_keep, at most half its context."""
+        return min(max(0, int(self.n_keep)), cache.n_ctx // 2)
+
+    def _shift_context(self, cache, needed: int) -> None:
         """Drop at least `needed` positions after the first n_keep: half of those after n_keep, as llama.cpp."""
-        n_past = self.cache.n_past
+        n_keep, n_past = self._n_keep(cache), cache.n_past
         n_discard = min(max(needed, (n_past - n_keep) // 2), n_past - n_keep)
-        self.cache.shift(n_keep, n_discard, self.layer_rope)
+        cache.shift(n_keep, n_discard, self.layer_rope)
 
     def forward_batch(self, tokens, positions, logits_out, groups=None):
         """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None.
@@ -169,17 +179,12 @@ class DecoderModel:
                              f"vocabulary [0, {self.n_vocab})")
         if len({id(c) for c in caches}) != n:
             raise ModelError("forward_multi needs a distinct cache per sequence")
-        n_keep = min(max(0, int(self.n_keep)), self.n_ctx // 2)
         positions = np.empty(n, np.int32)
         for i, cache in enumerate(caches):
             if cache.n_past + 1 > cache.n_ctx:
                 if not self.context_shift:
                     raise ModelError(f"context full for sequence {i}: {cache.n_past} cached, n_ctx {cache.n_ctx}")
-                saved, self.cache = self.cache, cache
-                try:
-                    self._shift_context(n_keep, 1)
-                finally:
-                    self.cache = saved
+                self._shift_context(cache, 1)
             positions[i] = cache.n_past
         if self._multi_logits is None or self._multi_logits.shape[0] < n:
             self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
