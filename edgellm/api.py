@@ -205,6 +205,18 @@ class Model:
         cache.n_past = n
         return True
 
+    def reset(self) -> None:
+        """Empty the KV cache: the next prompt is evaluated from its first token (as llama-cpp-python's reset()).
+        A prompt that shares a prefix with what the cache holds reuses it and evaluates only the rest, in a
+        batch of other size; llama.cpp's kernels round batches of other sizes differently, so such a run
+        equals llama.cpp's own prefix reuse, and may differ in the last bits from a fresh evaluation."""
+        self._acquire("reset")
+        try:
+            self._cached_tokens = []
+            self.model.reset()
+        finally:
+            self._release()
+
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to hold exactly `ids`, reusing the longest cached prefix; return the last logits row."""
         common = 0

@@ -4,8 +4,8 @@ A cache row is one head's head_dim values at one slot. Each type stores a row as
     f32:  head_dim float32                                  4 bytes a value
     f16:  head_dim float16 bits (uint16)                    2 bytes a value
     q8_0: head_dim int8 + one float32 scale per 32 values   1.125 bytes a value
-and the attention kernels read rows in place through three small inlined functions (store_row, dot_row,
-axpy_row) that Numba specialises on the cache array's dtype, so one attention kernel serves every type.
+and the attention kernels read rows in place through small inlined functions (store_row, row_value, like_cache)
+that Numba specialises on the cache array's dtype, so one attention kernel serves every type.
 
 q8_0 rounds like llama.cpp's quantize_row_q8_0 (scale = max|x| / 127, q = round-half-even(x * 127 / max|x|)); its
 scale stays float32 where llama.cpp stores float16 (0.06 bytes a value more, one conversion less per block).
@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from quant.simd import NATIVE_F16, _f32_to_f16_native, f16_bits_to_f32, f32_bits
+from quant.simd import f16_bits_to_f32, f32_to_f16, f32_to_f16_portable  # noqa: F401  (re-exported)
 
 Q8_BLOCK = 32  # values per q8_0 scale
 
@@ -64,66 +64,21 @@ def check_head_dim(kvt: KVType, head_dim: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# float32 -> float16 bits, rounding to nearest even (numpy's astype(float16)); F16C / AArch64 do it in one
-# instruction, the integer version serves other hosts and is tested against numpy on every host.
-
-
-@njit(cache=True)
-def f32_to_f16_portable(x):
-    b = np.uint32(f32_bits(np.float32(x)))
-    sign = np.uint32((b >> np.uint32(16)) & np.uint32(0x8000))
-    e = np.int32((b >> np.uint32(23)) & np.uint32(0xFF))
-    m = np.uint32(b & np.uint32(0x7FFFFF))
-    if e == 0xFF:  # inf, nan (keep nan a quiet nan)
-        return np.uint16(sign | np.uint32(0x7C00) | (np.uint32(0x200) if m else np.uint32(0)))
-    exp = e - 127 + 15
-    if exp >= 31:
-        return np.uint16(sign | np.uint32(0x7C00))
-    if exp <= 0:  # a float16 subnormal or zero
-        if exp < -10:
-            return np.uint16(sign)
-        m = m | np.uint32(0x800000)
-        shift = np.uint32(14 - exp)
-        half = m >> shift
-        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
-        halfway = np.uint32(1) << (shift - np.uint32(1))
-        if rem > halfway or (rem == halfway and (half & np.uint32(1))):
-            half += np.uint32(1)
-        return np.uint16(sign | half)
-    half = (np.uint32(exp) << np.uint32(10)) | (m >> np.uint32(13))
-    rem = m & np.uint32(0x1FFF)
-    if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (half & np.uint32(1))):
-        half += np.uint32(1)  # a carry out of the mantissa correctly bumps the exponent (to inf at the top)
-    return np.uint16(sign | half)
-
-
-@njit(cache=True, inline="always")
-def f32_to_f16(x):
-    if NATIVE_F16:
-        return _f32_to_f16_native(np.float32(x))
-    return f32_to_f16_portable(x)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Row access, specialised on the cache's dtype. cache: [H_kv, capacity, head_dim]; scales: [H_kv, capacity,
 # head_dim / 32] for q8_0, an unused [0, 0, 0] array otherwise.
-
-
-# The row functions are compiled with these options whatever their caller's (an overload does not inherit
-# fastmath): reassociation lets LLVM vectorise the dot and axpy loops like the rest of attention.
-_ROW_JIT = {"fastmath": True, "error_model": "numpy"}
 
 
 def store_row(src, cache, scales, kv, slot):
     """cache[kv, slot] <- src (float32 [head_dim]), encoded."""
 
 
-def dot_row(q, cache, scales, kv, slot):
-    """q . cache[kv, slot] in float32."""
+def row_value(cache, scales, kv, slot, d):
+    """The float32 value of cache[kv, slot, d]."""
 
 
-def axpy_row(acc, weight, cache, scales, kv, slot):
-    """acc += weight * cache[kv, slot]."""
+def like_cache(x, cache):
+    """x (float32) rounded as llama.cpp rounds an operand multiplied with this cache's values: to float16 for an
+    f16 cache (its matrix products convert the other side to float16), unchanged otherwise."""
 
 
 @overload(store_row)  # no fastmath: the quants must be the reference's exactly
@@ -155,58 +110,24 @@ def _store_row(src, cache, scales, kv, slot):
     return None
 
 
-@overload(dot_row, jit_options=_ROW_JIT)
-def _dot_row(q, cache, scales, kv, slot):
+@overload(row_value, inline="always")
+def _row_value(cache, scales, kv, slot, d):
     if cache.dtype == types.float32:
-        def impl(q, cache, scales, kv, slot):
-            row = cache[kv, slot]
-            dot = np.float32(0.0)
-            for d in range(q.shape[0]):
-                dot += q[d] * row[d]
-            return dot
-        return impl
+        return lambda cache, scales, kv, slot, d: cache[kv, slot, d]
     if cache.dtype == types.uint16:
-        def impl(q, cache, scales, kv, slot):
-            row = cache[kv, slot]
-            dot = np.float32(0.0)
-            for d in range(q.shape[0]):
-                dot += q[d] * f16_bits_to_f32(row[d])
-            return dot
-        return impl
+        return lambda cache, scales, kv, slot, d: f16_bits_to_f32(cache[kv, slot, d])
     if cache.dtype == types.int8:
-        def impl(q, cache, scales, kv, slot):
-            row, scale_row = cache[kv, slot], scales[kv, slot]
-            # One flat loop, each value times its block's scale: LLVM vectorises it; a loop per 32-value block
-            # gets unrolled into scalar code instead (measured 11x slower).
-            dot = np.float32(0.0)
-            for j in range(q.shape[0]):
-                dot += q[j] * np.float32(np.int32(row[j])) * scale_row[j >> 5]
-            return dot
+        def impl(cache, scales, kv, slot, d):
+            return scales[kv, slot, d >> 5] * np.float32(np.int32(cache[kv, slot, d]))
         return impl
     return None
 
 
-@overload(axpy_row, jit_options=_ROW_JIT)
-def _axpy_row(acc, weight, cache, scales, kv, slot):
-    if cache.dtype == types.float32:
-        def impl(acc, weight, cache, scales, kv, slot):
-            row = cache[kv, slot]
-            for d in range(acc.shape[0]):
-                acc[d] += weight * row[d]
-        return impl
+@overload(like_cache, inline="always")
+def _like_cache(x, cache):
     if cache.dtype == types.uint16:
-        def impl(acc, weight, cache, scales, kv, slot):
-            row = cache[kv, slot]
-            for d in range(acc.shape[0]):
-                acc[d] += weight * f16_bits_to_f32(row[d])
-        return impl
-    if cache.dtype == types.int8:
-        def impl(acc, weight, cache, scales, kv, slot):
-            row, scale_row = cache[kv, slot], scales[kv, slot]
-            for j in range(acc.shape[0]):  # one flat loop, as in dot_row
-                acc[j] += weight * scale_row[j >> 5] * np.float32(np.int32(row[j]))
-        return impl
-    return None
+        return lambda x, cache: f16_bits_to_f32(f32_to_f16(x))
+    return lambda x, cache: np.float32(x)
 
 
 @njit(cache=True)
@@ -218,10 +139,11 @@ def store_rows(src, cache, scales, kv, slots):
 
 @njit(cache=True)
 def load_rows(cache, scales, kv, slots, out):
-    """For tests: out[i] <- decoded cache[kv, slots[i]], through axpy_row (what attention reads)."""
+    """For tests: out[i] <- decoded cache[kv, slots[i]], through row_value (what attention reads)."""
     for i in range(slots.shape[0]):
         out[i, :] = 0.0
-        axpy_row(out[i], np.float32(1.0), cache, scales, kv, slots[i])
+        for d in range(out.shape[1]):
+            out[i, d] = row_value(cache, scales, kv, slots[i], d)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,62 +2,66 @@
 
 Sections: a vectorisable exp, normalisation, rotary embedding, KV cache writes (with the q/k steps before
 them), attention, gated feed-forward activations, softcap.
+
+The kernels round exactly as llama.cpp's CPU backend does (x86 AVX2/FMA and AArch64 builds, flash attention off,
+its default): the same exp polynomial, float64 sums where it sums in float64, FMAs where it uses them, float16
+roundings where it converts, and its summation orders. The models are chaotic enough that a last-bit
+difference in one op moves later logits by tenths (measured on SmolLM2: llama.cpp with an f32 instead of an
+f16 KV cache agrees with itself on only 98.4% of next tokens), so matching llama.cpp means matching its
+arithmetic, op by op; tests/test_ops_llama_exact.py checks each op against values dumped from llama.cpp.
 Kernels write into caller-provided buffers (decoding allocates nothing); references return new arrays.
 Shapes follow the model: activations are [T, ...] with T the tokens of the current batch.
 """
 
 import math
 
+import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, prange
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from numba.extending import intrinsic
+from quant.simd import f16_bits_to_f32, f32_bits, f32_from_bits, f32_to_f16, fma32
 
-from edgellm.kvtypes import axpy_row, dot_row, store_row
+from edgellm.kvtypes import like_cache, row_value, store_row
 
 # ----------------------------------------------------------------------------------------------------------------
-# exp in float32 that LLVM can vectorise: without Intel's SVML, Numba calls libm's exp one value at a time
-# (~5 ns each), which dominated SwiGLU/GeGLU and the softmax. Cephes' expf: 2^n * p(r), |r| <= ln2/2, with 2^n
-# built in the exponent bits; relative error ~2e-7 (tested against numpy). Underflows to exactly 0 below -87.
+# exp in float32 as llama.cpp computes it (ggml_v_expf, from Arm's optimized-routines expf): n = round(x / ln2)
+# by adding 1.5 * 2^23, b = x - n ln2 in two FMA steps (ln2 split in a high and a low part), a degree-5
+# polynomial in b, and 2^n built in the exponent bits; |n| > 126 takes a path that scales in two steps, so large
+# negative x underflow to 0 and large positive x overflow to inf. Within 1.5 ulp of exp, and branch-light, so
+# LLVM vectorises loops over it (libm's exp is called one value at a time, ~5 ns each).
+
+EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))
+EXP_INV_LN2 = np.float32(float.fromhex("0x1.715476p+0"))
+EXP_LN2_HI, EXP_LN2_LO = np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20"))
+EXP_POLY = tuple(np.float32(float.fromhex(c)) for c in
+                 ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5", "0x1.0e4020p-7"))
+_P1, _P2, _P3, _P4, _P5 = EXP_POLY
+_ONE_BITS = 0x3F800000
+_TINY_SCALE_BITS = 0x82000000  # subtracted from the exponent when n <= 0, so 2^n is built in two factors
 
 
-@intrinsic
-def _float32_from_bits(typingctx, bits):
-    """The float32 whose bit pattern is the low 32 bits of an integer."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
-        return builder.bitcast(low, ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
-LOG2_E = np.float32(1.4426950408889634)
-LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
-EXP_MIN, EXP_MAX = np.float32(-87.0), np.float32(88.0)
-
-
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def fast_exp(x):
     x = np.float32(x)
-    clamped = min(max(x, EXP_MIN), EXP_MAX)
-    n = np.floor(clamped * LOG2_E + np.float32(0.5))
-    r = clamped - n * LN2_HI - n * LN2_LO
-    p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    y = p * r * r + r + np.float32(1.0)
-    scaled = y * _float32_from_bits((np.int64(n) + 127) << 23)
-    return scaled if x > EXP_MIN else np.float32(0.0)
+    z = fma32(x, EXP_INV_LN2, EXP_SHIFT)
+    n = z - EXP_SHIFT
+    b = fma32(-n, EXP_LN2_LO, fma32(-n, EXP_LN2_HI, x))
+    e = np.int64(f32_bits(z)) << 23
+    k = f32_from_bits(e + _ONE_BITS)
+    u = b * b
+    j = fma32(fma32(fma32(_P5, b, _P4), u, fma32(_P3, b, _P2)), u, _P1 * b)
+    big = abs(n)
+    if not big > np.float32(126.0):
+        return fma32(j, k, k)
+    g = _TINY_SCALE_BITS if n <= np.float32(0.0) else 0
+    s1 = f32_from_bits(g + 0x7F000000)
+    if big > np.float32(192.0):
+        return s1 * s1
+    s2 = f32_from_bits(e - g)
+    return fma32(s2, j, s2) * s1
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def fast_exp_array(x, out):
     """For tests: out[i] = fast_exp(x[i])."""
     for i in range(x.shape[0]):
@@ -69,17 +73,24 @@ def fast_exp_array(x, out):
 # and llama.cpp multiplies by the stored weight as is, for every architecture.
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
+def rms_scale(row, eps):
+    """1 / sqrt(mean(row^2) + eps) as llama.cpp's rms_norm: float32 squares summed in float64 in order, the mean
+    rounded to float32, then sqrt and the reciprocal in float32. The caller then computes (x * scale) * weight."""
+    total = 0.0
+    for i in range(row.shape[0]):
+        total += np.float64(row[i] * row[i])
+    mean = np.float32(total / row.shape[0])
+    return np.float32(1.0) / np.float32(math.sqrt(mean + np.float32(eps)))
+
+
+@njit(cache=True, error_model="numpy")
 def rms_norm(x, weight, eps, out):
     """x, out: [R, d] (may be the same array); weight: [d]."""
-    n_rows, d = x.shape
-    for r in range(n_rows):
-        sum_sq = 0.0  # float64 accumulator, like ggml
-        for i in range(d):
-            sum_sq += x[r, i] * x[r, i]
-        inv_rms = np.float32(1.0 / math.sqrt(sum_sq / d + eps))
-        for i in range(d):
-            out[r, i] = x[r, i] * inv_rms * weight[i]
+    for r in range(x.shape[0]):
+        scale = rms_scale(x[r], eps)
+        for i in range(x.shape[1]):
+            out[r, i] = x[r, i] * scale * weight[i]
 
 
 def rms_norm_ref(x, weight, eps):
@@ -87,36 +98,31 @@ def rms_norm_ref(x, weight, eps):
     return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * weight).astype(np.float32)
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def add_rms_norm(x, delta, weight, eps, out):
     """The residual step then the next norm: x += delta; out = rms_norm(x) * weight. out may be delta."""
-    n_rows, d = x.shape
-    for r in range(n_rows):
-        sum_sq = 0.0
-        for i in range(d):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
             x[r, i] += delta[r, i]
-            sum_sq += x[r, i] * x[r, i]
-        inv_rms = np.float32(1.0 / math.sqrt(sum_sq / d + eps))
-        for i in range(d):
-            out[r, i] = x[r, i] * inv_rms * weight[i]
+        scale = rms_scale(x[r], eps)
+        for i in range(x.shape[1]):
+            out[r, i] = x[r, i] * scale * weight[i]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def add_post_norm(x, delta, post_weight, eps):
     """Gemma's sandwich norm on a block's output: x += rms_norm(delta) * post_weight."""
-    n_rows, d = x.shape
-    for r in range(n_rows):
-        sum_sq = 0.0
-        for i in range(d):
-            sum_sq += delta[r, i] * delta[r, i]
-        inv_rms = np.float32(1.0 / math.sqrt(sum_sq / d + eps))
-        for i in range(d):
-            x[r, i] += delta[r, i] * inv_rms * post_weight[i]
+    for r in range(x.shape[0]):
+        scale = rms_scale(delta[r], eps)
+        for i in range(x.shape[1]):
+            x[r, i] += delta[r, i] * scale * post_weight[i]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Rotary position embedding. Angle of rotated pair i at position p: p * inv_freq[i], with
-# inv_freq[i] = freq_scale * base^(-2i / n_rot) / factor[i]  (see rope_inv_freq).
+# Rotary position embedding. Pair i at position p turns by p * inv_freq[i], with
+# inv_freq[i] = freq_scale * base^(-2i / n_rot) / factor[i]  (see rope_inv_freq, which the references use).
+# The kernels compute the angles as llama.cpp does, in float32: theta_scale = base^(-2 / n_rot), and the angle of
+# pair i is p * theta_scale^i by repeated multiplication (then / factor[i], * freq_scale), cos and sin in float32.
 # "normal" ordering (llama in llama.cpp) rotates adjacent pairs (x[2i], x[2i+1]);
 # NeoX ordering (qwen2, qwen3, gemma3) rotates (x[i], x[i + n_rot/2]). Dimensions past n_rot pass through.
 
@@ -129,23 +135,50 @@ def rope_inv_freq(n_rot, base, freq_scale=1.0, factors=None):
     return inv_freq
 
 
-@njit(cache=True)
-def rope_tables(positions, inv_freq, cos_out, sin_out):
-    """positions: [T] int; inv_freq: [n_rot/2] f64; cos_out, sin_out: [T, n_rot/2] f32. Computed once per batch."""
+@njit(cache=True, error_model="numpy")
+def _theta_scale(base, n_rot):
+    return np.float32(base) ** (np.float32(-2.0) / np.float32(n_rot))  # powf, as llama.cpp
+
+
+class Rope:
+    """A rotary embedding's parameters in the form rope_tables takes: theta_scale (float32), freq_scale
+    (float32), factors (float32 [n_rot/2], ones without the file's rope_freqs), and inv_freq (float64, for the
+    references and for re-rotating keys in a context shift)."""
+
+    def __init__(self, n_rot, base, freq_scale=1.0, factors=None):
+        self.n_rot = int(n_rot)
+        self.theta_scale = np.float32(_theta_scale(np.float32(base), self.n_rot))
+        self.freq_scale = np.float32(freq_scale)
+        self.factors = (np.ones(self.n_rot // 2, np.float32) if factors is None
+                        else np.ascontiguousarray(factors, dtype=np.float32))
+        self.inv_freq = rope_inv_freq(n_rot, base, freq_scale, factors)
+
+
+@njit(cache=True, error_model="numpy")
+def _rope_tables(positions, theta_scale, freq_scale, factors, cos_out, sin_out):
+    theta_scale, freq_scale = np.float32(theta_scale), np.float32(freq_scale)  # float32 arithmetic throughout
     for t in range(positions.shape[0]):
-        for i in range(inv_freq.shape[0]):
-            angle = positions[t] * inv_freq[i]
+        theta = np.float32(positions[t])
+        for i in range(cos_out.shape[1]):
+            angle = freq_scale * (theta / factors[i])
             cos_out[t, i] = math.cos(angle)
             sin_out[t, i] = math.sin(angle)
+            theta = theta * theta_scale
+
+
+def rope_tables(positions, rope: Rope, cos_out, sin_out):
+    """positions: [T] int; cos_out, sin_out: [T, n_rot/2] f32. Computed once per batch."""
+    _rope_tables(positions, rope.theta_scale, rope.freq_scale, rope.factors, cos_out, sin_out)
 
 
 # inline="always" here and in the other helpers finish_qkv calls: a helper compiled as its own function and
 # linked into the caller came out with different rounding in the first process (compiled fresh) than in later
 # ones (loaded from the on-disk cache), so the first run after a code change gave other logits than every later
 # run (measured: top-1 against llama.cpp moved by 2 positions). Inlined, it is part of the caller's own code.
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def apply_rope(x, cos, sin, neox):
-    """In place. x: [T, H, head_dim]; cos, sin: [T, n_rot/2] from rope_tables."""
+    """In place. x: [T, H, head_dim]; cos, sin: [T, n_rot/2] from rope_tables. The first output rounds
+    x0 cos - x1 sin with one FMA (x0 cos exact), the second x0 sin + x1 cos likewise, as llama.cpp's build."""
     n_tokens, n_heads, _ = x.shape
     half = cos.shape[1]
     for t in range(n_tokens):
@@ -157,8 +190,9 @@ def apply_rope(x, cos, sin, neox):
                     a, b = 2 * i, 2 * i + 1
                 x0 = x[t, h, a]
                 x1 = x[t, h, b]
-                x[t, h, a] = x0 * cos[t, i] - x1 * sin[t, i]
-                x[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
+                c, sn = cos[t, i], sin[t, i]
+                x[t, h, a] = fma32(x0, c, -(x1 * sn))
+                x[t, h, b] = fma32(x0, sn, x1 * c)
 
 
 def rope_ref(x, positions, inv_freq, neox):
@@ -209,20 +243,17 @@ def kv_store(k_new, v_new, positions, k_cache, v_cache, slot_pos, k_scale=NO_SCA
 # From the projections to the cache: one call does the small per-token steps in between.
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _rms_norm_heads(x, weight, eps):
     """In place over the last axis of x: [T, H, hd], weight: [hd]."""
     for t in range(x.shape[0]):
         for h in range(x.shape[1]):
-            sum_sq = 0.0
+            scale = rms_scale(x[t, h], eps)
             for i in range(x.shape[2]):
-                sum_sq += x[t, h, i] * x[t, h, i]
-            inv_rms = np.float32(1.0 / math.sqrt(sum_sq / x.shape[2] + eps))
-            for i in range(x.shape[2]):
-                x[t, h, i] = x[t, h, i] * inv_rms * weight[i]
+                x[t, h, i] = x[t, h, i] * scale * weight[i]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
     if q_bias.size:
@@ -248,114 +279,202 @@ def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, n
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
-# Keys are scored a block at a time into a small scratch row: the block's scores, softmax weights and value sum
-# are plain loops LLVM vectorises, and the running maximum (online softmax) is updated once per block.
-ATTENTION_KEY_BLOCK = 64
-MASKED = np.float32(-1.0e30)  # score of a key the query must not see; fast_exp turns it into exactly 0
+# llama.cpp computes attention (flash attention off) as two matrix products around a softmax, and its float16
+# cache makes both products float16 x float16 with float32 FMA accumulation: the query and the softmax weights are
+# rounded to float16 first. The order of each sum depends on the product's kernel:
+#   - one query row (decoding): ggml_vec_dot_f16, 4 x 8 accumulators over runs of 32 values, reduced as
+#     ((a0 + a2) + (a1 + a3)), then the 8 lanes as ((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7));
+#   - several query rows (prompt batches): llamafile's tinyBLAS, one 8-lane accumulator, reduced as
+#     ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+# The lanes run over the head dimension for the scores and over cache cells for the weighted sum of values (cell
+# c feeds lane c % 32 or c % 8; a slot here is llama.cpp's cell while the context has not wrapped or shifted).
+# The softmax: max, exp (fast_exp), a float64 sum of per-8-cell float32 partial sums, one float32 reciprocal.
+# So every score is computed before any weight: a scratch row per thread holds the scores, then the weights.
+
+LANES_BATCH = 8    # tinyBLAS: accumulators of a sum, several query rows
+LANES_SINGLE = 32  # ggml_vec_dot_f16: 4 x 8 accumulators, one query row
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, last, t, h, kv, lo, p, scale, acc, scores,
-                  running_max, denom):
-    """Fold slots [first, last) into the online softmax of query (t, h): acc [head_dim] holds the unnormalised
-    weighted sum of values under running_max; returns the updated (running_max, denom)."""
-    head_dim = q.shape[2]
-    q_row = q[t, h]
-    # 1-D row views in the inner loops: multi-dimensional indexing with computed indices keeps LLVM from
-    # vectorising (Numba's negative-index handling), rows do not.
-    for j0 in range(first, last, ATTENTION_KEY_BLOCK):
-        n = min(ATTENTION_KEY_BLOCK, last - j0)
-        for jb in range(n):
-            scores[jb] = dot_row(q_row, k_cache, k_scale, kv, j0 + jb) * scale
-        block_max = MASKED
-        positions = slot_pos[j0: j0 + n]
-        for jb in range(n):
-            if positions[jb] < lo or positions[jb] > p:
-                scores[jb] = MASKED
-            block_max = max(block_max, scores[jb])
-        if block_max == MASKED:
+@njit(cache=True, error_model="numpy", inline="always")
+def _reduce_lanes(acc, single):
+    """Sum of acc[0:32] (single) or acc[0:8] in llama.cpp's order for that kernel."""
+    if single:
+        a0 = (acc[0] + acc[16]) + (acc[8] + acc[24])
+        a1 = (acc[1] + acc[17]) + (acc[9] + acc[25])
+        a2 = (acc[2] + acc[18]) + (acc[10] + acc[26])
+        a3 = (acc[3] + acc[19]) + (acc[11] + acc[27])
+        a4 = (acc[4] + acc[20]) + (acc[12] + acc[28])
+        a5 = (acc[5] + acc[21]) + (acc[13] + acc[29])
+        a6 = (acc[6] + acc[22]) + (acc[14] + acc[30])
+        a7 = (acc[7] + acc[23]) + (acc[15] + acc[31])
+        return ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _score(q_row, k_cache, k_scale, kv, slot, lanes, acc):
+    """q_row . k_cache[kv, slot]: FMAs into `lanes` accumulators over the head dimension, then reduced."""
+    head_dim = q_row.shape[0]
+    acc[:lanes] = 0.0
+    full = head_dim - head_dim % lanes
+    for d0 in range(0, full, lanes):
+        for lane in range(lanes):
+            d = d0 + lane
+            acc[lane] = fma32(row_value(k_cache, k_scale, kv, slot, d), q_row[d], acc[lane])
+    total = _reduce_lanes(acc, lanes == LANES_SINGLE)
+    for d in range(full, head_dim):  # head sizes that are not a multiple of the lanes (llama.cpp: leftovers)
+        total += row_value(k_cache, k_scale, kv, slot, d) * q_row[d]
+    return total
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, lanes, acc, work, top):
+    """work[j] <- score of slot j in [first, last) (-inf where position lo..p excludes it); returns the max."""
+    for j in range(first, last):
+        pos = slot_pos[j]
+        if pos < lo or pos > p:
+            work[j] = -np.inf
             continue
-        if block_max > running_max:  # rescale what was accumulated under the old maximum
-            correction = fast_exp(running_max - block_max)
-            denom *= correction
-            for d in range(head_dim):
-                acc[d] *= correction
-            running_max = block_max
-        for jb in range(n):
-            scores[jb] = fast_exp(scores[jb] - running_max)
-            denom += scores[jb]
-        for jb in range(n):
-            axpy_row(acc, scores[jb], v_cache, v_scale, kv, j0 + jb)
-    return running_max, denom
+        s = _score(q_row, k_cache, k_scale, kv, j, lanes, acc) * scale
+        work[j] = s
+        top = max(top, s)
+    return top
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t, h, kv, out, scores):
-    """out[t, h] = sum over visible keys of softmax(q[t, h] . k * scale) v. scores: [ATTENTION_KEY_BLOCK] scratch."""
+@njit(cache=True, error_model="numpy", inline="always")
+def _exp_run(work, first, last, top, acc):
+    """work[j] <- exp(work[j] - top) over [first, last); returns their sum: float32 sums of aligned runs of 8
+    slots (llama.cpp's softmax reduces each 8-wide vector so), added in float64."""
+    total = 0.0
+    for g in range(first - first % 8, last, 8):
+        for lane in range(8):
+            j = g + lane
+            e = np.float32(0.0)
+            if first <= j < last:
+                if work[j] != -np.inf:
+                    e = fast_exp(work[j] - top)
+                work[j] = e
+            acc[lane] = e
+        total += np.float64(((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])))
+    return total
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _weigh_run(v_cache, v_scale, kv, first, last, inv, lanes, work, acc_rows):
+    """acc_rows[j % lanes] += weight_j * v_j over [first, last), weight_j = work[j] * inv rounded as the cache."""
+    head_dim = acc_rows.shape[1]
+    for j in range(first, last):
+        if work[j] == 0.0:
+            continue
+        w = like_cache(work[j] * inv, v_cache)
+        row = acc_rows[j % lanes]
+        for d in range(head_dim):
+            row[d] = fma32(row_value(v_cache, v_scale, kv, j, d), w, row[d])
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t, h, kv, out, work, single):
+    """out[t, h] = sum over visible keys of softmax(q[t, h] . k * scale) v. work: this thread's scratch row:
+    capacity scores, then LANES_SINGLE accumulator rows, the query rounded as the cache, and LANES_SINGLE more."""
     capacity = slot_pos.shape[0]
+    head_dim = q.shape[2]
+    lanes = LANES_SINGLE if single else LANES_BATCH
     lo = max(0, p - window + 1) if window > 0 else 0
     lo = max(lo, p - capacity + 1)  # older positions have been overwritten
-    acc = out[t, h]
-    acc[:] = 0.0
-    running_max, denom = MASKED, np.float32(0.0)
     first, last = lo % capacity, p % capacity + 1
-    if first < last:
-        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, last, t, h, kv,
-                                           lo, p, scale, acc, scores, running_max, denom)
-    else:  # the visible positions wrap around the end of the ring
-        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, first, capacity, t, h,
-                                           kv, lo, p, scale, acc, scores, running_max, denom)
-        running_max, denom = _attend_slots(q, k_cache, v_cache, k_scale, v_scale, slot_pos, 0, last, t, h, kv, lo,
-                                           p, scale, acc, scores, running_max, denom)
-    inv = np.float32(1.0) / denom
-    for d in range(acc.shape[0]):
-        acc[d] *= inv
+    wrapped = first >= last  # the visible positions wrap around the end of the ring
+    acc_rows = work[capacity: capacity + LANES_SINGLE * head_dim].reshape(LANES_SINGLE, head_dim)[:lanes]
+    q_row = work[capacity + LANES_SINGLE * head_dim: capacity + (LANES_SINGLE + 1) * head_dim]
+    acc = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE]
+    for d in range(head_dim):
+        q_row[d] = like_cache(q[t, h, d], k_cache)
+    top = np.float32(-np.inf)
+    if wrapped:
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, capacity, lo, p, scale, lanes, acc, work, top)
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, 0, last, lo, p, scale, lanes, acc, work, top)
+        total = _exp_run(work, first, capacity, top, acc) + _exp_run(work, 0, last, top, acc)
+    else:
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, lanes, acc, work, top)
+        total = _exp_run(work, first, last, top, acc)
+    inv = np.float32(1.0 / total)
+    acc_rows[:] = 0.0
+    if wrapped:
+        _weigh_run(v_cache, v_scale, kv, first, capacity, inv, lanes, work, acc_rows)
+        _weigh_run(v_cache, v_scale, kv, 0, last, inv, lanes, work, acc_rows)
+    else:
+        _weigh_run(v_cache, v_scale, kv, first, last, inv, lanes, work, acc_rows)
+    single_order = lanes == LANES_SINGLE
+    for d in range(head_dim):
+        for lane in range(lanes):
+            acc[lane] = acc_rows[lane, d]
+        out[t, h, d] = _reduce_lanes(acc, single_order)
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scores):
+@njit(cache=True, error_model="numpy")
+def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch):
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
     for th in range(n_tokens * n_heads):
         t, h = th // n_heads, th % n_heads
         _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
-                h // group, out, scores[t, h])
+                h // group, out, scratch[0], single)
 
 
-@njit(cache=True, fastmath=True, error_model="numpy", parallel=True)
+@njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
-                        scores):
+                        scratch):
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
     for th in prange(n_tokens * n_heads):
         t, h = th // n_heads, th % n_heads
         _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
-                h // group, out, scores[t, h])
+                h // group, out, scratch[numba.get_thread_id()], single)
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.
 ATTENTION_PARALLEL_MIN_WORK = 1 << 17
 
 
-def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scores, k_scale=NO_SCALES,
+def attention_scratch_width(capacity: int, head_dim: int) -> int:
+    return capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
+
+
+def attention_scratch(capacity: int, head_dim: int) -> np.ndarray:
+    """The per-thread scratch attention() needs for a cache of this capacity: [threads, width] float32."""
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, attention_scratch_width(capacity, head_dim)), np.float32)
+
+
+def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scratch=None, k_scale=NO_SCALES,
               v_scale=NO_SCALES):
     """q: [T, H, head_dim]; k_cache, v_cache: [H_kv, capacity, head_dim]; slot_pos: [capacity] positions;
     q_positions: [T] (their keys already stored); window: 0 for full attention;
-    out: [T, H, head_dim]; scores: [T, H, ATTENTION_KEY_BLOCK] scratch.
+    out: [T, H, head_dim]; scratch: attention_scratch(capacity, head_dim) or larger (allocated when None).
     Grouped-query: query head h reads kv head h // (H / H_kv). k_scale, v_scale: a q8_0 cache's scales.
     The cache's values are read in their stored type (edgellm.kvtypes)."""
     n_tokens, n_heads, head_dim = q.shape
-    span = min(slot_pos.shape[0], window if window > 0 else int(q_positions[-1]) + 1)
+    capacity = slot_pos.shape[0]
+    need = attention_scratch_width(capacity, head_dim)
+    if scratch is None:
+        scratch = attention_scratch(capacity, head_dim)
+    elif scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
+        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
+    span = min(capacity, window if window > 0 else int(q_positions[-1]) + 1)
     kernel = _attention_parallel if n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK \
         else _attention_serial
-    kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scores)
+    kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch)
 
 
-def attention_ref(q, k, v, q_positions, k_positions, window, scale):
-    """q: [T, H, hd]; k, v: [S, H_kv, hd] with positions k_positions [S]. Dense scores + mask + softmax, float64."""
+def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands=False):
+    """q: [T, H, hd]; k, v: [S, H_kv, hd] with positions k_positions [S]. Dense scores + mask + softmax, float64.
+    f16_operands: round q and the softmax weights to float16 first, as llama.cpp (and ops.attention) do with an
+    f16 cache."""
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k.astype(np.float64), group, axis=1)
     v = np.repeat(v.astype(np.float64), group, axis=1)
+    if f16_operands:
+        q = q.astype(np.float16)
     scores = np.einsum("thd,shd->hts", q.astype(np.float64), k) * scale
     distance = q_positions[:, None] - k_positions[None, :]
     visible = distance >= 0
@@ -365,6 +484,8 @@ def attention_ref(q, k, v, q_positions, k_positions, window, scale):
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
+    if f16_operands:
+        probs = probs.astype(np.float16).astype(np.float64)
     return np.einsum("hts,shd->thd", probs, v).astype(np.float32)
 
 
@@ -372,13 +493,13 @@ def attention_ref(q, k, v, q_positions, k_positions, window, scale):
 # Gated feed-forward activations: gate <- act(gate) * up, in place (llama.cpp's LLM_FFN_PAR).
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def silu_mul(gate, up):
-    """SwiGLU. gate, up: [T, n_ff]; result in gate."""
+    """SwiGLU. gate, up: [T, n_ff]; result in gate: (g / (1 + exp(0 - g))) * up, llama.cpp's order."""
     for t in range(gate.shape[0]):
         for i in range(gate.shape[1]):
             g = gate[t, i]
-            gate[t, i] = g / (np.float32(1.0) + fast_exp(-g)) * up[t, i]
+            gate[t, i] = g / (np.float32(1.0) + fast_exp(np.float32(0.0) - g)) * up[t, i]
 
 
 def silu_mul_ref(gate, up):
@@ -386,20 +507,46 @@ def silu_mul_ref(gate, up):
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
 
 
+# GELU as llama.cpp computes it for float32 (GGML_GELU_FP16): x is rounded to float16 and looked up in a 65,536-entry
+# table of float16 values of 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) computed in float32; x <= -10
+# gives 0 and x >= 10 gives x. The table is built on first use (a few milliseconds).
 GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_GELU_TABLE = []
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
-def gelu_tanh_mul(gate, up):
-    """GeGLU with the tanh approximation of GELU (Gemma). gate, up: [T, n_ff]; result in gate."""
+@njit(cache=True, error_model="numpy")
+def _fill_gelu_table(table):
     one, half = np.float32(1.0), np.float32(0.5)
+    for i in range(table.shape[0]):
+        x = f16_bits_to_f32(np.uint16(i))
+        table[i] = f32_to_f16(half * x * (one + math.tanh(SQRT_2_OVER_PI * x * fma32(GELU_COEF_A * x, x, one))))
+
+
+def gelu_table() -> np.ndarray:
+    if not _GELU_TABLE:
+        table = np.zeros(1 << 16, np.uint16)
+        _fill_gelu_table(table)
+        _GELU_TABLE.append(table)
+    return _GELU_TABLE[0]
+
+
+@njit(cache=True, error_model="numpy")
+def _gelu_tanh_mul(gate, up, table):
     for t in range(gate.shape[0]):
         for i in range(gate.shape[1]):
-            g = gate[t, i]
-            inner = SQRT_2_OVER_PI * g * (one + GELU_COEF_A * g * g)
-            tanh_inner = one - np.float32(2.0) / (one + fast_exp(np.float32(2.0) * inner))  # tanh via exp
-            gate[t, i] = half * g * (one + tanh_inner) * up[t, i]
+            x = gate[t, i]
+            if x <= np.float32(-10.0):
+                gate[t, i] = np.float32(0.0)
+            elif x >= np.float32(10.0):
+                gate[t, i] = x * up[t, i]
+            else:
+                gate[t, i] = f16_bits_to_f32(table[f32_to_f16(x)]) * up[t, i]
+
+
+def gelu_tanh_mul(gate, up):
+    """GeGLU with the tanh approximation of GELU (Gemma). gate, up: [T, n_ff]; result in gate."""
+    _gelu_tanh_mul(gate, up, gelu_table())
 
 
 def gelu_tanh_mul_ref(gate, up):

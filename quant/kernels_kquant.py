@@ -38,25 +38,29 @@ ROW_CHUNK = 16
 
 
 @njit(cache=True)
-def _quantize_token(x, xq, xd, bsums, t):
+def _quantize_token(x, xq, xd, bsums, t, positive_wins):
     n_in = x.shape[1]
     quantize_act_q8_k(x[t], xq[t * n_in:(t + 1) * n_in], xd[t * (n_in // 256):(t + 1) * (n_in // 256)],
-                      bsums[t * (n_in // 16):(t + 1) * (n_in // 16)])
+                      bsums[t * (n_in // 16):(t + 1) * (n_in // 16)], positive_wins)
+
+
+NO_KINDS = np.zeros(0, np.int8)
 
 
 @njit(parallel=True, cache=True)
-def _quantize_tokens_parallel(x, xq, xd, bsums):
+def _quantize_tokens_parallel(x, xq, xd, bsums, positive):
     for t in prange(x.shape[0]):
-        _quantize_token(x, xq, xd, bsums, t)
+        _quantize_token(x, xq, xd, bsums, t, t < positive.shape[0] and positive[t] != 0)
 
 
 @njit(cache=True)
-def _quantize_tokens(x, xq, xd, bsums):
+def _quantize_tokens(x, xq, xd, bsums, positive=NO_KINDS):
+    """Q8_K activations of every token; tokens with positive[t] != 0 by quantize_act_q8_k's positive_wins rule."""
     if x.shape[0] < TOKEN_TILE:
         for t in range(x.shape[0]):
-            _quantize_token(x, xq, xd, bsums, t)
+            _quantize_token(x, xq, xd, bsums, t, t < positive.shape[0] and positive[t] != 0)
     else:
-        _quantize_tokens_parallel(x, xq, xd, bsums)
+        _quantize_tokens_parallel(x, xq, xd, bsums, positive)
 
 
 # --- the formats -------------------------------------------------------------------------------------------

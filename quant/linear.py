@@ -51,6 +51,11 @@ _THREAD_SCRATCH = threading.local()  # .buffers: {(family, n_in): _ActivationScr
 _UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
 
 
+# Which of llama.cpp's kernels computes each row, per (format, repackable, rows, batch sizes): see
+# quant.matmul_kquant.row_kinds. Small and read-only once built; shared by all threads.
+_ROW_KINDS: dict = {}
+
+
 def _scratch_for(key) -> _ActivationScratch:
     # Per thread: parallel kernels release the GIL, so two threads sharing one buffer would corrupt each
     # other's quantized activations (two models of the same widths, each on its own thread).
@@ -119,21 +124,37 @@ class QuantLinear:
             _check_f32("out", out, self._out_shape, writable=True)
         self._run(x.reshape(1, self.n_in), out.reshape(1, self.n_out))
 
-    def matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out[t] = W @ x[t] for x of shape (T, n_in) (prompt processing); each row equals matvec's bits."""
+    def matmul(self, x: np.ndarray, out: np.ndarray, sizes: tuple[int, ...] | None = None) -> None:
+        """out[t] = W @ x[t] for x of shape (T, n_in) (prompt processing), with llama.cpp's arithmetic for a batch
+        of T tokens: for most formats each row equals matvec's bits; for Q4_K and Q6_K llama.cpp uses other
+        kernels (other rounding) for larger batches, and so does this. sizes: the rows are independent batches
+        of these sizes (several sequences at once; sum(sizes) == T), each computed as a batch of its size alone
+        would be (sizes of 1: every row equals matvec's bits)."""
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError(f"x must be a 2-D (T, {self.n_in}) float32 array")
         n_tokens = x.shape[0]
         _check_f32("x", x, (n_tokens, self.n_in))
         _check_f32("out", out, (n_tokens, self.n_out), writable=True)
+        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
+            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
         if n_tokens:
-            self._run(x, out)
+            self._run(x, out, sizes)
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
         if self._scratch_key is None:
             self._kernel(self.data, self.row_bytes, x, out)
+            return
+        xq, xd, xs = _scratch_for(self._scratch_key).reserve(x.shape[0])
+        name = self.format.name
+        if name in matmul_kquant.ROW_KIND_FORMATS:
+            key = (name, self.n_out % 8 == 0, x.shape[0], sizes)
+            kinds = _ROW_KINDS.get(key)
+            if kinds is None:
+                kinds = matmul_kquant.row_kinds(name, self.n_out, sizes or (x.shape[0],))
+                if len(_ROW_KINDS) < 1024:
+                    _ROW_KINDS[key] = kinds
+            self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out, kinds)
         else:
-            xq, xd, xs = _scratch_for(self._scratch_key).reserve(x.shape[0])
             self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out)
 
     def dequantize(self) -> np.ndarray:

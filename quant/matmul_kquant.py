@@ -12,10 +12,11 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _group_q2_k, _group_q3_k, _group_q4_k,
-                             _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
-                             _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
-from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_hsum, f32x8_zero, i32x8_add, i32x8_zero, load_f32,
-                   load_i8x32, load_i32, store_i8x32)
+                             _group_q5_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
+                             _scales_q2_k, _scales_q3_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
+from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i8x32_and,
+                   i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_madd, i32x8_zero, load_f16, load_f32,
+                   load_i8, load_i8x32, load_i32, pair_dot_i8_i32, store_i8x32)
 
 _F32 = np.float32
 
@@ -137,42 +138,52 @@ def _superblock_q4_k(w, o, xq, xo, bsums, bo):
 
 
 @njit(cache=True)
-def _decode_q4_k(w, o, qbuf, qo, scales, mins, so):
-    for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q4_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q45_k(w, o)
-
-
-@njit(cache=True)
 def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
+    """One row x one token as llama.cpp's repacked Q4_K gemv (ggml_gemv_q4_K_8x8_q8_K, AVX2): per super-block
+    one FMA of its exact integer total into A and one of its mins total into Mn; the result is A - Mn."""
+    acc, mins = _F32(0), _F32(0)
     for b in range(nsb):
         isum, msum = _superblock_q4_k(w, o + 144 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
         d, dmin = _scales_q45_k(w, o + 144 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
+        dx = load_f32(xd, xo // 256 + b)
+        acc = fma32(_F32(i32x8_hsum(isum)), d * dx, acc)
+        mins = fma32(_F32(msum), dmin * dx, mins)
+    return acc - mins
+
+
+@njit(cache=True)
+def gemm_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
+    """One row x one token as llama.cpp's repacked Q4_K 4-row gemm (ggml_gemm_q4_K_8x8_q8_K, AVX2): the FMAs go
+    per pair of 32-value groups, four per super-block, for the sum and for the mins."""
+    acc, mins = _F32(0), _F32(0)
+    for b in range(nsb):
+        ob, xb = o + 144 * b, xo + 256 * b
+        d, dmin = _scales_q45_k(w, ob)
+        dx = load_f32(xd, xo // 256 + b)
+        ds, dm = d * dx, dmin * dx
+        for p in range(4):
+            isum, msum = i32x8_zero(), 0
+            for g in range(2 * p, 2 * p + 2):
+                q, s0, s1, m0, m1 = _group_q4_k(w, ob, g)
+                isum = i32x8_add(isum, dot_u8x32_2scales(q, load_i8x32(xq, xb + 32 * g), s0, s1))
+                msum += m0 * load_i32(bsums, xb // 16 + 2 * g) + m1 * load_i32(bsums, xb // 16 + 2 * g + 1)
+            acc = fma32(_F32(i32x8_hsum(isum)), ds, acc)
+            mins = fma32(_F32(msum), dm, mins)
+    return acc - mins
 
 
 @njit(parallel=True, cache=True)
-def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out):
-    _quantize_tokens(x, xq, xd, bsums)
+def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv."""
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
+    _quantize_tokens(x, xq, xd, bsums, kinds)
+    for r in prange(n_out):
+        for t in range(n_tokens):
+            if kinds[t]:
+                out[t, r] = gemm_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+            else:
                 out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q4_k(w, (r0 + i // nsb) * row_bytes + 144 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
 
 
 # --- Q5_K ---------------------------------------------------------------------------------------------------
@@ -231,52 +242,62 @@ def matmul_q5_k(w, row_bytes, x, xq, xd, bsums, out):
 
 
 @njit(cache=True, inline="always")
-def _superblock_q6_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q6_k(w, o, g)
-        isum = i32x8_add(isum, dot_i8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
+def _codes_q6_k(w, o, g):
+    """The unsigned 6-bit codes (0..63) of values 32g..32g+31 of the super-block at byte o."""
+    h, j = g >> 2, g & 3
+    low = i8x32_and(i8x32_shr(load_i8x32(w, o + 64 * h + 32 * (j & 1)), 4 * (j >> 1)), 15)
+    high = i8x32_and(i8x32_shr(load_i8x32(w, o + 128 + 32 * h), 2 * j), 3)
+    return i8x32_or(low, i8x32_shl(high, 4))
 
 
-@njit(cache=True)
-def _decode_q6_k(w, o, qbuf, qo, scales, mins, so):
+@njit(cache=True, inline="always")
+def _lanes_q6_k(w, o, xq, xo, bsums, bo):
+    """llama.cpp's 8 int32 lanes of one Q6_K super-block: the unsigned codes times the activations, scaled per
+    16 values, with the codes' -32 offset taken out through the activation sums, lane l for the 16-value groups
+    2l and 2l+1 (ggml_vec_dot_q6_K_q8_K, AVX2). Exact integers; only their split into lanes matters."""
+    lanes = i32x8_zero()
     for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q6_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q6_k(w, o)
+        lanes = i32x8_add(lanes, dot_u8x32_2scales(_codes_q6_k(w, o, g), load_i8x32(xq, xo + 32 * g),
+                                                   load_i8(w, o + 192 + 2 * g), load_i8(w, o + 193 + 2 * g)))
+    return i32x8_madd(lanes, pair_dot_i8_i32(w, o + 192, bsums, bo), -32)
 
 
 @njit(cache=True)
 def vec_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
+    """One row x one token as llama.cpp's ggml_vec_dot_q6_K_q8_K (AVX2): per super-block, lanes[l] in float times
+    d_w * d_x, FMA'd into 8 float lanes; the lanes summed at the end as hsum_float_8."""
+    acc = f32x8_zero()
     for b in range(nsb):
-        isum, msum = _superblock_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        d, dmin = _scales_q6_k(w, o + 210 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
+        lanes = _lanes_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
+        acc = f32x8_fma_i32(acc, lanes, load_f16(w, o + 210 * b + 208) * load_f32(xd, xo // 256 + b))
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def tiled_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
+    """One row x one token as llama.cpp's tiled K-quant matmul (batches of 8 or more tokens): per super-block
+    res = d_w * float(exact total), then acc = fma(res, d_x, acc)."""
+    acc = _F32(0)
+    for b in range(nsb):
+        lanes = _lanes_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
+        res = load_f16(w, o + 210 * b + 208) * _F32(i32x8_hsum(lanes))
+        acc = fma32(res, load_f32(xd, xo // 256 + b), acc)
+    return acc
 
 
 @njit(parallel=True, cache=True)
-def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out):
+def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its tiled matmul, 0 for vec_dot."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
+    for r in prange(n_out):
+        for t in range(n_tokens):
+            if kinds[t]:
+                out[t, r] = tiled_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+            else:
                 out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
+
 
 
 # --- Q8_K ---------------------------------------------------------------------------------------------------
@@ -329,6 +350,32 @@ def matmul_q8_k(w, row_bytes, x, xq, xd, bsums, out):
                 dd[i], dmins[i] = _decode_q8_k(w, (r0 + i // nsb) * row_bytes + 292 * (i % nsb), qbuf, qo,
                                                scales, mins, qo // 16)
             gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
+
+
+# llama.cpp (x86 build) multiplies a batch of T tokens with kernels that depend on T for two formats, and each
+# kernel rounds its own way (quant/kernels_kquant.py has the arithmetic of each):
+#   Q4_K with a multiple of 8 rows is repacked at load; tokens [0, T - T % 4) go through its 4-row gemm (their
+#        activations quantized by the 4-row quantizer's sign rule), the last T % 4 tokens through its gemv.
+#        Other row counts are not repacked there; here they take the gemv (approximately llama.cpp's vec_dot).
+#   Q6_K is not repacked on x86: batches of 8 or more tokens go through the tiled K-quant matmul, smaller ones
+#        through ggml_vec_dot_q6_K_q8_K per token.
+# Their kernels take kinds[t]: 1 for the first kernel, 0 for the other.
+ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K"})
+Q4_K_GEMM_ROWS = 4           # the repacked gemm's token group
+Q6_K_TILED_MIN_TOKENS = 8    # llama.cpp hands batches of at least 8 tokens to its tiled K-quant matmul
+
+
+def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
+    """int8 [sum(sizes)]: for each row of independent batches of these sizes, the kernel llama.cpp uses for it."""
+    kinds = np.zeros(sum(sizes), np.int8)
+    start = 0
+    for n in sizes:
+        if name == "Q4_K" and n_out % 8 == 0:
+            kinds[start: start + n - n % Q4_K_GEMM_ROWS] = 1
+        elif name == "Q6_K" and n >= Q6_K_TILED_MIN_TOKENS:
+            kinds[start: start + n] = 1
+        start += n
+    return kinds
 
 
 MATMUL = {"Q2_K": matmul_q2_k, "Q3_K": matmul_q3_k, "Q4_K": matmul_q4_k, "Q5_K": matmul_q5_k,

@@ -315,8 +315,8 @@ def quantize(x, ggml_type) -> np.ndarray:
 # and s = d * sum(q), the block sum that formats with a min (Q4_1, Q5_1) need, like llama.cpp's Q8_1.
 # Q8_K-style (blocks of 256, for the K-quants): iscale = -127 / (signed absmax), q = min(127, rint(iscale*x)),
 # d = 1 / iscale, plus the int sums of each 16 quants (for the K-quant mins), as llama.cpp's Q8_K.
-# The int8 values are llama.cpp's (x86 rounding); the scales stay float32 where llama.cpp rounds d and s to
-# float16, which only removes a <= 2**-11 relative error per block.
+# The int8 values are llama.cpp's (x86 rounding). Q8_0-style d and s are rounded to float16 as llama.cpp's
+# block_q8_0 / block_q8_1 store them (s from the unrounded d); Q8_K's d stays float32, as in llama.cpp.
 
 ACT_BLOCK = 32
 
@@ -330,7 +330,8 @@ def quantize_act_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
         inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
     q = np.rint(xb * inv[:, None]).astype(np.int8)
     s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
-    return q.reshape(-1), d, s
+    f16 = np.float16
+    return q.reshape(-1), d.astype(f16).astype(np.float32), s.astype(f16).astype(np.float32)
 
 
 def quantize_act_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm_binding
 from llvmlite import ir
-from numba import types
+import numpy as np
+from numba import njit, types
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 from numba.core import cgutils
 from numba.core import config as numba_config
@@ -405,6 +406,18 @@ def i32x8_madd(typingctx, acc, v, scale):
 
 
 @intrinsic
+def pair_dot_i8_i32(typingctx, w, o, b, bo):
+    """I32x8 lane l = w[o+2l] * b[bo+2l] + w[o+2l+1] * b[bo+2l+1]: 16 signed bytes at byte offset o of a uint8
+    buffer times 16 int32 at element offset bo of an int32 array, summed in pairs."""
+    def codegen(context, builder, sig, args):
+        wv = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+        bv = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I32, 16))
+        p = builder.mul(builder.sext(wv, _vec(_I32, 16)), bv)
+        return builder.add(_shuffle(builder, p, p, range(0, 16, 2)), _shuffle(builder, p, p, range(1, 16, 2)))
+    return I32x8(w, o, b, bo), codegen
+
+
+@intrinsic
 def i32x8_hsum(typingctx, v):
     def codegen(context, builder, sig, args):
         return _call_intrinsic(builder, "llvm.vector.reduce.add.v8i32", _I32, [args[0]])
@@ -412,10 +425,9 @@ def i32x8_hsum(typingctx, v):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# float lanes. `contract` (fuse into FMA) but never `reassoc`: each lane's sum keeps its order, so a kernel
-# gives the same bits whatever the tiling around it (matvec == each row of matmul).
-
-_CONTRACT = ("contract",)
+# float lanes. Multiply-adds are explicit llvm.fma calls (one rounding, on every target: an FMA instruction
+# where the CPU has one, a correctly rounded libm call where not) and nothing is reassociated, so each lane's
+# sum keeps its order and a kernel gives the same bits on every host and whatever the tiling around it.
 
 
 @intrinsic
@@ -427,19 +439,19 @@ def f32x8_zero(typingctx):
 
 @intrinsic
 def f32x8_fma_i32(typingctx, acc, v, scale):
-    """acc + float(v) * scale, v an I32x8 and scale a float32 scalar."""
+    """acc + float(v) * scale with one rounding per lane (an FMA, as llama.cpp's _mm256_fmadd_ps), v an I32x8 and
+    scale a float32 scalar."""
     def codegen(context, builder, sig, args):
         vf = builder.sitofp(args[1], _vec(_F32, 8))
-        prod = builder.fmul(vf, _splat(builder, args[2], 8), flags=_CONTRACT)
-        return builder.fadd(args[0], prod, flags=_CONTRACT)
+        return _call_intrinsic(builder, "llvm.fma.v8f32", _vec(_F32, 8), [vf, _splat(builder, args[2], 8), args[0]])
     return F32x8(acc, v, types.float32), codegen
 
 
 @intrinsic
 def f32x8_fma(typingctx, acc, a, b):
-    """acc + a * b, all F32x8."""
+    """acc + a * b with one rounding per lane, all F32x8."""
     def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], builder.fmul(args[1], args[2], flags=_CONTRACT), flags=_CONTRACT)
+        return _call_intrinsic(builder, "llvm.fma.v8f32", _vec(_F32, 8), [args[1], args[2], args[0]])
     return F32x8(acc, a, b), codegen
 
 
@@ -479,3 +491,78 @@ def load_bf16x8(typingctx, buf, offset):
         wide = builder.shl(builder.zext(h, _vec(_I32, 8)), ir.Constant(_vec(_I32, 8), [16] * 8))
         return builder.bitcast(wide, _vec(_F32, 8))
     return F32x8(buf, offset), codegen
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scalar float helpers for kernels that must round exactly like llama.cpp's CPU backend.
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32 with one rounding (llvm.fma: an FMA instruction on x86 FMA3 and AArch64)."""
+    if not all(isinstance(t, types.Float) for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, b_, c_ = (context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args))
+        return builder.fma(a_, b_, c_)
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the low 32 bits of an integer."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        v = builder.trunc(v, _I32) if v.type.width > 32 else builder.zext(v, _I32) if v.type.width < 32 else v
+        return builder.bitcast(v, _F32)
+    return types.float32(bits), codegen
+
+
+# float32 -> float16 bits, rounding to nearest even (numpy's astype(float16)); F16C / AArch64 do it in one
+# instruction, the integer version serves other hosts and is tested against numpy on every host.
+
+
+@njit(cache=True)
+def f32_to_f16_portable(x):
+    b = np.uint32(f32_bits(np.float32(x)))
+    sign = np.uint32((b >> np.uint32(16)) & np.uint32(0x8000))
+    e = np.int32((b >> np.uint32(23)) & np.uint32(0xFF))
+    m = np.uint32(b & np.uint32(0x7FFFFF))
+    if e == 0xFF:  # inf, nan (keep nan a quiet nan)
+        return np.uint16(sign | np.uint32(0x7C00) | (np.uint32(0x200) if m else np.uint32(0)))
+    exp = e - 127 + 15
+    if exp >= 31:
+        return np.uint16(sign | np.uint32(0x7C00))
+    if exp <= 0:  # a float16 subnormal or zero
+        if exp < -10:
+            return np.uint16(sign)
+        m = m | np.uint32(0x800000)
+        shift = np.uint32(14 - exp)
+        half = m >> shift
+        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+        halfway = np.uint32(1) << (shift - np.uint32(1))
+        if rem > halfway or (rem == halfway and (half & np.uint32(1))):
+            half += np.uint32(1)
+        return np.uint16(sign | half)
+    half = (np.uint32(exp) << np.uint32(10)) | (m >> np.uint32(13))
+    rem = m & np.uint32(0x1FFF)
+    if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (half & np.uint32(1))):
+        half += np.uint32(1)  # a carry out of the mantissa correctly bumps the exponent (to inf at the top)
+    return np.uint16(sign | half)
+
+
+@njit(cache=True, inline="always")
+def f32_to_f16(x):
+    if NATIVE_F16:
+        return _f32_to_f16_native(np.float32(x))
+    return f32_to_f16_portable(x)
+
+
+@njit(cache=True, inline="always")
+def round_f16(x):
+    """x rounded to the nearest float16 value, as float32 (what llama.cpp's float16 conversions leave)."""
+    return f16_bits_to_f32(f32_to_f16(x))

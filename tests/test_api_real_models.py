@@ -8,7 +8,10 @@ import edgellm
 from conftest import GEMMA, SMOLLM2, load_reference
 
 N_CTX = 512  # enough for every prompt here; keeps the KV cache small
-PREFIX_REUSE_LOGIT_TOL = 1e-3  # same weights and positions, but the prompt split into different batches
+# Same weights and positions, but the prompt split into other batches: llama.cpp's kernels for one token and for
+# several round differently (so do ours, which follow them), and the model amplifies the last-bit differences
+# (measured: 4.5e-3 here; llama-cpp-python's own prefix reuse behaves the same way).
+PREFIX_REUSE_LOGIT_TOL = 2e-2
 # As in test_models_real: where greedy output first leaves llama.cpp's, llama.cpp's own top-1 must lead our token
 # by less than this (a near-tie that rounding may flip); a broken API diverges at a decisive step instead.
 NEAR_TIE_LOGITS = 0.5
@@ -79,6 +82,18 @@ def test_smollm2_prefix_reuse_gives_the_same_logits(smollm2):
     logp = fresh - np.log(np.sum(np.exp(fresh - fresh.max()))) - fresh.max()
     assert reused.tokens[0] == int(np.argmax(fresh))
     assert abs(reused.token_info[0].logprob - logp[reused.tokens[0]]) < PREFIX_REUSE_LOGIT_TOL
+
+
+def test_reset_evaluates_the_next_prompt_from_scratch(smollm2):
+    """After reset() nothing is reused: the prompt runs as one batch, giving logits() bit for bit."""
+    prompt = smollm2.tokenize("The capital of France is Paris. The capital of Germany is")
+    smollm2.complete(prompt[:6], max_tokens=2)  # leaves a shared prefix in the cache
+    smollm2.reset()
+    assert smollm2.model.n_past == 0
+    reused = smollm2.complete(prompt, max_tokens=1, logprobs=0)
+    fresh = smollm2.logits(prompt)[-1].astype(np.float64)
+    logp = fresh - np.log(np.sum(np.exp(fresh - fresh.max()))) - fresh.max()
+    assert reused.token_info[0].logprob == pytest.approx(logp[reused.tokens[0]], abs=1e-6)
 
 
 def test_gemma_greedy_and_chat(gemma):

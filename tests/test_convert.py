@@ -20,6 +20,9 @@ from edgellm.convert import convert_checkpoint
 from edgellm.errors import EdgeLLMError
 
 F32_LOGIT_ATOL = 5e-4  # float32 fast path vs float64 reference (measured ~1e-6) on logits of size ~1-3
+# Gemma's GELU goes through llama.cpp's float16 lookup table (2**-11 relative per activation), as llama.cpp's
+# does: measured 2.8e-3 on these logits.
+GELU_F16_LOGIT_ATOL = 1e-2
 Q8_LOGIT_ATOL = 0.15   # Q8_0 weights round to ~0.4% of each 32-block's max
 SEQ = [1, 5, 9, 40, 7, 99, 3, 3, 12, 250, 61, 8, 30, 2]  # token ids; longer than the tiny sliding window
 
@@ -260,7 +263,7 @@ def test_converted_model_matches_hf_forward_on_original_weights(converted):
     expected = hf_forward(cfg, weights, arch, np.array(SEQ))
     got = edgellm.load(str(out), n_ctx=64, n_threads=1, kv_type="f32").logits(SEQ)  # no KV rounding either
     assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, atol=F32_LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(got, expected, atol=GELU_F16_LOGIT_ATOL if arch == "gemma3" else F32_LOGIT_ATOL, rtol=0)
 
 
 def test_converted_file_has_llama_cpp_names_types_and_keys(converted):

@@ -42,9 +42,9 @@ class InterruptingWeight:
         self._tick()
         self.inner.matvec(x, out)
 
-    def matmul(self, x, out):
+    def matmul(self, x, out, sizes=None):
         self._tick()
-        self.inner.matmul(x, out)
+        self.inner.matmul(x, out, sizes)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -295,10 +295,10 @@ def test_cancel_during_prompt_processing(tiny_paths, expected):
         def __init__(self, inner):
             self.inner = inner
 
-        def matmul(self, x, out):
+        def matmul(self, x, out, sizes=None):
             in_prompt.set()
             proceed.wait(JOIN_TIMEOUT_S)
-            self.inner.matmul(x, out)
+            self.inner.matmul(x, out, sizes)
 
         def __getattr__(self, name):
             return getattr(self.inner, name)

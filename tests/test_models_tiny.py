@@ -21,8 +21,12 @@ EXACT_VS_REFERENCE_NMSE = 1e-9
 # quant.QuantLinear rounds activations to 8 bits before each matmul, as llama.cpp does (~1e-4 relative per
 # matmul); random tiny models amplify it to at most ~4e-3 (measured, Q6_K). A wrong kernel gives ~1.
 QUANTIZED_VS_REFERENCE_NMSE = 1e-2
-# Token-by-token decoding vs one batch: the same arithmetic, up to summation order and matvec-vs-matmul kernels.
-DECODE_VS_BATCH_NMSE = 1e-5
+# Token-by-token decoding vs one batch: the same arithmetic up to summation order, except where llama.cpp uses
+# other kernels for one token and for a batch (attention's lanes; Q4_K's gemm and gemv, Q6_K's tiled matmul and
+# vec_dot), which we follow: measured up to 6.7e-5 (Q6_K) on these random models.
+DECODE_VS_BATCH_NMSE = 2e-4
+# Gemma's GELU is looked up in llama.cpp's float16 table (2**-11 relative per activation): measured 6.6e-9.
+GEMMA_VS_REFERENCE_NMSE = 1e-7
 
 N_PROMPT = 19
 
@@ -149,14 +153,14 @@ def gemma_spec(**kw):
 
 
 def test_gemma3_sliding_window_and_global_layers(tmp_path, exact_linear):
-    model, tokens, fast = check_fast_matches_reference(tmp_path, gemma_spec())
+    model, tokens, fast = check_fast_matches_reference(tmp_path, gemma_spec(), bound=GEMMA_VS_REFERENCE_NMSE)
     assert [kv.window for kv in model.cache.layers] == [GEMMA_WINDOW] * 5 + [0] + [GEMMA_WINDOW]
     check_decode_matches_batch(model, tokens, fast)
 
 
 def test_gemma3_ring_wraps_during_chunked_prefill(tmp_path, exact_linear):
     """n_batch 3 + window 5: the ring holds 7 slots, so a 19-token prompt wraps it several times."""
-    model, _, _ = check_fast_matches_reference(tmp_path, gemma_spec(), n_batch=3)
+    model, _, _ = check_fast_matches_reference(tmp_path, gemma_spec(), n_batch=3, bound=GEMMA_VS_REFERENCE_NMSE)
     assert model.cache.layers[0].slot_pos.shape[0] == GEMMA_WINDOW + 3 - 1
 
 

@@ -173,7 +173,8 @@ def test_scratch_is_shared_within_a_thread_grows_and_is_per_thread():
     b.matmul(x, out)
     mine = _scratch_for(b._scratch_key)
     assert mine.capacity >= 40
-    np.testing.assert_allclose(out[0], b.dequantize().sum(axis=1), rtol=1e-5)
+    # the activations' block scale 1/127 is stored in float16, as llama.cpp's block_q8_0 does: 2**-11 relative
+    np.testing.assert_allclose(out[0], b.dequantize().sum(axis=1), rtol=2.0**-10)
     # Parallel kernels release the GIL: another thread must get its own activation buffer.
     other = []
     t = threading.Thread(target=lambda: other.append(_scratch_for(b._scratch_key)))

@@ -66,6 +66,18 @@ class DecoderModel:
                              self.kv_type)
         return self.cache
 
+    _attn_scratch = None
+
+    def attn_scratch(self, kv) -> np.ndarray:
+        """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward."""
+        scratch = self._attn_scratch
+        need = ops.attention_scratch_width(kv.slot_pos.shape[0], self.config.head_dim)
+        if scratch is None or scratch.shape[1] < need:
+            widest = max(layer.slot_pos.shape[0] for layer in self.cache.layers)
+            scratch = self._attn_scratch = ops.attention_scratch(max(widest, kv.slot_pos.shape[0]),
+                                                                 self.config.head_dim)
+        return scratch
+
     def layer_rope(self, il: int):
         """(inv_freq, neox) of layer il's rotary embedding: what a context shift re-rotates keys with."""
         raise NotImplementedError
@@ -136,14 +148,14 @@ class DecoderModel:
         None: all rows are one sequence in self.cache."""
         raise NotImplementedError
 
-    def logits_head(self, s, T, logits_out):
+    def logits_head(self, s, T, logits_out, sizes=None):
         """logits_out <- output · rmsnorm(last rows of s.x) · output_norm. A non-finite hidden state (corrupt
         weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of the output matmul
         would otherwise turn it into finite garbage that the API's NaN check cannot see."""
         rows = s.x[T - logits_out.shape[0]:]
         normed = s.xn[: rows.shape[0]]
         ops.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
-        self.output.matmul(normed, logits_out)
+        self.output.matmul(normed, logits_out, sizes)
         if not np.isfinite(normed).all():
             logits_out[~np.isfinite(normed).all(axis=1)] = np.nan
 
@@ -154,14 +166,14 @@ class DecoderModel:
         for b0, b1, cache in groups:
             kv = cache.layers[il]
             if b0 == 0 and b1 == len(positions):
-                q, k, v, c, sn, pos, out, scores = (s.q_heads, s.k_heads, s.v_heads, cos, sin, positions,
-                                                    s.attn_heads, s.scores)
+                q, k, v, c, sn, pos, out = s.q_heads, s.k_heads, s.v_heads, cos, sin, positions, s.attn_heads
             else:
-                q, k, v, c, sn, pos, out, scores = (a[b0:b1] for a in (s.q_heads, s.k_heads, s.v_heads, cos, sin,
-                                                                        positions, s.attn_heads, s.scores))
+                q, k, v, c, sn, pos, out = (a[b0:b1] for a in (s.q_heads, s.k_heads, s.v_heads, cos, sin,
+                                                               positions, s.attn_heads))
             ops.finish_qkv(q, k, v, *biases, *norms, eps, c, sn, neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
                            kv.v_scale)
-            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, scale, out, scores, kv.k_scale, kv.v_scale)
+            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, scale, out, self.attn_scratch(kv), kv.k_scale,
+                          kv.v_scale)
 
     def forward_multi(self, tokens, caches) -> np.ndarray:
         """One decode step for len(tokens) sequences, token i appended to caches[i] (KVCaches of this model's

@@ -136,41 +136,43 @@ class Gemma3Model(DecoderModel):
         self.output_norm = w["output_norm.weight"]
         self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied when absent
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
-        self.inv_freq_local = ops.rope_inv_freq(config.n_rot, config.rope_base_local)
-        self.inv_freq_global = ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale)
+        self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
+        self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
         windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
         self.make_cache(windows)
         self.buffers = Gemma3Buffers(config, self.n_batch)
 
     def layer_rope(self, il: int):
-        return (self.inv_freq_local if self.config.is_sliding(il) else self.inv_freq_global), True
+        return (self.rope_local if self.config.is_sliding(il) else self.rope_global).inv_freq, True
 
     def forward_batch(self, tokens, positions, logits_out, groups=None):
         cfg, eps, T = self.config, self.config.norm_eps, len(tokens)
         groups = groups or ((0, T, self.cache),)
+        # several sequences: each one's rows get the arithmetic of a batch of its own size, as if run alone
+        sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
         s = self.buffers.for_tokens(T)
-        ops.rope_tables(positions, self.inv_freq_local, s.cos_local, s.sin_local)
-        ops.rope_tables(positions, self.inv_freq_global, s.cos_global, s.sin_global)
+        ops.rope_tables(positions, self.rope_local, s.cos_local, s.sin_local)
+        ops.rope_tables(positions, self.rope_global, s.cos_global, s.sin_global)
         self.token_embd.get_rows(tokens, s.x)
         s.x *= self.embd_scale
         for il, layer in enumerate(self.layers):
             cos, sin = (s.cos_global, s.sin_global) if self.cache.layers[il].window == 0 else (s.cos_local, s.sin_local)
             # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
-            layer.attn_q.matmul(s.xn, s.q)
-            layer.attn_k.matmul(s.xn, s.k)
-            layer.attn_v.matmul(s.xn, s.v)
+            layer.attn_q.matmul(s.xn, s.q, sizes)
+            layer.attn_k.matmul(s.xn, s.k, sizes)
+            layer.attn_v.matmul(s.xn, s.v, sizes)
             self.attend(il, s, positions, cos, sin, True, (NONE, NONE, NONE), (layer.attn_q_norm, layer.attn_k_norm),
                         groups)
-            layer.attn_output.matmul(s.attn, s.xn)
+            layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_attention_norm, eps)
             # feed-forward block: m = norm(x); x += post_norm(W_down · (gelu(W_gate m) * W_up m))
             ops.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
-            layer.ffn_gate.matmul(s.xn, s.gate)
-            layer.ffn_up.matmul(s.xn, s.up)
+            layer.ffn_gate.matmul(s.xn, s.gate, sizes)
+            layer.ffn_up.matmul(s.xn, s.up, sizes)
             ops.gelu_tanh_mul(s.gate, s.up)
-            layer.ffn_down.matmul(s.gate, s.xn)
+            layer.ffn_down.matmul(s.gate, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
         if logits_out is not None:
-            self.logits_head(s, T, logits_out)
+            self.logits_head(s, T, logits_out, sizes)

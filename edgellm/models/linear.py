@@ -22,7 +22,7 @@ class DequantizedLinear:
     def matvec(self, x, out):
         np.dot(self._w, x, out=out)
 
-    def matmul(self, x, out):
+    def matmul(self, x, out, sizes=None):
         np.dot(x, self._w.T, out=out)
 
     def dequantize(self):

@@ -133,7 +133,6 @@ class BlockBuffers(TokenBuffers):
         self.k_heads = self.k.reshape(T, cfg.n_head_kv, hd)
         self.v_heads = self.v.reshape(T, cfg.n_head_kv, hd)
         self.attn_heads = self.attn.reshape(T, cfg.n_head, hd)
-        self.scores = np.zeros((T, cfg.n_head, ops.ATTENTION_KEY_BLOCK), f32)  # [T, H, key block] softmax scratch
         self.gate = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
         self.up = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
 
@@ -166,35 +165,37 @@ class LlamaModel(DecoderModel):
                     if getattr(layer, name) is None:
                         setattr(layer, name, NONE)
         rope_factors = w["rope_freqs.weight"]
-        self.inv_freq = ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale, rope_factors)
+        self.rope = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, rope_factors)
         self.make_cache([0] * config.n_layer)
         self.buffers = LlamaBuffers(config, self.n_batch)
 
     def layer_rope(self, il: int):
-        return self.inv_freq, self.config.rope_neox
+        return self.rope.inv_freq, self.config.rope_neox
 
     def forward_batch(self, tokens, positions, logits_out, groups=None):
         cfg, eps, T = self.config, self.config.norm_eps, len(tokens)
         groups = groups or ((0, T, self.cache),)
+        # several sequences: each one's rows get the arithmetic of a batch of its own size, as if run alone
+        sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
         s = self.buffers.for_tokens(T)
-        ops.rope_tables(positions, self.inv_freq, s.rope_cos, s.rope_sin)
+        ops.rope_tables(positions, self.rope, s.rope_cos, s.rope_sin)
         self.token_embd.get_rows(tokens, s.x)
         for il, layer in enumerate(self.layers):
             # attention block: n = norm(x); x += W_o · attention(rope(W_q n), rope(W_k n), W_v n)
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
-            layer.attn_q.matmul(s.xn, s.q)
-            layer.attn_k.matmul(s.xn, s.k)
-            layer.attn_v.matmul(s.xn, s.v)
+            layer.attn_q.matmul(s.xn, s.q, sizes)
+            layer.attn_k.matmul(s.xn, s.k, sizes)
+            layer.attn_v.matmul(s.xn, s.v, sizes)
             self.attend(il, s, positions, s.rope_cos, s.rope_sin, cfg.rope_neox,
                         (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias), (layer.attn_q_norm, layer.attn_k_norm),
                         groups)
-            layer.attn_output.matmul(s.attn, s.xn)
+            layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn)  # the residual add, then m = norm(x)
             # feed-forward block: x += W_down · (silu(W_gate m) * W_up m)
-            layer.ffn_gate.matmul(s.xn, s.gate)
-            layer.ffn_up.matmul(s.xn, s.up)
+            layer.ffn_gate.matmul(s.xn, s.gate, sizes)
+            layer.ffn_up.matmul(s.xn, s.up, sizes)
             ops.silu_mul(s.gate, s.up)
-            layer.ffn_down.matmul(s.gate, s.xn)
+            layer.ffn_down.matmul(s.gate, s.xn, sizes)
             s.x += s.xn
         if logits_out is not None:
-            self.logits_head(s, T, logits_out)
+            self.logits_head(s, T, logits_out, sizes)
