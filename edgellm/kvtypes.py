@@ -19,7 +19,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from quant.simd import f16_bits_to_f32, f32_to_f16, f32_to_f16_portable  # noqa: F401  (re-exported)
+from quant.simd import (f16_bits_to_f32, f32_to_f16, f32_to_f16_portable,  # noqa: F401  (re-exported)
+                        load_f16x8, load_f32x8)
 
 Q8_BLOCK = 32  # values per q8_0 scale
 
@@ -76,6 +77,10 @@ def row_value(cache, scales, kv, slot, d):
     """The float32 value of cache[kv, slot, d]."""
 
 
+def load_row8(cache, offset):
+    """8 values of an f16 or f32 cache from flat element offset `offset`, as quant.simd.F32x8."""
+
+
 def like_cache(x, cache):
     """x (float32) rounded as llama.cpp rounds an operand multiplied with this cache's values: to float16 for an
     f16 cache (its matrix products convert the other side to float16), unchanged otherwise."""
@@ -120,6 +125,15 @@ def _row_value(cache, scales, kv, slot, d):
         def impl(cache, scales, kv, slot, d):
             return scales[kv, slot, d >> 5] * np.float32(np.int32(cache[kv, slot, d]))
         return impl
+    return None
+
+
+@overload(load_row8, inline="always")
+def _load_row8(cache, offset):
+    if cache.dtype == types.float32:
+        return lambda cache, offset: load_f32x8(cache, offset)
+    if cache.dtype == types.uint16:
+        return lambda cache, offset: load_f16x8(cache, offset)
     return None
 
 

@@ -19,9 +19,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from quant.simd import f16_bits_to_f32, f32_bits, f32_from_bits, f32_to_f16, fma32
+from quant.simd import (f16_bits_to_f32, f32_bits, f32_from_bits, f32_to_f16, f32x8_add, f32x8_fma, f32x8_hsum,
+                        f32x8_hsum_pairs, f32x8_splat, f32x8_zero, fma32, load_f32x8, store_f32x8)
 
-from edgellm.kvtypes import like_cache, row_value, store_row
+from edgellm.kvtypes import like_cache, load_row8, row_value, store_row
 
 # ----------------------------------------------------------------------------------------------------------------
 # exp in float32 as llama.cpp computes it (ggml_v_expf, from Arm's optimized-routines expf): n = round(x / ln2)
@@ -50,15 +51,15 @@ def fast_exp(x):
     k = f32_from_bits(e + _ONE_BITS)
     u = b * b
     j = fma32(fma32(fma32(_P5, b, _P4), u, fma32(_P3, b, _P2)), u, _P1 * b)
-    big = abs(n)
-    if not big > np.float32(126.0):
-        return fma32(j, k, k)
+    normal = fma32(j, k, k)
+    # |n| > 126: 2^n in two factors (s1 * s2), or over/underflow past 192; selects, not branches, so that loops
+    # over fast_exp vectorise
     g = _TINY_SCALE_BITS if n <= np.float32(0.0) else 0
     s1 = f32_from_bits(g + 0x7F000000)
-    if big > np.float32(192.0):
-        return s1 * s1
-    s2 = f32_from_bits(e - g)
-    return fma32(s2, j, s2) * s1
+    scaled = fma32(f32_from_bits(e - g), j, f32_from_bits(e - g)) * s1
+    big = abs(n)
+    far = s1 * s1 if big > np.float32(192.0) else scaled
+    return far if big > np.float32(126.0) else normal
 
 
 @njit(cache=True, error_model="numpy")
@@ -410,6 +411,132 @@ def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t
         out[t, h, d] = _reduce_lanes(acc, single_order)
 
 
+# The same arithmetic in 8-float vectors, for f16 and f32 caches whose head size is a multiple of 32 (every model
+# here): the scores, the weighted sum of values and the final reductions run in F32x8 lanes (quant.simd), the
+# exponentials of 8 slots at a time. The results are the scalar path's (and llama.cpp's) bit for bit.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _score_vec(q_row, k_cache, base, head_dim, single):
+    if single:
+        a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+        for c in range(0, head_dim, 32):
+            a0 = f32x8_fma(a0, load_row8(k_cache, base + c), load_f32x8(q_row, c))
+            a1 = f32x8_fma(a1, load_row8(k_cache, base + c + 8), load_f32x8(q_row, c + 8))
+            a2 = f32x8_fma(a2, load_row8(k_cache, base + c + 16), load_f32x8(q_row, c + 16))
+            a3 = f32x8_fma(a3, load_row8(k_cache, base + c + 24), load_f32x8(q_row, c + 24))
+        return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+    a = f32x8_zero()
+    for c in range(0, head_dim, 8):
+        a = f32x8_fma(a, load_row8(k_cache, base + c), load_f32x8(q_row, c))
+    return f32x8_hsum(a)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top):
+    capacity, head_dim = slot_pos.shape[0], q_row.shape[0]
+    for j in range(first, last):
+        pos = slot_pos[j]
+        if pos < lo or pos > p:
+            work[j] = -np.inf
+            continue
+        sc = _score_vec(q_row, k_cache, (kv * capacity + j) * head_dim, head_dim, single) * scale
+        work[j] = sc
+        top = max(top, sc)
+    return top
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _exp_run_vec(work, first, last, top, e8):
+    """_exp_run with the 8 exponentials of a group computed together (into e8, then copied back)."""
+    total = 0.0
+    for g in range(first - first % 8, last, 8):
+        for lane in range(8):
+            j = g + lane
+            v = work[j] if first <= j < last else -np.inf
+            e8[lane] = fast_exp(v - top)
+        total += np.float64(f32x8_hsum(load_f32x8(e8, 0)))
+        for lane in range(8):
+            j = g + lane
+            if first <= j < last:
+                work[j] = e8[lane]
+    return total
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _weigh_run_vec(v_cache, kv, first, last, inv, lanes, work, acc, acc0):
+    capacity = v_cache.shape[1]
+    head_dim = v_cache.shape[2]
+    for j in range(first, last):
+        if work[j] == 0.0:
+            continue
+        w = f32x8_splat(like_cache(work[j] * inv, v_cache))
+        row = acc0 + (j % lanes) * head_dim
+        base = (kv * capacity + j) * head_dim
+        for c in range(0, head_dim, 8):
+            store_f32x8(acc, row + c, f32x8_fma(load_f32x8(acc, row + c), load_row8(v_cache, base + c), w))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lane(work, r, lane, head_dim):
+    return load_f32x8(work, r + lane * head_dim)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _lane_pair(work, r, l, head_dim):
+    """ggml_vec_dot_f16's first reduction of its 4 accumulators, for lane l: (x0 + x2) + (x1 + x3)."""
+    return f32x8_add(f32x8_add(_lane(work, r, l, head_dim), _lane(work, r, 16 + l, head_dim)),
+                     f32x8_add(_lane(work, r, 8 + l, head_dim), _lane(work, r, 24 + l, head_dim)))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single):
+    """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors. work: as _attend's."""
+    capacity = slot_pos.shape[0]
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    lanes = LANES_SINGLE if single else LANES_BATCH
+    lo = max(0, p - window + 1) if window > 0 else 0
+    lo = max(lo, p - capacity + 1)
+    first, last = lo % capacity, p % capacity + 1
+    wrapped = first >= last
+    acc0 = capacity  # work[acc0 + L * head_dim + d]: lane L's running sum for dimension d
+    q_row = work[capacity + LANES_SINGLE * head_dim: capacity + (LANES_SINGLE + 1) * head_dim]
+    e8 = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + 8]
+    for d in range(head_dim):
+        q_row[d] = like_cache(q[t, h, d], k_cache)
+    top = np.float32(-np.inf)
+    if wrapped:
+        top = _score_run_vec(q_row, k_cache, slot_pos, kv, first, capacity, lo, p, scale, single, work, top)
+        top = _score_run_vec(q_row, k_cache, slot_pos, kv, 0, last, lo, p, scale, single, work, top)
+        total = _exp_run_vec(work, first, capacity, top, e8) + _exp_run_vec(work, 0, last, top, e8)
+    else:
+        top = _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top)
+        total = _exp_run_vec(work, first, last, top, e8)
+    inv = np.float32(1.0 / total)
+    work[acc0: acc0 + lanes * head_dim] = 0.0
+    if wrapped:
+        _weigh_run_vec(v_cache, kv, first, capacity, inv, lanes, work, work, acc0)
+        _weigh_run_vec(v_cache, kv, 0, last, inv, lanes, work, work, acc0)
+    else:
+        _weigh_run_vec(v_cache, kv, first, last, inv, lanes, work, work, acc0)
+    o = (t * n_heads + h) * head_dim
+    for c in range(0, head_dim, 8):
+        r = acc0 + c
+        if single:
+            a0, a1 = _lane_pair(work, r, 0, head_dim), _lane_pair(work, r, 1, head_dim)
+            a2, a3 = _lane_pair(work, r, 2, head_dim), _lane_pair(work, r, 3, head_dim)
+            a4, a5 = _lane_pair(work, r, 4, head_dim), _lane_pair(work, r, 5, head_dim)
+            a6, a7 = _lane_pair(work, r, 6, head_dim), _lane_pair(work, r, 7, head_dim)
+            sum8 = f32x8_add(f32x8_add(f32x8_add(a0, a4), f32x8_add(a1, a5)),
+                             f32x8_add(f32x8_add(a2, a6), f32x8_add(a3, a7)))
+        else:
+            sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, r, 0, head_dim), _lane(work, r, 4, head_dim)),
+                                       f32x8_add(_lane(work, r, 2, head_dim), _lane(work, r, 6, head_dim))),
+                             f32x8_add(f32x8_add(_lane(work, r, 1, head_dim), _lane(work, r, 5, head_dim)),
+                                       f32x8_add(_lane(work, r, 3, head_dim), _lane(work, r, 7, head_dim))))
+        store_f32x8(out, o + c, sum8)
+
+
 @njit(cache=True, error_model="numpy")
 def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch):
     n_tokens, n_heads, _ = q.shape
@@ -431,6 +558,30 @@ def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_posit
         t, h = th // n_heads, th % n_heads
         _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
                 h // group, out, scratch[numba.get_thread_id()], single)
+
+
+@njit(cache=True, error_model="numpy")
+def _attention_serial_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                          scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
+    for th in range(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
+                    scratch[0], single)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                            scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
+    for th in prange(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
+                    scratch[numba.get_thread_id()], single)
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.
@@ -461,8 +612,11 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     elif scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
         raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
     span = min(capacity, window if window > 0 else int(q_positions[-1]) + 1)
-    kernel = _attention_parallel if n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK \
-        else _attention_serial
+    parallel = n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK
+    if k_cache.dtype != np.int8 and head_dim % LANES_SINGLE == 0 and out.flags.c_contiguous:
+        kernel = _attention_parallel_vec if parallel else _attention_serial_vec
+    else:
+        kernel = _attention_parallel if parallel else _attention_serial
     kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch)
 
 

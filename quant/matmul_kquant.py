@@ -11,9 +11,10 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _group_q2_k, _group_q3_k, _group_q4_k,
-                             _group_q5_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
-                             _scales_q2_k, _scales_q3_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
+from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _group_q2_k, _group_q3_k,
+                             _group_q4_k,
+                             _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
+                             _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i8x32_and,
                    i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_madd, i32x8_zero, load_f16, load_f32,
                    load_i8, load_i8x32, load_i32, pair_dot_i8_i32, store_i8x32)
@@ -138,6 +139,82 @@ def _superblock_q4_k(w, o, xq, xo, bsums, bo):
 
 
 @njit(cache=True)
+def _decode_q4_k(w, o, qbuf, qo, scales, mins, so):
+    for g in range(8):
+        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q4_k(w, o, g)
+        store_i8x32(qbuf, qo + 32 * g, q)
+    return _scales_q45_k(w, o)
+
+
+@njit(cache=True, inline="always")
+def _decoded_pair(qbuf, scales, mins, qo, xq, xo, bsums, p):
+    """Exact integer sums of the 32-value groups 2p and 2p+1 of a decoded super-block: (scaled dot, mins term)."""
+    isum, msum = i32x8_zero(), 0
+    for g in range(2 * p, 2 * p + 2):
+        so, bo = qo // 16 + 2 * g, xo // 16 + 2 * g
+        isum = i32x8_add(isum, dot_i8x32_2scales(load_i8x32(qbuf, qo + 32 * g), load_i8x32(xq, xo + 32 * g),
+                                                 load_i32(scales, so), load_i32(scales, so + 1)))
+        msum += load_i32(mins, so) * load_i32(bsums, bo) + load_i32(mins, so + 1) * load_i32(bsums, bo + 1)
+    return i32x8_hsum(isum), msum
+
+
+@njit(cache=True)
+def _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
+    """gemm_dot_q4_k_q8_k of decoded row i (a ROW_CHUNK buffer) and token t."""
+    n_in = qbuf.shape[0] // ROW_CHUNK
+    nsb = n_in // 256
+    acc, mn = _F32(0), _F32(0)
+    for b in range(nsb):
+        qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
+        dx = load_f32(xd, t * nsb + b)
+        ds, dm = load_f32(dd, i * nsb + b) * dx, load_f32(dmins, i * nsb + b) * dx
+        for p in range(4):
+            isum, msum = _decoded_pair(qbuf, scales, mins, qo, xq, xo, bsums, p)
+            acc = fma32(_F32(isum), ds, acc)
+            mn = fma32(_F32(msum), dm, mn)
+    return acc - mn
+
+
+@njit(cache=True)
+def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
+    """_gemm_q4_k_decoded for tokens t..t+3: each decoded group and its scales loaded once for the four."""
+    n_in = qbuf.shape[0] // ROW_CHUNK
+    nsb = n_in // 256
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = _F32(0)
+    for b in range(nsb):
+        qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
+        d, dmin, xb = load_f32(dd, i * nsb + b), load_f32(dmins, i * nsb + b), t * nsb + b
+        dx0, dx1, dx2, dx3 = load_f32(xd, xb), load_f32(xd, xb + nsb), load_f32(xd, xb + 2 * nsb), \
+            load_f32(xd, xb + 3 * nsb)
+        for p in range(4):
+            s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+            n0 = n1 = n2 = n3 = 0
+            for g in range(2 * p, 2 * p + 2):
+                so, bo = qo // 16 + 2 * g, xo // 16 + 2 * g
+                q = load_i8x32(qbuf, qo + 32 * g)
+                lo, hi, mlo, mhi = load_i32(scales, so), load_i32(scales, so + 1), load_i32(mins, so), \
+                    load_i32(mins, so + 1)
+                s0 = i32x8_add(s0, dot_i8x32_2scales(q, load_i8x32(xq, xo + 32 * g), lo, hi))
+                s1 = i32x8_add(s1, dot_i8x32_2scales(q, load_i8x32(xq, xo + n_in + 32 * g), lo, hi))
+                s2 = i32x8_add(s2, dot_i8x32_2scales(q, load_i8x32(xq, xo + 2 * n_in + 32 * g), lo, hi))
+                s3 = i32x8_add(s3, dot_i8x32_2scales(q, load_i8x32(xq, xo + 3 * n_in + 32 * g), lo, hi))
+                bs = n_in // 16
+                n0 += mlo * load_i32(bsums, bo) + mhi * load_i32(bsums, bo + 1)
+                n1 += mlo * load_i32(bsums, bo + bs) + mhi * load_i32(bsums, bo + bs + 1)
+                n2 += mlo * load_i32(bsums, bo + 2 * bs) + mhi * load_i32(bsums, bo + 2 * bs + 1)
+                n3 += mlo * load_i32(bsums, bo + 3 * bs) + mhi * load_i32(bsums, bo + 3 * bs + 1)
+            a0 = fma32(_F32(i32x8_hsum(s0)), d * dx0, a0)
+            a1 = fma32(_F32(i32x8_hsum(s1)), d * dx1, a1)
+            a2 = fma32(_F32(i32x8_hsum(s2)), d * dx2, a2)
+            a3 = fma32(_F32(i32x8_hsum(s3)), d * dx3, a3)
+            m0 = fma32(_F32(n0), dmin * dx0, m0)
+            m1 = fma32(_F32(n1), dmin * dx1, m1)
+            m2 = fma32(_F32(n2), dmin * dx2, m2)
+            m3 = fma32(_F32(n3), dmin * dx3, m3)
+    return a0 - m0, a1 - m1, a2 - m2, a3 - m3
+
+
+@njit(cache=True)
 def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     """One row x one token as llama.cpp's repacked Q4_K gemv (ggml_gemv_q4_K_8x8_q8_K, AVX2): per super-block
     one FMA of its exact integer total into A and one of its mins total into Mn; the result is A - Mn."""
@@ -174,16 +251,40 @@ def gemm_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
 
 @njit(parallel=True, cache=True)
 def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv."""
+    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv.
+    With gemm rows, ROW_CHUNK weight rows are decoded once into int8 and reused for every token."""
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
-    for r in prange(n_out):
-        for t in range(n_tokens):
-            if kinds[t]:
-                out[t, r] = gemm_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-            else:
-                out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+    if n_tokens < TOKEN_TILE or not kinds.any():
+        for r in prange(n_out):
+            for t in range(n_tokens):
+                if kinds[t]:
+                    out[t, r] = gemm_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+                else:
+                    out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+        return
+    for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
+        qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+        r0 = c * ROW_CHUNK
+        n_rows = min(ROW_CHUNK, n_out - r0)
+        for i in range(n_rows * nsb):
+            qo = (i // nsb) * n_in + 256 * (i % nsb)
+            dd[i], dmins[i] = _decode_q4_k(w, (r0 + i // nsb) * row_bytes + 144 * (i % nsb), qbuf, qo,
+                                           scales, mins, qo // 16)
+        for i in range(n_rows):
+            t = 0
+            while t < n_tokens:
+                if t + 3 < n_tokens and kinds[t] and kinds[t + 1] and kinds[t + 2] and kinds[t + 3]:
+                    out[t, r0 + i], out[t + 1, r0 + i], out[t + 2, r0 + i], out[t + 3, r0 + i] = \
+                        _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
+                    t += 4
+                    continue
+                if kinds[t]:
+                    out[t, r0 + i] = _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
+                else:
+                    out[t, r0 + i] = vec_dot_q4_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+                t += 1
 
 
 # --- Q5_K ---------------------------------------------------------------------------------------------------
@@ -285,12 +386,50 @@ def tiled_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     return acc
 
 
+@njit(cache=True)
+def _decode_q6_k(w, o, qbuf, qo, scales, mins, so):
+    for g in range(8):
+        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q6_k(w, o, g)
+        store_i8x32(qbuf, qo + 32 * g, q)
+    return _scales_q6_k(w, o)
+
+
+@njit(cache=True)
+def _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd):
+    """tiled_dot_q6_k_q8_k of decoded row i (signed values q - 32) and token t: the exact super-block totals."""
+    n_in = qbuf.shape[0] // ROW_CHUNK
+    nsb = n_in // 256
+    acc = _F32(0)
+    for b in range(nsb):
+        qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
+        res = load_f32(dd, i * nsb + b) * _F32(i32x8_hsum(_decoded_dot(qbuf, qo, scales, xq, xo)))
+        acc = fma32(res, load_f32(xd, t * nsb + b), acc)
+    return acc
+
+
 @njit(parallel=True, cache=True)
 def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its tiled matmul, 0 for vec_dot."""
+    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its tiled matmul, 0 for vec_dot.
+    With tiled rows, ROW_CHUNK weight rows are decoded once into int8 and reused for every token."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
+    if n_tokens >= TOKEN_TILE and kinds.any():
+        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
+            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+            r0 = c * ROW_CHUNK
+            n_rows = min(ROW_CHUNK, n_out - r0)
+            for i in range(n_rows * nsb):
+                qo = (i // nsb) * n_in + 256 * (i % nsb)
+                dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
+                                               scales, mins, qo // 16)
+            for i in range(n_rows):
+                for t in range(n_tokens):
+                    if kinds[t]:
+                        out[t, r0 + i] = _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd)
+                    else:
+                        out[t, r0 + i] = vec_dot_q6_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+        return
     for r in prange(n_out):
         for t in range(n_tokens):
             if kinds[t]:

@@ -467,6 +467,47 @@ def f32x8_hsum(typingctx, v):
 
 
 @intrinsic
+def f32x8_add(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def f32x8_splat(typingctx, x):
+    """8 lanes of the float32 scalar x."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), 8)
+    return F32x8(x), codegen
+
+
+@intrinsic
+def f32x8_hsum_pairs(typingctx, v):
+    """Sum of the 8 lanes as ggml_vec_dot_f16 reduces them (two _mm_hadd_ps): t_l = v_l + v_{l+4}, then
+    (t0 + t1) + (t2 + t3). f32x8_hsum is the other order llama.cpp uses, ((t0 + t2) + (t1 + t3))."""
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        t = builder.fadd(_shuffle(builder, v, v, range(4)), _shuffle(builder, v, v, range(4, 8)))
+        u = builder.fadd(_shuffle(builder, t, t, [0, 2]), _shuffle(builder, t, t, [1, 3]))
+        return builder.fadd(builder.extract_element(u, ir.Constant(_I32, 0)),
+                            builder.extract_element(u, ir.Constant(_I32, 1)))
+    return types.float32(v), codegen
+
+
+@intrinsic
+def store_f32x8(typingctx, buf, offset, v):
+    """Write the 8 lanes of v to buf[offset:offset + 8] (a float32 array)."""
+    if v is not F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=4)
+        return context.get_dummy_value()
+    return types.none(buf, offset, v), codegen
+
+
+@intrinsic
 def load_f32x8(typingctx, buf, offset):
     """8 float32 at buf[offset] (element offset for float32 arrays, byte offset for uint8 buffers)."""
     def codegen(context, builder, sig, args):
@@ -476,7 +517,7 @@ def load_f32x8(typingctx, buf, offset):
 
 @intrinsic
 def load_f16x8(typingctx, buf, offset):
-    """8 float16 at byte offset `offset` of a uint8 buffer, widened to float32."""
+    """8 float16 at `offset` (bytes into a uint8 buffer, elements into a uint16 array), widened to float32."""
     def codegen(context, builder, sig, args):
         h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 8))
         return _f16_to_f32(builder, h)

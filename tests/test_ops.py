@@ -172,18 +172,25 @@ def test_attention_matches_reference(rng, n_heads, n_kv_heads, head_dim, n_past,
     assert nmse(out, want) < NMSE_ATTENTION
 
 
-@pytest.mark.parametrize("kernel", [ops._attention_serial, ops._attention_parallel])
-def test_serial_and_parallel_attention_agree(rng, kernel):
-    """ops.attention picks one by the amount of work; both must give the reference's answer."""
-    q = rng.standard_normal((6, 4, 32)).astype(np.float32)
+@pytest.mark.parametrize("kernels", [(ops._attention_serial, ops._attention_serial_vec),
+                                     (ops._attention_parallel, ops._attention_parallel_vec)])
+@pytest.mark.parametrize("n_new", [1, 6])  # one query row and several: llama.cpp's two summation orders
+def test_serial_parallel_scalar_and_vector_attention_agree(rng, kernels, n_new):
+    """ops.attention picks serial or parallel by the amount of work, and the vector path where the cache type and
+    head size allow: each gives the reference's answer, and the vector path the scalar one's bits."""
+    q = rng.standard_normal((n_new, 4, 32)).astype(np.float32)
     k = rng.standard_normal((30, 2, 32)).astype(np.float32)
     v = rng.standard_normal((30, 2, 32)).astype(np.float32)
     positions = np.arange(30, dtype=np.int32)
     k_cache, v_cache, slot_pos = _cache_from(k, v, positions, capacity=40)
-    out = np.empty_like(q)
-    kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, positions[24:], 9, 0.2, out,
-           scores_for(q, 40))
-    assert nmse(out, ops.attention_ref(q, k, v, positions[24:], positions, 9, 0.2)) < NMSE_ATTENTION
+    outs = []
+    for kernel in kernels:
+        out = np.empty_like(q)
+        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, positions[-n_new:], 9, 0.2, out,
+               scores_for(q, 40))
+        assert nmse(out, ops.attention_ref(q, k, v, positions[-n_new:], positions, 9, 0.2)) < NMSE_ATTENTION
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
