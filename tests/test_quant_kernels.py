@@ -128,18 +128,37 @@ def test_matvec_and_matmul_match_float64(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
-def test_matmul_rows_equal_matvec_bit_for_bit(fmt):
-    # Prompt processing and decode must agree exactly, whatever the token tiling (4 at a time + remainder).
-    n_out, n_in = shape_for(fmt)
+@pytest.mark.parametrize("n_out", [37, 40])  # 40: a multiple of 8, which llama.cpp repacks for Q4_K
+def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
+    """Decoding sequences together (sizes of 1) gives every row matvec's bits, whatever the token tiling; a plain
+    batch too, except for Q4_K (repacked) and Q6_K, whose batches llama.cpp multiplies with other kernels."""
+    n_in = shape_for(fmt)[1]
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
-    x = np.random.default_rng(4).standard_normal((7, n_in)).astype(np.float32)
-    for n_tokens in (1, 3, 4, 7):
-        out = np.empty((n_tokens, n_out), np.float32)
-        layer.matmul(x[:n_tokens], out)
+    x = np.random.default_rng(4).standard_normal((9, n_in)).astype(np.float32)
+    batch_kernels = fmt.name in ("Q4_K", "Q6_K")
+    for n_tokens in (1, 3, 4, 7, 9):
+        ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
-            one = np.empty(n_out, np.float32)
-            layer.matvec(x[t], one)
-            np.testing.assert_array_equal(out[t], one)
+            layer.matvec(x[t], ones[t])
+        out = np.empty((n_tokens, n_out), np.float32)
+        layer.matmul(x[:n_tokens], out, sizes=(1,) * n_tokens)
+        np.testing.assert_array_equal(out, ones)
+        layer.matmul(x[:n_tokens], out)
+        if not batch_kernels:
+            np.testing.assert_array_equal(out, ones)
+    if batch_kernels:  # rows 0..7 of a 9-token batch: Q4_K's 4-row gemm, Q6_K's tiled matmul
+        other = (fmt.name == "Q4_K" and n_out % 8 == 0) or fmt.name == "Q6_K"
+        assert (out[:8] != ones[:8]).any() == other
+        if fmt.name == "Q4_K":  # the ninth token is the gemv's, as one token alone
+            np.testing.assert_array_equal(out[8], ones[8])
+
+
+def test_row_kinds_follow_llama_cpp_dispatch():
+    from quant.matmul_kquant import row_kinds
+    np.testing.assert_array_equal(row_kinds("Q4_K", 640, (9,)), [1] * 8 + [0])
+    np.testing.assert_array_equal(row_kinds("Q4_K", 640, (3, 5)), [0, 0, 0, 1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(row_kinds("Q4_K", 644, (9,)), [0] * 9)  # not repacked
+    np.testing.assert_array_equal(row_kinds("Q6_K", 640, (7, 8)), [0] * 7 + [1] * 8)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
