@@ -435,7 +435,26 @@ def _score_vec(q_row, k_cache, base, head_dim, single):
 @njit(cache=True, error_model="numpy", inline="always")
 def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top):
     capacity, head_dim = slot_pos.shape[0], q_row.shape[0]
-    for j in range(first, last):
+    j = first
+    if not single:  # batch order: one accumulator chain per key; four keys at a time keep four chains in flight
+        while j + 3 < last:
+            if slot_pos[j] < lo or slot_pos[j + 3] > p or slot_pos[j + 1] < lo or slot_pos[j + 2] < lo \
+                    or slot_pos[j] > p or slot_pos[j + 1] > p or slot_pos[j + 2] > p or slot_pos[j + 3] < lo:
+                break
+            b0 = (kv * capacity + j) * head_dim
+            a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+            for c in range(0, head_dim, 8):
+                qc = load_f32x8(q_row, c)
+                a0 = f32x8_fma(a0, load_row8(k_cache, b0 + c), qc)
+                a1 = f32x8_fma(a1, load_row8(k_cache, b0 + head_dim + c), qc)
+                a2 = f32x8_fma(a2, load_row8(k_cache, b0 + 2 * head_dim + c), qc)
+                a3 = f32x8_fma(a3, load_row8(k_cache, b0 + 3 * head_dim + c), qc)
+            s0, s1 = f32x8_hsum(a0) * scale, f32x8_hsum(a1) * scale
+            s2, s3 = f32x8_hsum(a2) * scale, f32x8_hsum(a3) * scale
+            work[j], work[j + 1], work[j + 2], work[j + 3] = s0, s1, s2, s3
+            top = max(top, max(max(s0, s1), max(s2, s3)))
+            j += 4
+    for j in range(j, last):
         pos = slot_pos[j]
         if pos < lo or pos > p:
             work[j] = -np.inf
