@@ -160,7 +160,9 @@ def _decoded_pair(qbuf, scales, mins, qo, xq, xo, bsums, p):
 
 @njit(cache=True)
 def _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
-    """gemm_dot_q4_k_q8_k of decoded row i (a ROW_CHUNK buffer) and token t."""
+    """Decoded row i (a ROW_CHUNK buffer) x token t as llama.cpp's repacked Q4_K 4-row gemm
+    (ggml_gemm_q4_K_8x8_q8_K, AVX2): the FMAs go per pair of 32-value groups, four per super-block, for the sum
+    and (in an accumulator of their own) for the mins."""
     n_in = qbuf.shape[0] // ROW_CHUNK
     nsb = n_in // 256
     acc, mn = _F32(0), _F32(0)
@@ -228,27 +230,6 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     return acc - mins
 
 
-@njit(cache=True)
-def gemm_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    """One row x one token as llama.cpp's repacked Q4_K 4-row gemm (ggml_gemm_q4_K_8x8_q8_K, AVX2): the FMAs go
-    per pair of 32-value groups, four per super-block, for the sum and for the mins."""
-    acc, mins = _F32(0), _F32(0)
-    for b in range(nsb):
-        ob, xb = o + 144 * b, xo + 256 * b
-        d, dmin = _scales_q45_k(w, ob)
-        dx = load_f32(xd, xo // 256 + b)
-        ds, dm = d * dx, dmin * dx
-        for p in range(4):
-            isum, msum = i32x8_zero(), 0
-            for g in range(2 * p, 2 * p + 2):
-                q, s0, s1, m0, m1 = _group_q4_k(w, ob, g)
-                isum = i32x8_add(isum, dot_u8x32_2scales(q, load_i8x32(xq, xb + 32 * g), s0, s1))
-                msum += m0 * load_i32(bsums, xb // 16 + 2 * g) + m1 * load_i32(bsums, xb // 16 + 2 * g + 1)
-            acc = fma32(_F32(i32x8_hsum(isum)), ds, acc)
-            mins = fma32(_F32(msum), dm, mins)
-    return acc - mins
-
-
 @njit(parallel=True, cache=True)
 def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv.
@@ -256,13 +237,10 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
-    if n_tokens < TOKEN_TILE or not kinds.any():
+    if not kinds.any():  # (gemm rows come in groups of 4 tokens)
         for r in prange(n_out):
             for t in range(n_tokens):
-                if kinds[t]:
-                    out[t, r] = gemm_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-                else:
-                    out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+                out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
         return
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
         qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
@@ -375,18 +353,6 @@ def vec_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
 
 
 @njit(cache=True)
-def tiled_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    """One row x one token as llama.cpp's tiled K-quant matmul (batches of 8 or more tokens): per super-block
-    res = d_w * float(exact total), then acc = fma(res, d_x, acc)."""
-    acc = _F32(0)
-    for b in range(nsb):
-        lanes = _lanes_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        res = load_f16(w, o + 210 * b + 208) * _F32(i32x8_hsum(lanes))
-        acc = fma32(res, load_f32(xd, xo // 256 + b), acc)
-    return acc
-
-
-@njit(cache=True)
 def _decode_q6_k(w, o, qbuf, qo, scales, mins, so):
     for g in range(8):
         q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q6_k(w, o, g)
@@ -396,7 +362,8 @@ def _decode_q6_k(w, o, qbuf, qo, scales, mins, so):
 
 @njit(cache=True)
 def _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd):
-    """tiled_dot_q6_k_q8_k of decoded row i (signed values q - 32) and token t: the exact super-block totals."""
+    """Decoded row i (signed values q - 32) x token t as llama.cpp's tiled K-quant matmul (batches of 8 or more
+    tokens): per super-block res = d_w * float(exact total), then acc = fma(res, d_x, acc)."""
     n_in = qbuf.shape[0] // ROW_CHUNK
     nsb = n_in // 256
     acc = _F32(0)
@@ -414,7 +381,7 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens >= TOKEN_TILE and kinds.any():
+    if kinds.any():  # (tiled rows come in batches of 8 tokens or more)
         for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
             qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
             r0 = c * ROW_CHUNK
@@ -432,10 +399,7 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         return
     for r in prange(n_out):
         for t in range(n_tokens):
-            if kinds[t]:
-                out[t, r] = tiled_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-            else:
-                out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+            out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
 
 
 
