@@ -467,33 +467,78 @@ def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, sing
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _exp_run_vec(work, first, last, top, e8):
-    """_exp_run with the 8 exponentials of a group computed together (into e8, then copied back)."""
+    """_exp_run, vectorised: the exponentials in place in one loop (fast_exp(-inf) is 0, as the masked slots
+    need), then each aligned group of 8 summed in f32x8_hsum's order (slots outside [first, last) as 0)."""
+    run = work[first:last]  # a view indexed from 0: LLVM vectorises the loop (not with a signed start)
+    for i in range(run.shape[0]):
+        run[i] = fast_exp(run[i] - top)
     total = 0.0
     for g in range(first - first % 8, last, 8):
-        for lane in range(8):
-            j = g + lane
-            v = work[j] if first <= j < last else -np.inf
-            e8[lane] = fast_exp(v - top)
-        total += np.float64(f32x8_hsum(load_f32x8(e8, 0)))
-        for lane in range(8):
-            j = g + lane
-            if first <= j < last:
-                work[j] = e8[lane]
+        if g >= first and g + 8 <= last:
+            total += np.float64(f32x8_hsum(load_f32x8(work, g)))
+        else:
+            for lane in range(8):
+                j = g + lane
+                e8[lane] = work[j] if first <= j < last else np.float32(0.0)
+            total += np.float64(f32x8_hsum(load_f32x8(e8, 0)))
     return total
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _weigh_run_vec(v_cache, kv, first, last, inv, lanes, work, acc, acc0):
+def _weights_run_vec(work, first, last, inv, v_cache):
+    """work[j] <- the softmax weight of slot j, exp * inv rounded as the cache (what multiplies the values), or
+    nan where the exponential is 0: those slots are skipped, as the scalar path skips them."""
+    run = work[first:last]
+    for i in range(run.shape[0]):
+        e = run[i]
+        w = like_cache(e * inv, v_cache)
+        run[i] = np.float32(np.nan) if e == 0.0 else w
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
+    """acc lane (j % lanes) += work[j] * v_j for each slot j in [first, last), each lane's slots in increasing
+    order (lanes: a power of 2; head_dim: a multiple of 32). One lane at a time, 32 or 64 dimensions of its
+    running sums held in registers across its slots: no store per slot."""
     capacity = v_cache.shape[1]
     head_dim = v_cache.shape[2]
-    for j in range(first, last):
-        if work[j] == 0.0:
+    mask = lanes - 1
+    for lane in range(lanes):
+        j0 = first + ((lane - first) & mask)  # the first slot >= first in this lane
+        if j0 >= last:
             continue
-        w = f32x8_splat(like_cache(work[j] * inv, v_cache))
-        row = acc0 + (j % lanes) * head_dim
-        base = (kv * capacity + j) * head_dim
-        for c in range(0, head_dim, 8):
-            store_f32x8(acc, row + c, f32x8_fma(load_f32x8(acc, row + c), load_row8(v_cache, base + c), w))
+        for dc in range(0, head_dim, 64):  # a lane's rows stay in L1 from one block of dimensions to the next
+            wide = dc + 64 <= head_dim
+            r = acc0 + lane * head_dim + dc
+            a0, a1, a2, a3 = load_f32x8(acc, r), load_f32x8(acc, r + 8), load_f32x8(acc, r + 16), load_f32x8(acc, r + 24)
+            a4, a5, a6, a7 = a0, a1, a2, a3
+            if wide:
+                a4, a5 = load_f32x8(acc, r + 32), load_f32x8(acc, r + 40)
+                a6, a7 = load_f32x8(acc, r + 48), load_f32x8(acc, r + 56)
+            for j in range(j0, last, lanes):
+                w = work[j]
+                if w != w:
+                    continue
+                ws = f32x8_splat(w)
+                base = (kv * capacity + j) * head_dim + dc
+                a0 = f32x8_fma(a0, load_row8(v_cache, base), ws)
+                a1 = f32x8_fma(a1, load_row8(v_cache, base + 8), ws)
+                a2 = f32x8_fma(a2, load_row8(v_cache, base + 16), ws)
+                a3 = f32x8_fma(a3, load_row8(v_cache, base + 24), ws)
+                if wide:
+                    a4 = f32x8_fma(a4, load_row8(v_cache, base + 32), ws)
+                    a5 = f32x8_fma(a5, load_row8(v_cache, base + 40), ws)
+                    a6 = f32x8_fma(a6, load_row8(v_cache, base + 48), ws)
+                    a7 = f32x8_fma(a7, load_row8(v_cache, base + 56), ws)
+            store_f32x8(acc, r, a0)
+            store_f32x8(acc, r + 8, a1)
+            store_f32x8(acc, r + 16, a2)
+            store_f32x8(acc, r + 24, a3)
+            if wide:
+                store_f32x8(acc, r + 32, a4)
+                store_f32x8(acc, r + 40, a5)
+                store_f32x8(acc, r + 48, a6)
+                store_f32x8(acc, r + 56, a7)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -534,10 +579,13 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     inv = np.float32(1.0 / total)
     work[acc0: acc0 + lanes * head_dim] = 0.0
     if wrapped:
-        _weigh_run_vec(v_cache, kv, first, capacity, inv, lanes, work, work, acc0)
-        _weigh_run_vec(v_cache, kv, 0, last, inv, lanes, work, work, acc0)
+        _weights_run_vec(work, first, capacity, inv, v_cache)
+        _weights_run_vec(work, 0, last, inv, v_cache)
+        _weigh_run_vec(v_cache, kv, first, capacity, lanes, work, work, acc0)
+        _weigh_run_vec(v_cache, kv, 0, last, lanes, work, work, acc0)
     else:
-        _weigh_run_vec(v_cache, kv, first, last, inv, lanes, work, work, acc0)
+        _weights_run_vec(work, first, last, inv, v_cache)
+        _weigh_run_vec(v_cache, kv, first, last, lanes, work, work, acc0)
     o = (t * n_heads + h) * head_dim
     for c in range(0, head_dim, 8):
         r = acc0 + c
