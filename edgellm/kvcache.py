@@ -103,6 +103,7 @@ class KVCache:
             slot_pos[:] = EMPTY_SLOT
             self.layers.append(LayerKV(k, v, k_scale, v_scale, slot_pos, int(window)))
         self.n_past = 0  # positions [0, n_past) have been written
+        self.pool, self.pool_index = None, -1  # a KVPool's cache: the pool and this cache's index in it
         self.n_shifted = 0  # positions dropped by context shifts so far (the cache's positions lag by this)
         self.shift_log: list[tuple[int, int]] = []  # (n_keep, n_discard) of every shift since the last reset
 
@@ -218,6 +219,17 @@ class KVPool:
         self.caches = [KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type,
                                block=self._block[i * self.seq_nbytes: i * self.seq_nbytes + size])
                        for i in range(n_seq)]
+        for i, cache in enumerate(self.caches):
+            cache.pool, cache.pool_index = self, i
+        # Per layer, every sequence's arrays as one view with a leading sequence axis (the caches share one
+        # layout, seq_nbytes apart), so one kernel call serves all the sequences of a decode step.
+        self.stacked = [LayerKV(*(self._stack(a) for a in (kv.k, kv.v, kv.k_scale, kv.v_scale, kv.slot_pos)),
+                                kv.window) for kv in self.caches[0].layers]
+
+    def _stack(self, a: np.ndarray) -> np.ndarray:
+        if a.size == 0:
+            return np.zeros((len(self.caches),) + a.shape, a.dtype)
+        return np.lib.stride_tricks.as_strided(a, (len(self.caches),) + a.shape, (self.seq_nbytes,) + a.strides)
 
     @staticmethod
     def planned_nbytes(n_seq, n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type=None) -> int:

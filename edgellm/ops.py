@@ -280,6 +280,30 @@ def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, n
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
+@njit(cache=True, error_model="numpy")
+def _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                     positions, seqs, k_all, v_all, ks_all, vs_all, sp_all):
+    for t in range(q.shape[0]):
+        s = seqs[t]
+        _finish_qkv(q[t:t + 1], k[t:t + 1], v[t:t + 1], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos[t:t + 1],
+                    sin[t:t + 1], neox, positions[t:t + 1], k_all[s], v_all[s], ks_all[s], vs_all[s], sp_all[s])
+
+
+def finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs, stacked):
+    """finish_qkv for T independent sequences of one token each: row t goes to sequence seqs[t] of `stacked`
+    (a KVPool layer: arrays with a leading sequence axis). Row t gets exactly finish_qkv's arithmetic alone."""
+    _check_rows(seqs, positions, stacked, q.shape[0])
+    _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs,
+                     stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos)
+
+
+def _check_rows(seqs, positions, stacked, n_rows):
+    if seqs.dtype != np.int32 or seqs.shape != (n_rows,) or positions.shape != (n_rows,):
+        raise ValueError(f"seqs and positions must be int32 arrays of the {n_rows} rows")
+    if n_rows and (int(seqs.min()) < 0 or int(seqs.max()) >= stacked.k.shape[0]):
+        raise ValueError(f"sequence index out of range [0, {stacked.k.shape[0]})")
+
+
 # llama.cpp computes attention (flash attention off) as two matrix products around a softmax, and its float16
 # cache makes both products float16 x float16 with float32 FMA accumulation: the query and the softmax weights are
 # rounded to float16 first. The order of each sum depends on the product's kernel:
@@ -649,6 +673,36 @@ def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_p
         t, h = th // n_heads, th % n_heads
         _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
                     scratch[numba.get_thread_id()], single)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_rows_vec(q, k_all, v_all, sp_all, seqs, q_positions, window, scale, out, scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_all.shape[1]
+    for th in prange(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        s = seqs[t]
+        _attend_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t, h, h // group,
+                    out, scratch[numba.get_thread_id()], True)
+
+
+def attention_rows_supported(stacked, head_dim) -> bool:
+    return stacked.k.dtype != np.int8 and head_dim % LANES_SINGLE == 0
+
+
+def attention_rows(q, stacked, seqs, q_positions, scale, out, scratch):
+    """attention() for T independent sequences of one query each (batched decoding): row t attends over sequence
+    seqs[t] of `stacked` (a KVPool layer) and gets exactly the bits attention() gives that row alone.
+    f16/f32 caches with head_dim a multiple of 32 (attention_rows_supported); out must be C-contiguous."""
+    n_tokens, _, head_dim = q.shape
+    _check_rows(seqs, q_positions, stacked, n_tokens)
+    need = attention_scratch_width(stacked.slot_pos.shape[1], head_dim)
+    if scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
+        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
+    if not attention_rows_supported(stacked, head_dim) or not out.flags.c_contiguous:
+        raise ValueError("attention_rows needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
+    _attention_rows_vec(q, stacked.k, stacked.v, stacked.slot_pos, seqs, q_positions, stacked.window, scale, out,
+                        scratch)
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.

@@ -67,6 +67,7 @@ class DecoderModel:
         return self.cache
 
     _attn_scratch = None
+    _pool_rows = None  # (KVPool, int32 sequence index per row) while forward_multi runs over one pool's caches
 
     def attn_scratch(self, kv) -> np.ndarray:
         """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward."""
@@ -163,6 +164,16 @@ class DecoderModel:
         """Layer il's steps between the q/k/v projections and W_o, for each group of rows in its own cache:
         biases, QK norms, rope, the cache store (ops.finish_qkv), then attention into s.attn_heads."""
         eps, scale = self.config.norm_eps, self.config.attn_scale
+        rows = self._pool_rows
+        if rows is not None and len(groups) == len(positions) > 1:  # forward_multi over one KVPool's caches
+            pool, seqs = rows
+            stacked = pool.stacked[il]
+            if ops.attention_rows_supported(stacked, self.config.head_dim):
+                ops.finish_qkv_rows(s.q_heads, s.k_heads, s.v_heads, *biases, *norms, eps, cos, sin, neox, positions,
+                                    seqs, stacked)
+                ops.attention_rows(s.q_heads, stacked, seqs, positions, scale, s.attn_heads,
+                                   self.attn_scratch(groups[0][2].layers[il]))
+                return
         for b0, b1, cache in groups:
             kv = cache.layers[il]
             if b0 == 0 and b1 == len(positions):
@@ -202,7 +213,13 @@ class DecoderModel:
             self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
         logits = self._multi_logits[:n]
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
-        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        pool = caches[0].pool
+        if pool is not None and all(c.pool is pool for c in caches):  # one kernel call per layer for them all
+            self._pool_rows = (pool, np.array([c.pool_index for c in caches], np.int32))
+        try:
+            self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        finally:
+            self._pool_rows = None
         for cache in caches:
             cache.n_past += 1
         return logits
