@@ -11,7 +11,7 @@ Per format:
   vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
   matmul_<fmt>(w, row_bytes, x, xq, xd, xs, out)
       out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. xq int8[T*n_in], xd/xs f32[T*n_in/32]
-      are caller-provided scratch. One parallel region over rows (plus one over tokens when T >= 4).
+      are caller-provided scratch. One parallel region over blocks of rows (plus one over tokens when T >= 4).
 Each token's sum runs in the same order in both vec_dots, so matmul rows equal matvec bit for bit.
 """
 
@@ -27,6 +27,10 @@ from .simd import (dot_i8x32, dot_u8x32, f32x8_fma_i32, f32x8_hsum, f32x8_zero, 
                    load_bits32, load_f16, load_f32, load_i8x32, load_nibbles_lo_hi)
 
 TOKEN_TILE = 4
+# Long batches go in blocks of ROW_BLOCK rows x TOKEN_BLOCK tokens, so a block's activations stay in L1 while its
+# rows pass over them (Q5_0 2048x640 x 512 tokens: 38 -> 42 GMAC/s on 2 threads); each (row, token) dot is the same.
+ROW_BLOCK = 16
+TOKEN_BLOCK = 32
 
 
 @njit(cache=True)
@@ -109,12 +113,17 @@ def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
     _quantize_tokens(x, xq, xd, xs)
     n_tokens, n_in = x.shape
     nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
-    for r in prange(out.shape[1]):
-        for t in range(0, full, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(full, n_tokens):
-            out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    n_out = out.shape[1]
+    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
+        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+        for t0 in range(0, full, TOKEN_BLOCK):
+            for r in range(r0, r1):
+                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
+                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+        for r in range(r0, r1):
+            for t in range(full, n_tokens):
+                out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
 # --- Q4_1: w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) -------------------------------------------------
@@ -154,12 +163,17 @@ def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
     _quantize_tokens(x, xq, xd, xs)
     n_tokens, n_in = x.shape
     nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
-    for r in prange(out.shape[1]):
-        for t in range(0, full, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
-        for t in range(full, n_tokens):
-            out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    n_out = out.shape[1]
+    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
+        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+        for t0 in range(0, full, TOKEN_BLOCK):
+            for r in range(r0, r1):
+                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
+                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+        for r in range(r0, r1):
+            for t in range(full, n_tokens):
+                out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
 # --- Q5_0 -------------------------------------------------------------------------------------------------
@@ -193,12 +207,17 @@ def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
     _quantize_tokens(x, xq, xd, xs)
     n_tokens, n_in = x.shape
     nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
-    for r in prange(out.shape[1]):
-        for t in range(0, full, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(full, n_tokens):
-            out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    n_out = out.shape[1]
+    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
+        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+        for t0 in range(0, full, TOKEN_BLOCK):
+            for r in range(r0, r1):
+                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
+                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+        for r in range(r0, r1):
+            for t in range(full, n_tokens):
+                out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
@@ -238,12 +257,17 @@ def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
     _quantize_tokens(x, xq, xd, xs)
     n_tokens, n_in = x.shape
     nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
-    for r in prange(out.shape[1]):
-        for t in range(0, full, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
-        for t in range(full, n_tokens):
-            out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    n_out = out.shape[1]
+    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
+        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+        for t0 in range(0, full, TOKEN_BLOCK):
+            for r in range(r0, r1):
+                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
+                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+        for r in range(r0, r1):
+            for t in range(full, n_tokens):
+                out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------
@@ -277,12 +301,17 @@ def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
     _quantize_tokens(x, xq, xd, xs)
     n_tokens, n_in = x.shape
     nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
-    for r in prange(out.shape[1]):
-        for t in range(0, full, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(full, n_tokens):
-            out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    n_out = out.shape[1]
+    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
+        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+        for t0 in range(0, full, TOKEN_BLOCK):
+            for r in range(r0, r1):
+                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
+                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+        for r in range(r0, r1):
+            for t in range(full, n_tokens):
+                out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
 MATMUL = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q5_0": matmul_q5_0, "Q5_1": matmul_q5_1, "Q8_0": matmul_q8_0}

@@ -16,8 +16,8 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i8x32_and,
-                   i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_madd, i32x8_zero, load_f16, load_f32,
-                   load_i8, load_i8x32, load_i32, pair_dot_i8_i32, store_i8x32)
+                   i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_madd, i32x8_zero,
+                   load_f16, load_f32, load_i8, load_i8x32, load_i32, pair_dot_i8_i32, store_i8x32)
 
 _F32 = np.float32
 
@@ -177,11 +177,19 @@ def _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
     return acc - mn
 
 
+@njit(cache=True, inline="always")
+def _mins_pair(mins, so, bsums, bo):
+    """The exact integer mins term of one pair of 32-value groups (its four 16-value halves)."""
+    return (load_i32(mins, so) * load_i32(bsums, bo) + load_i32(mins, so + 1) * load_i32(bsums, bo + 1)) + \
+        (load_i32(mins, so + 2) * load_i32(bsums, bo + 2) + load_i32(mins, so + 3) * load_i32(bsums, bo + 3))
+
+
 @njit(cache=True)
 def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
-    """_gemm_q4_k_decoded for tokens t..t+3: each decoded group and its scales loaded once for the four."""
+    """_gemm_q4_k_decoded for tokens t..t+3: each decoded group and its scale loaded once for the four, the four
+    integer totals of a pair reduced together (i32x8_hsum4), the float arithmetic per token unchanged."""
     n_in = qbuf.shape[0] // ROW_CHUNK
-    nsb = n_in // 256
+    nsb, bs = n_in // 256, n_in // 16
     a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = _F32(0)
     for b in range(nsb):
         qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
@@ -190,29 +198,23 @@ def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
             load_f32(xd, xb + 3 * nsb)
         for p in range(4):
             s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
-            n0 = n1 = n2 = n3 = 0
             for g in range(2 * p, 2 * p + 2):
-                so, bo = qo // 16 + 2 * g, xo // 16 + 2 * g
-                q = load_i8x32(qbuf, qo + 32 * g)
-                lo, hi, mlo, mhi = load_i32(scales, so), load_i32(scales, so + 1), load_i32(mins, so), \
-                    load_i32(mins, so + 1)
-                s0 = i32x8_add(s0, dot_i8x32_2scales(q, load_i8x32(xq, xo + 32 * g), lo, hi))
-                s1 = i32x8_add(s1, dot_i8x32_2scales(q, load_i8x32(xq, xo + n_in + 32 * g), lo, hi))
-                s2 = i32x8_add(s2, dot_i8x32_2scales(q, load_i8x32(xq, xo + 2 * n_in + 32 * g), lo, hi))
-                s3 = i32x8_add(s3, dot_i8x32_2scales(q, load_i8x32(xq, xo + 3 * n_in + 32 * g), lo, hi))
-                bs = n_in // 16
-                n0 += mlo * load_i32(bsums, bo) + mhi * load_i32(bsums, bo + 1)
-                n1 += mlo * load_i32(bsums, bo + bs) + mhi * load_i32(bsums, bo + bs + 1)
-                n2 += mlo * load_i32(bsums, bo + 2 * bs) + mhi * load_i32(bsums, bo + 2 * bs + 1)
-                n3 += mlo * load_i32(bsums, bo + 3 * bs) + mhi * load_i32(bsums, bo + 3 * bs + 1)
-            a0 = fma32(_F32(i32x8_hsum(s0)), d * dx0, a0)
-            a1 = fma32(_F32(i32x8_hsum(s1)), d * dx1, a1)
-            a2 = fma32(_F32(i32x8_hsum(s2)), d * dx2, a2)
-            a3 = fma32(_F32(i32x8_hsum(s3)), d * dx3, a3)
-            m0 = fma32(_F32(n0), dmin * dx0, m0)
-            m1 = fma32(_F32(n1), dmin * dx1, m1)
-            m2 = fma32(_F32(n2), dmin * dx2, m2)
-            m3 = fma32(_F32(n3), dmin * dx3, m3)
+                q = load_i8x32(qbuf, qo + 32 * g)  # decoded quants are 0..15: no sign flip
+                sc = load_i32(scales, qo // 16 + 2 * g)  # Q4_K: one scale for both halves of a group
+                s0 = i32x8_add(s0, dot_u8x32_2scales(q, load_i8x32(xq, xo + 32 * g), sc, sc))
+                s1 = i32x8_add(s1, dot_u8x32_2scales(q, load_i8x32(xq, xo + n_in + 32 * g), sc, sc))
+                s2 = i32x8_add(s2, dot_u8x32_2scales(q, load_i8x32(xq, xo + 2 * n_in + 32 * g), sc, sc))
+                s3 = i32x8_add(s3, dot_u8x32_2scales(q, load_i8x32(xq, xo + 3 * n_in + 32 * g), sc, sc))
+            h0, h1, h2, h3 = i32x8_hsum4(s0, s1, s2, s3)
+            so, bo = qo // 16 + 4 * p, xo // 16 + 4 * p
+            a0 = fma32(_F32(h0), d * dx0, a0)
+            a1 = fma32(_F32(h1), d * dx1, a1)
+            a2 = fma32(_F32(h2), d * dx2, a2)
+            a3 = fma32(_F32(h3), d * dx3, a3)
+            m0 = fma32(_F32(_mins_pair(mins, so, bsums, bo)), dmin * dx0, m0)
+            m1 = fma32(_F32(_mins_pair(mins, so, bsums, bo + bs)), dmin * dx1, m1)
+            m2 = fma32(_F32(_mins_pair(mins, so, bsums, bo + 2 * bs)), dmin * dx2, m2)
+            m3 = fma32(_F32(_mins_pair(mins, so, bsums, bo + 3 * bs)), dmin * dx3, m3)
     return a0 - m0, a1 - m1, a2 - m2, a3 - m3
 
 

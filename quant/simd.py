@@ -383,6 +383,27 @@ def i32x8_add(typingctx, a, b):
 
 
 @intrinsic
+def i32x8_hsum4(typingctx, a, b, c, d):
+    """(sum of a's 8 lanes, of b's, c's, d's) as a tuple of int32, with one transposing tree of shuffles and adds
+    for the four (an integer sum: any order gives the same value)."""
+    if not all(v is I32x8 for v in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a_, b_, c_, d_ = args
+        ab = builder.add(_shuffle(builder, a_, b_, [0, 1, 2, 3, 8, 9, 10, 11]),
+                         _shuffle(builder, a_, b_, [4, 5, 6, 7, 12, 13, 14, 15]))  # a halves, b halves
+        cd = builder.add(_shuffle(builder, c_, d_, [0, 1, 2, 3, 8, 9, 10, 11]),
+                         _shuffle(builder, c_, d_, [4, 5, 6, 7, 12, 13, 14, 15]))
+        q = builder.add(_shuffle(builder, ab, cd, [0, 1, 4, 5, 8, 9, 12, 13]),
+                        _shuffle(builder, ab, cd, [2, 3, 6, 7, 10, 11, 14, 15]))  # a a b b c c d d
+        r = builder.add(_shuffle(builder, q, q, [0, 2, 4, 6]), _shuffle(builder, q, q, [1, 3, 5, 7]))
+        values = [builder.extract_element(r, ir.Constant(_I32, i)) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, values)
+    return types.UniTuple(types.int32, 4)(a, b, c, d), codegen
+
+
+@intrinsic
 def i32x8_mul(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.mul(args[0], args[1])

@@ -305,3 +305,19 @@ def test_generic_code_paths_match_avx2(tmp_path):
         layer.matmul(x, out)
         # Same integers; only FMA contraction (absent on generic x86-64) may move the last float bits.
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+
+
+def test_i32x8_hsum4_matches_numpy_row_sums():
+    """The four-vector integer reduction the Q4_K gemm uses gives each vector's exact lane sum (numpy reference),
+    including sums that need all 32 bits."""
+    from numba import njit
+    from quant.simd import i32x8_hsum4, load_i32x8
+
+    @njit
+    def hsum4(a):
+        return i32x8_hsum4(load_i32x8(a, 0), load_i32x8(a, 8), load_i32x8(a, 16), load_i32x8(a, 24))
+
+    rng = np.random.default_rng(3)
+    for bound in (100, 1 << 27):
+        a = rng.integers(-bound, bound, 32).astype(np.int32)
+        assert hsum4(a) == tuple(int(v) for v in a.reshape(4, 8).sum(axis=1, dtype=np.int64))
