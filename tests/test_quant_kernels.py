@@ -134,9 +134,9 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     batch too, except for Q4_K (repacked) and Q6_K, whose batches llama.cpp multiplies with other kernels."""
     n_in = shape_for(fmt)[1]
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
-    x = np.random.default_rng(4).standard_normal((9, n_in)).astype(np.float32)
+    x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
     batch_kernels = fmt.name in ("Q4_K", "Q6_K")
-    for n_tokens in (1, 3, 4, 7, 9):
+    for n_tokens in (45, 13, 1, 3, 4, 7, 9):  # 45: blocks of 32 tokens, tiles of 8 and 4, a single; 9 last
         ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
             layer.matvec(x[t], ones[t])
