@@ -1,0 +1,62 @@
+"""Attention kernel timings at the catalog models' shapes, at a given cache depth, best of repeated runs.
+
+    python tools/bench_attention.py [--depth 2048] [--tokens 1,16] [--repeat 25]
+
+One row per (shape, query tokens): the serial and the parallel kernel (ops.attention picks between them by the
+amount of work), microseconds per layer-step, with an f16 cache filled with random keys and values. Decode (one
+query token) and prompt batches use llama.cpp's two summation orders, so both are timed.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from edgellm import ops
+from edgellm.kvcache import KVCache
+
+# (name, query heads, KV heads, head size, window): SmolLM2-135M, and Gemma-3-270M's global and sliding layers
+SHAPES = [("smollm2", 9, 3, 64, 0), ("gemma3 global", 4, 1, 256, 0), ("gemma3 sliding", 4, 1, 256, 512)]
+
+
+def best_of(fn, repeat, inner=10):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - t) / inner)
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--depth", type=int, default=2048, help="positions already in the cache")
+    ap.add_argument("--tokens", default="1,16", help="query tokens per call, comma list")
+    ap.add_argument("--repeat", type=int, default=25)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print("| shape | query tokens | depth | serial µs | parallel µs |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, n_head, n_kv, hd, window in SHAPES:
+        for n_tokens in (int(t) for t in args.tokens.split(",")):
+            n = args.depth + n_tokens
+            layer = KVCache(n + 8, n_kv, hd, [window], n_tokens, "f16").layers[0]
+            k, v = (rng.standard_normal((n, n_kv, hd)).astype(np.float32) for _ in range(2))
+            positions = np.arange(n, dtype=np.int32)
+            ops.kv_store(k, v, positions, layer.k, layer.v, layer.slot_pos)
+            scratch = ops.attention_scratch(layer.slot_pos.shape[0], hd)
+            q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
+            out = np.empty_like(q)
+            call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
+                    window, np.float32(hd ** -0.5), out, scratch)
+            times = []
+            for kernel in (ops._attention_serial_vec, ops._attention_parallel_vec):
+                kernel(*call)  # compile / load
+                times.append(best_of(lambda: kernel(*call), args.repeat) * 1e6)
+            print(f"| {name} | {n_tokens} | {args.depth} | {times[0]:.0f} | {times[1]:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
