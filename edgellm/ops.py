@@ -534,7 +534,8 @@ def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
         for dc in range(0, head_dim, 64):  # a lane's rows stay in L1 from one block of dimensions to the next
             wide = dc + 64 <= head_dim
             r = acc0 + lane * head_dim + dc
-            a0, a1, a2, a3 = load_f32x8(acc, r), load_f32x8(acc, r + 8), load_f32x8(acc, r + 16), load_f32x8(acc, r + 24)
+            a0, a1 = load_f32x8(acc, r), load_f32x8(acc, r + 8)
+            a2, a3 = load_f32x8(acc, r + 16), load_f32x8(acc, r + 24)
             a4, a5, a6, a7 = a0, a1, a2, a3
             if wide:
                 a4, a5 = load_f32x8(acc, r + 32), load_f32x8(acc, r + 40)
@@ -696,9 +697,7 @@ def attention_rows(q, stacked, seqs, q_positions, scale, out, scratch):
     f16/f32 caches with head_dim a multiple of 32 (attention_rows_supported); out must be C-contiguous."""
     n_tokens, _, head_dim = q.shape
     _check_rows(seqs, q_positions, stacked, n_tokens)
-    need = attention_scratch_width(stacked.slot_pos.shape[1], head_dim)
-    if scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
-        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
+    _check_scratch(scratch, stacked.slot_pos.shape[1], head_dim)
     if not attention_rows_supported(stacked, head_dim) or not out.flags.c_contiguous:
         raise ValueError("attention_rows needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
     _attention_rows_vec(q, stacked.k, stacked.v, stacked.slot_pos, seqs, q_positions, stacked.window, scale, out,
@@ -711,6 +710,12 @@ ATTENTION_PARALLEL_MIN_WORK = 1 << 17
 
 def attention_scratch_width(capacity: int, head_dim: int) -> int:
     return capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
+
+
+def _check_scratch(scratch, capacity: int, head_dim: int) -> None:
+    need = attention_scratch_width(capacity, head_dim)
+    if scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
+        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
 
 
 def attention_scratch(capacity: int, head_dim: int) -> np.ndarray:
@@ -727,11 +732,10 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     The cache's values are read in their stored type (edgellm.kvtypes)."""
     n_tokens, n_heads, head_dim = q.shape
     capacity = slot_pos.shape[0]
-    need = attention_scratch_width(capacity, head_dim)
     if scratch is None:
         scratch = attention_scratch(capacity, head_dim)
-    elif scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
-        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
+    else:
+        _check_scratch(scratch, capacity, head_dim)
     span = min(capacity, window if window > 0 else int(q_positions[-1]) + 1)
     parallel = n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK
     if k_cache.dtype != np.int8 and head_dim % LANES_SINGLE == 0 and out.flags.c_contiguous:
