@@ -107,6 +107,16 @@ def _chat_messages(system, history):
     return ([{"role": "system", "content": system}] if system else []) + history
 
 
+def _catch_ctrl_c():
+    """Make Ctrl-C raise KeyboardInterrupt even where SIGINT arrived ignored: a process started as a background
+    job of a non-interactive shell (`cmd &` in a script, some launchers) inherits SIG_IGN, Python then keeps it,
+    and Ctrl-C in the chat would do nothing. The chat promises that Ctrl-C stops a reply, so it takes the signal
+    back whenever it talks to a terminal."""
+    import signal
+    if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cmd_chat(args) -> int:
     """An interactive chat: history kept across turns; Ctrl-C ends the current reply, not the session."""
     import edgellm
@@ -115,6 +125,7 @@ def cmd_chat(args) -> int:
         import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
     except ImportError:
         pass
+    _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
     m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
                      kv_type=args.kv_type, n_keep=args.keep)

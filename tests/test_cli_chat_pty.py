@@ -4,6 +4,7 @@ import os
 import pty
 import re
 import select
+import signal
 import sys
 import time
 
@@ -17,10 +18,12 @@ STATS = re.compile(r"\[prompt (\d+) tokens \| reply (\d+) tokens")
 class Terminal:
     """A child process on a pty: send keystrokes, wait for output matching a pattern."""
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, ignore_sigint=False):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child: the pty is its controlling terminal, so \x03 becomes SIGINT
             try:
+                if ignore_sigint:  # as a background job of a non-interactive shell starts: SIGINT ignored
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)
@@ -79,16 +82,31 @@ class Terminal:
         raise AssertionError("edgellm chat did not exit")
 
 
-@pytest.fixture
-def chat(smollm2_path):
+def _start_chat(path, ignore_sigint=False):
     env = dict(os.environ, TERM="dumb", PYTHONIOENCODING="utf-8")
-    term = Terminal([sys.executable, "-m", "edgellm.cli", "chat", smollm2_path, "-n", "24", "-c", "1024",
-                     "--show-stats"], env)
-    yield term
+    return Terminal([sys.executable, "-m", "edgellm.cli", "chat", path, "-n", "24", "-c", "1024", "--show-stats"],
+                    env, ignore_sigint=ignore_sigint)
+
+
+def _stop(term):
     if not term.reaped:
         os.kill(term.pid, 9)
         os.waitpid(term.pid, 0)
     os.close(term.fd)
+
+
+@pytest.fixture
+def chat(smollm2_path):
+    term = _start_chat(smollm2_path)
+    yield term
+    _stop(term)
+
+
+@pytest.fixture
+def chat_sigint_ignored(smollm2_path):
+    term = _start_chat(smollm2_path, ignore_sigint=True)
+    yield term
+    _stop(term)
 
 
 def test_chat_turns_reset_interrupt_and_exit(chat):
@@ -119,6 +137,20 @@ def test_chat_turns_reset_interrupt_and_exit(chat):
 
     chat.send("/system You are a pirate.\r")
     chat.expect(r"system prompt set")
+    chat.expect(PROMPT)
+    chat.send("/exit\r")
+    assert chat.wait_exit() == 0
+
+
+def test_ctrl_c_stops_a_reply_when_started_with_sigint_ignored(chat_sigint_ignored):
+    """A chat launched as a background job of a script inherits SIGINT ignored; Ctrl-C must still stop a reply."""
+    chat = chat_sigint_ignored
+    chat.expect(PROMPT)
+    chat.send("Write a very long poem about the sea, with many verses.\r")
+    chat.expect(r"many verses\.\n")
+    chat.expect(r"\S")
+    chat.send("\x03")
+    chat.expect(r"\[interrupted\]", timeout=60)
     chat.expect(PROMPT)
     chat.send("/exit\r")
     assert chat.wait_exit() == 0
