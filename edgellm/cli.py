@@ -1,6 +1,6 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
-Subcommands: pull, models, run, chat (an interactive loop over Model.chat), info, serve (the HTTP server, an
+Subcommands: pull, models, run, chat (an interactive loop over Model.chat), info, warmup, serve (the HTTP server, an
 optional extra), plus quantize/convert/perplexity from edgellm/cli_prepare.py when that module is present.
 """
 from __future__ import annotations
@@ -182,6 +182,12 @@ def cmd_chat(args) -> int:
                   f"{t.generate_tps:.1f} t/s]", file=sys.stderr)
 
 
+def cmd_warmup(args) -> int:
+    from .warmup import warmup
+    warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True))
+    return 0
+
+
 def cmd_serve(args) -> int:
     try:
         from .server import serve
@@ -254,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=None)
     p.add_argument("-ctk", "--kv-type", choices=("f32", "f16", "q8_0"), default=None)
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("warmup", help="compile the kernels ahead of time (e.g. after install), so later runs "
+                                      "start from Numba's on-disk cache")
+    p.add_argument("models", nargs="*", help="catalog names or .gguf paths (default: the catalog default)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the edgellm[server] extra)")
     _add_model_arg(p)

@@ -259,10 +259,12 @@ def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, 
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
     if q_bias.size:
         q_flat, k_flat, v_flat = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
-        for t in range(q.shape[0]):
-            q_flat[t] += q_bias
-            k_flat[t] += k_bias
-            v_flat[t] += v_bias
+        for t in range(q.shape[0]):  # element loops: an array `+=` compiles Numba's shape-error formatting (3 s)
+            for i in range(q_bias.size):
+                q_flat[t, i] += q_bias[i]
+            for i in range(k_bias.size):
+                k_flat[t, i] += k_bias[i]
+                v_flat[t, i] += v_bias[i]
     if q_norm.size:
         _rms_norm_heads(q, q_norm, eps)
         _rms_norm_heads(k, k_norm, eps)
@@ -456,7 +458,7 @@ def _score_vec(q_row, k_cache, base, head_dim, single):
     return f32x8_hsum(a)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top):
     capacity, head_dim = slot_pos.shape[0], q_row.shape[0]
     j = first
@@ -489,7 +491,7 @@ def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, sing
     return top
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _exp_run_vec(work, first, last, top, e8):
     """_exp_run, vectorised: the exponentials in place in one loop (fast_exp(-inf) is 0, as the masked slots
     need), then each aligned group of 8 summed in f32x8_hsum's order (slots outside [first, last) as 0)."""
@@ -508,7 +510,7 @@ def _exp_run_vec(work, first, last, top, e8):
     return total
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _weights_run_vec(work, first, last, inv, v_cache):
     """work[j] <- the softmax weight of slot j, exp * inv rounded as the cache (what multiplies the values), or
     nan where the exponential is 0: those slots are skipped, as the scalar path skips them."""
@@ -519,7 +521,7 @@ def _weights_run_vec(work, first, last, inv, v_cache):
         run[i] = np.float32(np.nan) if e == 0.0 else w
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
     """acc lane (j % lanes) += work[j] * v_j for each slot j in [first, last), each lane's slots in increasing
     order (lanes: a power of 2; head_dim: a multiple of 32). One lane at a time, 32 or 64 dimensions of its
@@ -593,24 +595,25 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     e8 = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + 8]
     for d in range(head_dim):
         q_row[d] = like_cache(q[t, h, d], k_cache)
+    # the keys as one or two runs of slots: [first, last), or [first, capacity) then [0, last) when they wrap.
+    # Each helper has one call site (in a loop over the runs), so each is compiled once.
+    n_runs = 2 if wrapped else 1
     top = np.float32(-np.inf)
-    if wrapped:
-        top = _score_run_vec(q_row, k_cache, slot_pos, kv, first, capacity, lo, p, scale, single, work, top)
-        top = _score_run_vec(q_row, k_cache, slot_pos, kv, 0, last, lo, p, scale, single, work, top)
-        total = _exp_run_vec(work, first, capacity, top, e8) + _exp_run_vec(work, 0, last, top, e8)
-    else:
-        top = _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top)
-        total = _exp_run_vec(work, first, last, top, e8)
+    for r in range(n_runs):
+        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
+    total = 0.0
+    for r in range(n_runs):
+        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        total += _exp_run_vec(work, a, b, top, e8)
     inv = np.float32(1.0 / total)
     work[acc0: acc0 + lanes * head_dim] = 0.0
-    if wrapped:
-        _weights_run_vec(work, first, capacity, inv, v_cache)
-        _weights_run_vec(work, 0, last, inv, v_cache)
-        _weigh_run_vec(v_cache, kv, first, capacity, lanes, work, work, acc0)
-        _weigh_run_vec(v_cache, kv, 0, last, lanes, work, work, acc0)
-    else:
-        _weights_run_vec(work, first, last, inv, v_cache)
-        _weigh_run_vec(v_cache, kv, first, last, lanes, work, work, acc0)
+    for r in range(n_runs):
+        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        _weights_run_vec(work, a, b, inv, v_cache)
+    for r in range(n_runs):
+        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        _weigh_run_vec(v_cache, kv, a, b, lanes, work, work, acc0)
     o = (t * n_heads + h) * head_dim
     for c in range(0, head_dim, 8):
         r = acc0 + c

@@ -38,3 +38,5 @@ def _prefer_openmp() -> None:
 
 
 _prefer_openmp()
+
+from . import cache_load as _cache_load  # noqa: E402,F401  (cached kernels load without a full refresh)

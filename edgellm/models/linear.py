@@ -4,8 +4,6 @@ swap in (set LINEAR_CLASS) to take that rounding out of a comparison with the fl
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 from quant import QuantLinear
 
 
@@ -13,6 +11,8 @@ class DequantizedLinear:
     """The matrix dequantized once with gguf-py, then numpy float32 products."""
 
     def __init__(self, data_u8, ggml_type: str, shape):
+        from gguf import GGMLQuantizationType  # gguf-py: only this test double needs it (an 80 ms import)
+        from gguf.quants import dequantize as gguf_dequantize
         self.n_out, self.n_in = shape
         self.ggml_type = ggml_type
         qtype = GGMLQuantizationType[ggml_type]

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
+from quant.formats import format_by_name
 
 from edgellm.errors import ModelError
 from edgellm.models.linear import make_linear
@@ -64,7 +63,8 @@ def vector(name, length, optional=False):
 
 
 def _expected_nbytes(ggml_type: str, shape) -> int:
-    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    fmt = format_by_name(ggml_type)  # UnknownFormatError (a KeyError): a type no kernel here computes with
+    block_size, type_size = fmt.block_size, fmt.type_size
     if shape[-1] % block_size:
         raise ValueError(f"row length {shape[-1]} is not a multiple of the {ggml_type} block size {block_size}")
     n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
@@ -87,8 +87,13 @@ def _check(tensor, spec: TensorSpec) -> None:
 
 
 def _as_float32_vector(tensor) -> np.ndarray:
-    raw = np.asarray(tensor.data)
-    return np.ascontiguousarray(gguf_dequantize(raw, GGMLQuantizationType[tensor.ggml_type]), dtype=np.float32)
+    """A norm weight or bias (F32, F16 or BF16, checked by _check) as a float32 copy: numpy conversions, exact."""
+    raw = np.ascontiguousarray(np.asarray(tensor.data).reshape(-1))
+    if tensor.ggml_type == "F32":
+        return raw.view("<f4").astype(np.float32)
+    if tensor.ggml_type == "F16":
+        return raw.view("<f2").astype(np.float32)
+    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of a float32
 
 
 def load_tensors(gguf_file, specs) -> dict:

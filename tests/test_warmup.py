@@ -1,0 +1,71 @@
+"""`edgellm warmup` on SmolLM2 into an empty Numba cache, then a fresh process that must compile nothing: every
+kernel comes from the cache through quant.cache_load's light path (no registry refresh), and its logits are still
+llama.cpp's."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, REFERENCE_FILES, SMOLLM2
+
+# Runs in a fresh process after the warm-up: load, the warm-up's paths, then the reference prompt's logits.
+CHILD = r"""
+import json, sys
+import numpy as np
+import edgellm
+from edgellm.warmup import count_compiles, exercise
+from quant import cache_load
+path, ref = sys.argv[1], sys.argv[2]
+with count_compiles() as compiled:
+    m = edgellm.load(path, n_threads=2, n_ctx=512)
+    exercise(m)
+    npz = np.load(ref)
+    m.model.reset()
+    logits = m.model.forward(npz["p0_ids"], all_logits=True)
+ours = np.take_along_axis(logits, npz["p0_topk_ids"], axis=1)
+print(json.dumps({
+    "compiled": compiled[0],
+    "light_loads": cache_load.stats["light_loads"],
+    "refreshed": "numba.np.linalg" in sys.modules,  # imported only by Numba's full registry refresh
+    "max_diff": float(np.abs(ours - npz["p0_topk_logits"]).max()),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cold_cache_env(tmp_path_factory):
+    return dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp("numba-cache")))
+
+
+def _warmup(path, env):
+    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "warmup", path, "-t", "2"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    match = re.search(r"warmed in ([\d.]+) s \((\d+) kernels compiled; cache (.+)\)", out.stdout)
+    assert match, out.stdout
+    return float(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def test_warmup_fills_the_cache_and_later_processes_compile_nothing(smollm2_path, cold_cache_env):
+    seconds, compiled, cache_dir = _warmup(smollm2_path, cold_cache_env)
+    assert compiled > 10  # an empty cache: the model's kernels were compiled here
+    assert cache_dir == cold_cache_env["NUMBA_CACHE_DIR"]
+    assert any(name.endswith(".nbi") for _, _, files in os.walk(cache_dir) for name in files)
+    print(f"cold warm-up of SmolLM2: {seconds:.1f} s, {compiled} kernels")
+
+    ref = str(FIXTURES / f"{REFERENCE_FILES[SMOLLM2]}.npz")
+    out = subprocess.run([sys.executable, "-c", CHILD, smollm2_path, ref], env=cold_cache_env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr  # a kernel missing a runtime symbol would have crashed the process
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["compiled"] == 0, report
+    assert report["light_loads"] > 10 and not report["refreshed"], report
+    if sys.platform == "linux":  # glibc's libm, as the recorded llama.cpp run: bit for bit
+        assert report["max_diff"] == 0.0, report
+    else:
+        assert report["max_diff"] < 1e-2, report
+
+    assert _warmup(smollm2_path, cold_cache_env)[1] == 0  # a second warm-up finds everything cached
