@@ -255,3 +255,29 @@ def test_bad_tokens_and_full_context(tmp_path):
         assert model.n_past == 6
         model.forward(np.arange(2))
         assert model.n_past == 8
+
+
+@pytest.mark.parametrize("ggml_type", ["F32", "F16", "BF16"])
+def test_norm_vectors_read_as_gguf_py_dequantizes_them(ggml_type):
+    """Norm weights and biases are read with numpy alone (gguf-py stays out of the load path): the values must be
+    gguf-py's dequantization exactly; an F32 vector stays a view of the file's bytes (no copy at load)."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from edgellm.models.loading import _as_float32_vector
+    values = np.random.default_rng(0).standard_normal(576).astype(np.float32) * 3
+    values[:4] = [0.0, -0.0, 65504.0, 1e-8]
+    if ggml_type == "F32":
+        raw = values.view(np.uint8)
+    elif ggml_type == "F16":
+        raw = values.astype("<f2").view(np.uint8)
+    else:  # BF16: the top 16 bits of each float32 (truncated)
+        raw = (values.view("<u4") >> 16).astype("<u2").view(np.uint8)
+    raw = np.frombuffer(raw.tobytes(), np.uint8)  # read-only, as a mapped file
+    got = _as_float32_vector(SimpleNamespace(data=raw, ggml_type=ggml_type))
+    want = np.asarray(gguf_dequantize(raw, GGMLQuantizationType[ggml_type]), np.float32).reshape(-1)
+    assert got.dtype == np.float32 and got.shape == (576,)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit, signed zeros included
+    assert np.shares_memory(got, raw) == (ggml_type == "F32")

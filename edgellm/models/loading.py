@@ -87,10 +87,11 @@ def _check(tensor, spec: TensorSpec) -> None:
 
 
 def _as_float32_vector(tensor) -> np.ndarray:
-    """A norm weight or bias (F32, F16 or BF16, checked by _check) as a float32 copy: numpy conversions, exact."""
+    """A norm weight or bias (F32, F16 or BF16, checked by _check) as float32: F32 stays a view of the map (read
+    on first use, not at load: each touch of a page-cache folio would map all of it), the others are converted."""
     raw = np.ascontiguousarray(np.asarray(tensor.data).reshape(-1))
     if tensor.ggml_type == "F32":
-        return raw.view("<f4").astype(np.float32)
+        return np.ascontiguousarray(raw.view("<f4"), dtype=np.float32)  # no copy on a little-endian machine
     if tensor.ggml_type == "F16":
         return raw.view("<f2").astype(np.float32)
     return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of a float32
