@@ -6,7 +6,8 @@ plus one batch of new tokens, because a batch's earliest query still needs keys 
 while its latest keys are being written. Slot positions (-1 = empty) are what the attention mask reads.
 
 Values are stored as f32, f16 or q8_0 (edgellm.kvtypes); all layers' values and scales are views into one byte
-block allocated once (np.zeros: the OS maps pages in as the cache fills, so an unused context costs no RSS).
+block allocated once (an anonymous mapping: the OS maps zeroed 4 KB pages in as the cache fills, so an unused
+context costs no RSS; numpy's own big arrays ask for 2 MB pages, which the first token would map for every layer).
 
 When the context is full, `shift` makes room as llama.cpp's context shift does (StreamingLLM's attention sinks):
 the first n_keep positions stay, the next n_discard are dropped, and every later key is rotated back by
@@ -17,6 +18,7 @@ cached key to every decode step; the shift instead costs one pass over the cache
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +60,13 @@ def cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: int
     return slots * slot_bytes(n_head_kv, head_dim, kv_type)
 
 
+def _zeroed_block(size: int) -> np.ndarray:
+    """size zero bytes, writable, page-aligned, resident only where written (see the module docstring)."""
+    if size == 0 or not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(size, dtype=np.uint8)  # Windows: numpy's zeros (committed as written there too)
+    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
+
+
 class _Carver:
     """Hands out aligned typed views of one byte block."""
 
@@ -91,15 +100,18 @@ class KVCache:
         requests = self._requests(self.capacities, n_head_kv, head_dim, self.kv_type)
         size = _Carver.size(requests)
         if block is None:
-            block = np.zeros(size, dtype=np.uint8)  # the one allocation
+            block = _zeroed_block(size)  # the one allocation
         elif block.dtype != np.uint8 or block.ndim != 1 or block.size != size:
             raise ModelError(f"a KV cache of this layout needs a uint8 block of {size} bytes")
         self._block = block
         carver = _Carver(self._block)
+        n_layer = len(self.capacities)
+        slot_positions = [carver.take(*request) for request in requests[:n_layer]]
+        requests = requests[n_layer:]
         self.layers = []
-        for capacity, window in zip(self.capacities, windows):
-            k, v, k_scale, v_scale, slot_pos = (carver.take(*request) for request in requests[:5])
-            requests = requests[5:]
+        for slot_pos, window in zip(slot_positions, windows):
+            k, v, k_scale, v_scale = (carver.take(*request) for request in requests[:4])
+            requests = requests[4:]
             slot_pos[:] = EMPTY_SLOT
             self.layers.append(LayerKV(k, v, k_scale, v_scale, slot_pos, int(window)))
         self.n_past = 0  # positions [0, n_past) have been written
@@ -109,13 +121,17 @@ class KVCache:
 
     @staticmethod
     def _requests(capacities, n_head_kv, head_dim, kvt):
-        """(dtype, shape) of every array, in block order: per layer K, V, K scales, V scales, slot positions."""
+        """(dtype, shape) of every array, in block order: every layer's slot positions, then per layer K, V,
+        K scales, V scales. The slot positions are the only part written at allocation (EMPTY_SLOT); kept
+        together at the front, they touch a page or two, and the rest of the zeroed block stays unmapped until
+        the cache fills (numpy asks for huge pages on big arrays: slot positions between the layers' values
+        would map a 2 MB page per layer, the whole cache at allocation)."""
         n_scales = head_dim // kvt.block if kvt.block else 0
-        requests = []
+        requests = [(np.int32, (capacity,)) for capacity in capacities]
         for capacity in capacities:
             values = (kvt.dtype, (n_head_kv, capacity, head_dim))
             scales = (np.float32, (n_head_kv, capacity, n_scales) if n_scales else (0, 0, 0))
-            requests += [values, values, scales, scales, (np.int32, (capacity,))]
+            requests += [values, values, scales, scales]
         return requests
 
     @classmethod
@@ -214,7 +230,7 @@ class KVPool:
             raise ModelError(f"a KV pool needs at least one sequence, got {n_seq}")
         self.seq_nbytes = KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
         self.seq_nbytes += -self.seq_nbytes % _ALIGN  # each sequence's share starts on a cache line
-        self._block = np.zeros(n_seq * self.seq_nbytes, dtype=np.uint8)
+        self._block = _zeroed_block(n_seq * self.seq_nbytes)
         size = KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
         self.caches = [KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type,
                                block=self._block[i * self.seq_nbytes: i * self.seq_nbytes + size])

@@ -132,3 +132,31 @@ def test_weights_stay_in_the_map(smollm2_path):
           f"+{anon_growth / MIB:.1f} MiB anonymous, +{file_growth / MIB:.1f} MiB file-backed")
     assert load_growth < LOAD_RSS_SHARE_MAX * size
     assert anon_growth < GENERATE_ANON_SHARE_MAX * size
+
+
+def _vm_rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_kv_cache_is_resident_only_where_written():
+    """A long context costs memory as it fills, not at allocation, nor all at once on the first token: SmolLM2's
+    shape at n_ctx 8192 is a 189 MB cache. (With the slot positions between the layers' values, or numpy's
+    huge-page hint on the block, allocation or the first token mapped all of it.)"""
+    from edgellm.kvcache import KVCache
+    before = _vm_rss()
+    cache = KVCache(8192, 3, 64, [0] * 30, n_batch=512, kv_type="f16")
+    assert cache.nbytes > 180 * MIB
+    allocated = _vm_rss() - before
+    for layer in cache.layers:  # what one token writes: row 0 of every layer's K and V, and its slot
+        layer.k[:, 0, :] = 1
+        layer.v[:, 0, :] = 1
+        layer.slot_pos[0] = 0
+    first_token = _vm_rss() - before
+    print(f"KV cache {cache.nbytes / MIB:.0f} MiB: +{allocated / MIB:.1f} MiB allocated, "
+          f"+{first_token / MIB:.1f} MiB after one token")
+    assert allocated < 4 * MIB
+    assert first_token < 8 * MIB  # 30 layers x 2 x 3 heads x 4 KB pages = 0.7 MiB, plus noise
