@@ -581,6 +581,15 @@ def _lane_pair(work, r, l, head_dim):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _run_bounds(r, first, last, capacity):
+    """Slots [a, b) of run r of a query's keys: [first, last), or [first, capacity) then [0, last) when the
+    ring has wrapped (first >= last)."""
+    if r == 1:
+        return 0, last
+    return first, capacity if first >= last else last
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single):
     """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors. work: as _attend's."""
     capacity = slot_pos.shape[0]
@@ -595,24 +604,24 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     e8 = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + 8]
     for d in range(head_dim):
         q_row[d] = like_cache(q[t, h, d], k_cache)
-    # the keys as one or two runs of slots: [first, last), or [first, capacity) then [0, last) when they wrap.
-    # Each helper has one call site (in a loop over the runs), so each is compiled once.
+    # the keys as one or two runs of slots (see _run_bounds). Each helper has one call site, in a loop over the
+    # runs, so each is compiled once.
     n_runs = 2 if wrapped else 1
     top = np.float32(-np.inf)
     for r in range(n_runs):
-        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        a, b = _run_bounds(r, first, last, capacity)
         top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
     total = 0.0
     for r in range(n_runs):
-        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        a, b = _run_bounds(r, first, last, capacity)
         total += _exp_run_vec(work, a, b, top, e8)
     inv = np.float32(1.0 / total)
     work[acc0: acc0 + lanes * head_dim] = 0.0
     for r in range(n_runs):
-        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        a, b = _run_bounds(r, first, last, capacity)
         _weights_run_vec(work, a, b, inv, v_cache)
     for r in range(n_runs):
-        a, b = (0, last) if r == 1 else (first, capacity if wrapped else last)
+        a, b = _run_bounds(r, first, last, capacity)
         _weigh_run_vec(v_cache, kv, a, b, lanes, work, work, acc0)
     o = (t * n_heads + h) * head_dim
     for c in range(0, head_dim, 8):

@@ -3,7 +3,7 @@ load machine code from Numba's on-disk cache (`edgellm warmup`, e.g. right after
 
 The paths: a prompt long enough for every token-block and tile shape of the prompt kernels, single-token
 decoding, sampling, and a batched decode step (pooled caches). What a run compiles is counted through Numba's
-compile events, so a second warmup reports 0 compiled, and `compiled_by` lets a test check that a process
+compile events (`count_compiles`), so a second warmup reports 0 compiled, and a test can check that a process
 compiles nothing after a warmup.
 """
 from __future__ import annotations
