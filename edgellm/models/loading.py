@@ -64,11 +64,8 @@ def vector(name, length, optional=False):
 
 def _expected_nbytes(ggml_type: str, shape) -> int:
     fmt = format_by_name(ggml_type)  # UnknownFormatError (a KeyError): a type no kernel here computes with
-    block_size, type_size = fmt.block_size, fmt.type_size
-    if shape[-1] % block_size:
-        raise ValueError(f"row length {shape[-1]} is not a multiple of the {ggml_type} block size {block_size}")
     n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-    return n_rows * (shape[-1] // block_size) * type_size
+    return n_rows * fmt.row_bytes(shape[-1])  # ValueError when a row does not split into whole blocks
 
 
 def _check(tensor, spec: TensorSpec) -> None:
