@@ -9,11 +9,12 @@ Per format:
   _quants_<fmt>(w, o)        the 32 quants of the block at byte o as I8x32 (offset removed)
   vec_dot_<fmt>_q8_0(...)    one row x one token
   vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
-  vec_dot8_q5_0_q8_0(...)    Q5_0 only: eight tokens (its decode costs the most; measured no gain for the others)
-  matmul_<fmt>(w, row_bytes, x, xq, xd, xs, out)
-      out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. xq int8[T*n_in], xd/xs f32[T*n_in/32]
-      are caller-provided scratch. One parallel region over blocks of rows (plus one over tokens when T >= 4).
-Each token's sum runs in the same order in both vec_dots, so matmul rows equal matvec bit for bit.
+  tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (see _pack_tiles8)
+  matmul_<fmt>(w, row_bytes, x, xq, xd, xs, xp, xt, out)
+      out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch: xq int8[T*n_in],
+      xd/xs f32[T*n_in/32] (token by token), xp int8[T*n_in] and xt f32[5*T*n_in/32] (the eight-token tiles).
+      One parallel region over blocks of rows (plus one over tokens when T >= 4).
+Every (row, token) sum runs in the same order whichever kernel computes it, so matmul rows equal matvec bit for bit.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .activations import quantize_act_q8_0
-from .simd import (dot_i8x32, dot_u8x32, f32x8_fma_i32, f32x8_hsum, f32x8_zero, i8x32_or, i8x32_shl,
-                   i8x32_sub,
-                   load_bits32, load_f16, load_f32, load_i8x32, load_nibbles_lo_hi)
+from .simd import (dot_i8x32, dot_u8x32, f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split,
+                   f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl,
+                   i8x32_sub, load_bits32, load_f16, load_f32, load_f32x8, load_i8x32, load_nibbles_lo_hi)
 
 TOKEN_TILE = 4
-# Long batches go in blocks of ROW_BLOCK rows x TOKEN_BLOCK tokens, so a block's activations stay in L1 while its
-# rows pass over them (Q5_0 2048x640 x 512 tokens: 38 -> 42 GMAC/s on 2 threads); each (row, token) dot is the same.
+# Batches go eight tokens at a time through blocks of ROW_BLOCK rows, so the eight tokens' activations stay in L1
+# while the block's rows pass over them; each (row, token) dot is the same whatever the tiling.
 ROW_BLOCK = 16
-TOKEN_BLOCK = 32
 
 
 @njit(cache=True)
@@ -51,6 +51,104 @@ def _quantize_tokens_parallel(x, xq, xd, xs):
     nb = n_in // 32
     for t in prange(n_tokens):
         quantize_act_q8_0(x[t], xq[t * n_in:(t + 1) * n_in], xd[t * nb:(t + 1) * nb], xs[t * nb:(t + 1) * nb])
+
+
+# --- eight-token tiles -----------------------------------------------------------------------------------------
+# vpmaddwd sums within 128-bit lanes, so int32 lanes 0-3 of a block's dot come from its elements 0-15 and lanes 4-7
+# from 16-31. Feeding it [w 0-15 | w 0-15] x [token A 0-15 | token B 0-15] gives A's lanes 0-3 next to B's lanes
+# 0-3 in one vector; [w 16-31 | w 16-31] x [A 16-31 | B 16-31] gives their lanes 4-7. Both vectors take the same
+# per-lane scale vector [d_w*d_A x4 | d_w*d_B x4], one multiply for two tokens instead of a scalar multiply and a
+# broadcast per token, and Q4_1/Q5_1's min terms run eight tokens to a vector. Every lane's arithmetic (exact
+# integer lanes, d_w*d_x rounded, one FMA per block in block order, the lanes summed in f32x8_hsum's order, then the
+# mins) is what vec_dot does for one token, so tiles give matvec's bits.
+#
+# _pack_tiles8 lays the quantized activations of each group g of eight tokens out as the tiles read them, pair k =
+# tokens (A, B) = (8g+2k, 8g+2k+1), block b:
+#   xp[((g*nb + b)*4 + k)*64 ...]   A 0-15 | B 0-15 | A 16-31 | B 16-31     (64 int8)
+#   xt[((g*nb + b)*4 + k)*8 ...]    d_A x4 | d_B x4                         (8 float32, the tiles' scales)
+#   xt[n8*nb*4 + (g*nb + b)*8 + j]  s of token 8g+j                         (8 float32, the min terms' sums)
+
+
+@njit(cache=True)
+def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
+    nb = n_in // 32
+    sums = n8 * nb * 4
+    for g in range(n8 // 8):
+        for b in range(nb):
+            for k in range(4):
+                ta, tb = 8 * g + 2 * k, 8 * g + 2 * k + 1
+                dst, qa, qb = ((g * nb + b) * 4 + k) * 64, ta * n_in + b * 32, tb * n_in + b * 32
+                for e in range(16):
+                    xp[dst + e] = xq[qa + e]
+                    xp[dst + 16 + e] = xq[qb + e]
+                    xp[dst + 32 + e] = xq[qa + 16 + e]
+                    xp[dst + 48 + e] = xq[qb + 16 + e]
+                so = ((g * nb + b) * 4 + k) * 8
+                for e in range(4):
+                    xt[so + e] = xd[ta * nb + b]
+                    xt[so + 4 + e] = xd[tb * nb + b]
+            for j in range(8):
+                xt[sums + (g * nb + b) * 8 + j] = xs[(8 * g + j) * nb + b]
+
+
+@njit(cache=True)
+def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, signed):
+    """One weight block (lo = its quants 0-15 twice, hi = 16-31 twice, d = its scale in 8 lanes) into the eight
+    accumulators of a tile: acc[2k] holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    if signed:
+        s = f32x8_mul(d, load_f32x8(xt, so))
+        a0 = f32x8_fma_lanes(a0, dot_i8x32(lo, load_i8x32(xp, xo)), s)
+        a1 = f32x8_fma_lanes(a1, dot_i8x32(hi, load_i8x32(xp, xo + 32)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 8))
+        a2 = f32x8_fma_lanes(a2, dot_i8x32(lo, load_i8x32(xp, xo + 64)), s)
+        a3 = f32x8_fma_lanes(a3, dot_i8x32(hi, load_i8x32(xp, xo + 96)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 16))
+        a4 = f32x8_fma_lanes(a4, dot_i8x32(lo, load_i8x32(xp, xo + 128)), s)
+        a5 = f32x8_fma_lanes(a5, dot_i8x32(hi, load_i8x32(xp, xo + 160)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 24))
+        a6 = f32x8_fma_lanes(a6, dot_i8x32(lo, load_i8x32(xp, xo + 192)), s)
+        a7 = f32x8_fma_lanes(a7, dot_i8x32(hi, load_i8x32(xp, xo + 224)), s)
+    else:
+        s = f32x8_mul(d, load_f32x8(xt, so))
+        a0 = f32x8_fma_lanes(a0, dot_u8x32(lo, load_i8x32(xp, xo)), s)
+        a1 = f32x8_fma_lanes(a1, dot_u8x32(hi, load_i8x32(xp, xo + 32)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 8))
+        a2 = f32x8_fma_lanes(a2, dot_u8x32(lo, load_i8x32(xp, xo + 64)), s)
+        a3 = f32x8_fma_lanes(a3, dot_u8x32(hi, load_i8x32(xp, xo + 96)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 16))
+        a4 = f32x8_fma_lanes(a4, dot_u8x32(lo, load_i8x32(xp, xo + 128)), s)
+        a5 = f32x8_fma_lanes(a5, dot_u8x32(hi, load_i8x32(xp, xo + 160)), s)
+        s = f32x8_mul(d, load_f32x8(xt, so + 24))
+        a6 = f32x8_fma_lanes(a6, dot_u8x32(lo, load_i8x32(xp, xo + 192)), s)
+        a7 = f32x8_fma_lanes(a7, dot_u8x32(hi, load_i8x32(xp, xo + 224)), s)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(cache=True)
+def _tile8_zero():
+    z = f32x8_zero()
+    return z, z, z, z, z, z, z, z
+
+
+@njit(cache=True)
+def _tile8_sums(acc, mins):
+    """The eight tokens' row sums (mins: their min terms, lane j = token j, or zeros)."""
+    r0, r1 = f32x8_hsum_split(acc[0], acc[1])
+    r2, r3 = f32x8_hsum_split(acc[2], acc[3])
+    r4, r5 = f32x8_hsum_split(acc[4], acc[5])
+    r6, r7 = f32x8_hsum_split(acc[6], acc[7])
+    return (r0 + f32x8_lane(mins, 0), r1 + f32x8_lane(mins, 1), r2 + f32x8_lane(mins, 2), r3 + f32x8_lane(mins, 3),
+            r4 + f32x8_lane(mins, 4), r5 + f32x8_lane(mins, 5), r6 + f32x8_lane(mins, 6), r7 + f32x8_lane(mins, 7))
+
+
+@njit(cache=True)
+def _tile8_sums_nomin(acc):
+    r0, r1 = f32x8_hsum_split(acc[0], acc[1])
+    r2, r3 = f32x8_hsum_split(acc[2], acc[3])
+    r4, r5 = f32x8_hsum_split(acc[4], acc[5])
+    r6, r7 = f32x8_hsum_split(acc[6], acc[7])
+    return r0, r1, r2, r3, r4, r5, r6, r7
 
 
 # --- block decoders ------------------------------------------------------------------------------------------
@@ -109,21 +207,35 @@ def vec_dot4_q4_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
 
 
+@njit(cache=True)
+def tile8_q4_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
+    for b in range(nb):
+        q = _quants_q4_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
+        o += 18
+    return _tile8_sums_nomin(acc)
+
+
 @njit(parallel=True, cache=True)
-def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
-    _quantize_tokens(x, xq, xd, xs)
+def matmul_q4_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
     n_tokens, n_in = x.shape
-    nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
     for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
         r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t0 in range(0, full, TOKEN_BLOCK):
+        for t in range(0, n8, 8):
             for r in range(r0, r1):
-                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
-                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
-                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+                 out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
         for r in range(r0, r1):
-            for t in range(full, n_tokens):
+            for t in range(n8, n4, TOKEN_TILE):
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
+                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+            for t in range(n4, n_tokens):
                 out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -159,21 +271,37 @@ def vec_dot4_q4_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
     return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
 
 
+@njit(cache=True)
+def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        q = _quants_q4_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, False)
+        o += 20
+    return _tile8_sums(acc, mins)
+
+
 @njit(parallel=True, cache=True)
-def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
-    _quantize_tokens(x, xq, xd, xs)
+def matmul_q4_1(w, row_bytes, x, xq, xd, xs, xp, xt, out):
     n_tokens, n_in = x.shape
-    nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
     for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
         r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t0 in range(0, full, TOKEN_BLOCK):
+        for t in range(0, n8, 8):
             for r in range(r0, r1):
-                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
-                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
-                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+                 out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
         for r in range(r0, r1):
-            for t in range(full, n_tokens):
+            for t in range(n8, n4, TOKEN_TILE):
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
+                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+            for t in range(n4, n_tokens):
                 out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -204,46 +332,34 @@ def vec_dot4_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 
 
 @njit(cache=True)
-def vec_dot8_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
-    """vec_dot4 for eight tokens: Q5_0's costlier block decode (the fifth bits) shared by twice as many
-    (Q5_0 2048x640 x 512 tokens: 43 -> 50 GMAC/s on 2 threads)."""
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    a4, a5, a6, a7 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    s = x_stride
+def tile8_q5_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
     for b in range(nb):
-        q, d, k = _quants_q5_0(w, o), load_f16(w, o), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + s)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * s)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * s)), d * load_f32(xd, xdo + 3 * nb + b))
-        a4 = f32x8_fma_i32(a4, dot_i8x32(q, load_i8x32(xq, k + 4 * s)), d * load_f32(xd, xdo + 4 * nb + b))
-        a5 = f32x8_fma_i32(a5, dot_i8x32(q, load_i8x32(xq, k + 5 * s)), d * load_f32(xd, xdo + 5 * nb + b))
-        a6 = f32x8_fma_i32(a6, dot_i8x32(q, load_i8x32(xq, k + 6 * s)), d * load_f32(xd, xdo + 6 * nb + b))
-        a7 = f32x8_fma_i32(a7, dot_i8x32(q, load_i8x32(xq, k + 7 * s)), d * load_f32(xd, xdo + 7 * nb + b))
+        q = _quants_q5_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
         o += 22
-    return (f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3),
-            f32x8_hsum(a4), f32x8_hsum(a5), f32x8_hsum(a6), f32x8_hsum(a7))
+    return _tile8_sums_nomin(acc)
 
 
 @njit(parallel=True, cache=True)
-def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
-    _quantize_tokens(x, xq, xd, xs)
+def matmul_q5_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
     n_tokens, n_in = x.shape
-    nb, full8, full = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
     for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
         r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t0 in range(0, full8, TOKEN_BLOCK):
+        for t in range(0, n8, 8):
             for r in range(r0, r1):
-                for t in range(t0, min(full8, t0 + TOKEN_BLOCK), 8):
-                    (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
-                     out[t + 6, r], out[t + 7, r]) = vec_dot8_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, n_in,
-                                                                        xd, t * nb)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+                 out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
         for r in range(r0, r1):
-            for t in range(full8, full, TOKEN_TILE):
+            for t in range(n8, n4, TOKEN_TILE):
                 out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
                     w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-            for t in range(full, n_tokens):
+            for t in range(n4, n_tokens):
                 out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -279,21 +395,37 @@ def vec_dot4_q5_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
     return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
 
 
+@njit(cache=True)
+def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        q = _quants_q5_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, False)
+        o += 24
+    return _tile8_sums(acc, mins)
+
+
 @njit(parallel=True, cache=True)
-def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
-    _quantize_tokens(x, xq, xd, xs)
+def matmul_q5_1(w, row_bytes, x, xq, xd, xs, xp, xt, out):
     n_tokens, n_in = x.shape
-    nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
     for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
         r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t0 in range(0, full, TOKEN_BLOCK):
+        for t in range(0, n8, 8):
             for r in range(r0, r1):
-                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
-                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
-                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+                 out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
         for r in range(r0, r1):
-            for t in range(full, n_tokens):
+            for t in range(n8, n4, TOKEN_TILE):
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
+                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+            for t in range(n4, n_tokens):
                 out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -323,21 +455,35 @@ def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
 
 
+@njit(cache=True)
+def tile8_q8_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
+    for b in range(nb):
+        q = _quants_q8_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
+        o += 34
+    return _tile8_sums_nomin(acc)
+
+
 @njit(parallel=True, cache=True)
-def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
-    _quantize_tokens(x, xq, xd, xs)
+def matmul_q8_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
     n_tokens, n_in = x.shape
-    nb, full = n_in // 32, n_tokens - n_tokens % TOKEN_TILE
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
     for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
         r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t0 in range(0, full, TOKEN_BLOCK):
+        for t in range(0, n8, 8):
             for r in range(r0, r1):
-                for t in range(t0, min(full, t0 + TOKEN_BLOCK), TOKEN_TILE):
-                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
-                        w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+                 out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
         for r in range(r0, r1):
-            for t in range(full, n_tokens):
+            for t in range(n8, n4, TOKEN_TILE):
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
+                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+            for t in range(n4, n_tokens):
                 out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 

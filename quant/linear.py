@@ -39,8 +39,9 @@ class _ActivationScratch:
     def reserve(self, n_tokens: int) -> tuple:
         if n_tokens > self.capacity:  # matmul only: matvec always fits
             n = n_tokens * self.n_in
-            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32
-                self.args = (np.empty(n, np.int8), np.empty(n // 32, np.float32), np.empty(n // 32, np.float32))
+            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32; the same repacked for 8-token tiles
+                self.args = (np.empty(n, np.int8), np.empty(n // 32, np.float32), np.empty(n // 32, np.float32),
+                             np.empty(n, np.int8), np.empty(5 * (n // 32), np.float32))
             else:                        # xq, d per 256, int sums per 16
                 self.args = (np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32))
             self.capacity = n_tokens
@@ -144,7 +145,7 @@ class QuantLinear:
         if self._scratch_key is None:
             self._kernel(self.data, self.row_bytes, x, out)
             return
-        xq, xd, xs = _scratch_for(self._scratch_key).reserve(x.shape[0])
+        scratch = _scratch_for(self._scratch_key).reserve(x.shape[0])
         name = self.format.name
         if name in matmul_kquant.ROW_KIND_FORMATS:
             key = (name, self.n_out % 8 == 0, x.shape[0], sizes)
@@ -153,9 +154,9 @@ class QuantLinear:
                 kinds = matmul_kquant.row_kinds(name, self.n_out, sizes or (x.shape[0],))
                 if len(_ROW_KINDS) < 1024:
                     _ROW_KINDS[key] = kinds
-            self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out, kinds)
+            self._kernel(self.data, self.row_bytes, x, *scratch, out, kinds)
         else:
-            self._kernel(self.data, self.row_bytes, x, xq, xd, xs, out)
+            self._kernel(self.data, self.row_bytes, x, *scratch, out)
 
     def dequantize(self) -> np.ndarray:
         out = np.empty((self.n_out, self.n_in), np.float32)

@@ -274,6 +274,22 @@ def load_bits32(typingctx, buf, offset):
     return I8x32(buf, offset), codegen
 
 
+def _i8x32_halves(name, first, doc):
+    def typer(typingctx, v):
+        if v is not I8x32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _shuffle(builder, args[0], args[0], list(range(first, first + 16)) * 2)
+        return I8x32(v), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+i8x32_dup_lo = _i8x32_halves("i8x32_dup_lo", 0, "Bytes 0..15 of v, twice (the low half in both 128-bit lanes).")
+i8x32_dup_hi = _i8x32_halves("i8x32_dup_hi", 16, "Bytes 16..31 of v, twice (the high half in both 128-bit lanes).")
+
+
 def _i8x32_binary(op_name):
     def typer(typingctx, a, b):
         if a is not I8x32 or not (b is I8x32 or isinstance(b, types.Integer)):
@@ -477,6 +493,18 @@ def f32x8_fma(typingctx, acc, a, b):
 
 
 @intrinsic
+def f32x8_fma_lanes(typingctx, acc, v, scales):
+    """acc + float(v) * scales with one rounding per lane: f32x8_fma_i32 with a scale per lane (an F32x8)."""
+    if acc is not F32x8 or v is not I32x8 or scales is not F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        vf = builder.sitofp(args[1], _vec(_F32, 8))
+        return _call_intrinsic(builder, "llvm.fma.v8f32", _vec(_F32, 8), [vf, args[2], args[0]])
+    return F32x8(acc, v, scales), codegen
+
+
+@intrinsic
 def f32x8_hsum(typingctx, v):
     """Sum of the 8 lanes (pairwise tree, a fixed order)."""
     def codegen(context, builder, sig, args):
@@ -492,6 +520,48 @@ def f32x8_add(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fadd(args[0], args[1])
     return F32x8(a, b), codegen
+
+
+@intrinsic
+def f32x8_mul(typingctx, a, b):
+    """a * b per lane (one rounding each: the same bits as the scalar products)."""
+    if a is not F32x8 or b is not F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def f32x8_lane(typingctx, v, i):
+    """Lane i of v (i a compile-time constant 0..7) as a float32."""
+    if v is not F32x8 or not isinstance(i, types.IntegerLiteral) or not 0 <= i.literal_value < 8:
+        return None
+    lane = i.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], ir.Constant(_I32, lane))
+    return types.float32(v, i), codegen
+
+
+@intrinsic
+def f32x8_hsum_split(typingctx, p, q):
+    """(sum of a's 8 lanes, sum of b's) where p holds lanes 0-3 of two vectors a | b and q their lanes 4-7; each
+    sum in f32x8_hsum's order (lane l + lane l+4, then pairs two apart, then the last two), so it gives the bits
+    f32x8_hsum would give for a and for b."""
+    if p is not F32x8 or q is not F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        t = builder.fadd(args[0], args[1])  # a0+a4 .. a3+a7 | b0+b4 .. b3+b7
+        u = builder.fadd(_shuffle(builder, t, t, [0, 1, 4, 5]), _shuffle(builder, t, t, [2, 3, 6, 7]))
+
+        def lane(k):
+            return builder.extract_element(u, ir.Constant(_I32, k))
+        sums = [builder.fadd(lane(0), lane(1)), builder.fadd(lane(2), lane(3))]
+        return context.make_tuple(builder, sig.return_type, sums)
+    return types.UniTuple(types.float32, 2)(p, q), codegen
 
 
 @intrinsic

@@ -279,12 +279,12 @@ from quant.testing import random_matrix_bytes
 assert not simd.HAS_AVX2, "the generic dot product was not selected"
 assert platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C was not turned off"
 rng = np.random.default_rng(0)
-for name in ("Q4_0", "Q4_1", "Q6_K", "F16"):
+for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16"):
     fmt = quant.format_by_name(name)
     raw = random_matrix_bytes(fmt, 12, 512, rng)
     layer = quant.QuantLinear(raw, name, (12, 512))
-    x = rng.standard_normal((5, 512)).astype(np.float32)
-    out = np.empty((5, 12), np.float32)
+    x = rng.standard_normal((13, 512)).astype(np.float32)  # an 8-token tile, a 4-token tile and a single token
+    out = np.empty((13, 12), np.float32)
     layer.matmul(x, out)
     np.save(f"{OUT}/{name}.npy", out)
 """
@@ -297,11 +297,11 @@ def test_generic_code_paths_match_avx2(tmp_path):
     code = f"OUT = {str(tmp_path)!r}\n" + PORTABLE_CHECK
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
     rng = np.random.default_rng(0)
-    for name in ("Q4_0", "Q4_1", "Q6_K", "F16"):
+    for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16"):
         fmt = quant.format_by_name(name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), name, (12, 512))
-        x = rng.standard_normal((5, 512)).astype(np.float32)
-        out = np.empty((5, 12), np.float32)
+        x = rng.standard_normal((13, 512)).astype(np.float32)
+        out = np.empty((13, 12), np.float32)
         layer.matmul(x, out)
         # Same integers; only FMA contraction (absent on generic x86-64) may move the last float bits.
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
@@ -321,3 +321,77 @@ def test_i32x8_hsum4_matches_numpy_row_sums():
     for bound in (100, 1 << 27):
         a = rng.integers(-bound, bound, 32).astype(np.int32)
         assert hsum4(a) == tuple(int(v) for v in a.reshape(4, 8).sum(axis=1, dtype=np.int64))
+
+
+def test_eight_token_tile_intrinsics_match_numpy():
+    """The vector pieces of the legacy formats' eight-token tiles (quant.kernels_legacy): half duplication, per-lane
+    products and FMAs, lane extraction, and the split horizontal sum, which must give f32x8_hsum's bits for each of
+    the two vectors it holds."""
+    from quant.simd import (f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, i8x32_dup_hi,
+                            i8x32_dup_lo, load_f32x8, load_i32x8, load_i8x32, store_f32x8, store_i8x32)
+
+    @njit
+    def pieces(b, f, i, dup, prod, fma, lanes):
+        v = load_i8x32(b, 0)
+        store_i8x32(dup, 0, i8x32_dup_lo(v))
+        store_i8x32(dup, 32, i8x32_dup_hi(v))
+        a, c = load_f32x8(f, 0), load_f32x8(f, 8)
+        store_f32x8(prod, 0, f32x8_mul(a, c))
+        store_f32x8(fma, 0, f32x8_fma_lanes(load_f32x8(f, 16), load_i32x8(i, 0), c))
+        for k in range(8):
+            lanes[k] = (f32x8_lane(a, 0), f32x8_lane(a, 1), f32x8_lane(a, 2), f32x8_lane(a, 3), f32x8_lane(a, 4),
+                        f32x8_lane(a, 5), f32x8_lane(a, 6), f32x8_lane(a, 7))[k]
+        p, q = load_f32x8(f, 24), load_f32x8(f, 32)
+        return f32x8_hsum_split(p, q)
+
+    @njit
+    def hsum(f, o):
+        return f32x8_hsum(load_f32x8(f, o))
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        b = rng.integers(-128, 128, 32).astype(np.int8)
+        f = (rng.standard_normal(40) * 10.0 ** rng.integers(-3, 4, 40)).astype(np.float32)
+        i = rng.integers(-(1 << 24), 1 << 24, 8).astype(np.int32)
+        dup, prod, fma, lanes = np.empty(64, np.int8), *(np.empty(8, np.float32) for _ in range(3))
+        split = pieces(b, f, i, dup, prod, fma, lanes)
+        np.testing.assert_array_equal(dup, np.concatenate([b[:16], b[:16], b[16:], b[16:]]))
+        np.testing.assert_array_equal(prod.view(np.int32), (f[:8] * f[8:16]).view(np.int32))
+        # fma with one rounding: the float64 product of two float32 is exact, so only the sum rounds (to float64,
+        # then float32: double rounding is possible in principle; these magnitudes never hit it)
+        want = (i.astype(np.float32).astype(np.float64) * f[8:16] + f[16:24]).astype(np.float32)
+        np.testing.assert_array_equal(fma.view(np.int32), want.view(np.int32))
+        np.testing.assert_array_equal(lanes, f[:8])
+        # p = a lanes 0-3 | b lanes 0-3, q = a lanes 4-7 | b lanes 4-7
+        a_vec = np.concatenate([f[24:28], f[32:36]])
+        b_vec = np.concatenate([f[28:32], f[36:40]])
+        buf = np.concatenate([a_vec, b_vec]).astype(np.float32)
+        assert np.float32(split[0]).view(np.int32) == np.float32(hsum(buf, 0)).view(np.int32)
+        assert np.float32(split[1]).view(np.int32) == np.float32(hsum(buf, 8)).view(np.int32)
+
+
+def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
+    """numpy version of kernels_legacy._pack_tiles8: the quantized activations of each eight tokens laid out as
+    the tiles read them."""
+    nb, n8 = n_in // 32, n_tokens - n_tokens % 8
+    q = xq[:n8 * n_in].reshape(n8 // 8, 4, 2, nb, 2, 16)       # group, pair, token of pair, block, half, 16
+    xp = q.transpose(0, 3, 1, 4, 2, 5).reshape(-1)            # group, block, pair, half, token of pair, 16
+    d = xd[:n8 * nb].reshape(n8 // 8, 4, 2, nb)
+    scales = np.repeat(d.transpose(0, 3, 1, 2)[..., None], 4, axis=-1).reshape(-1)  # group, block, pair, token, x4
+    sums = xs[:n8 * nb].reshape(n8 // 8, 8, nb).transpose(0, 2, 1).reshape(-1)      # group, block, token
+    return xp, np.concatenate([scales, sums])
+
+
+@pytest.mark.parametrize("n_tokens", [8, 21])
+def test_pack_tiles8_matches_numpy(n_tokens):
+    from quant.kernels_legacy import _pack_tiles8
+    n_in = 96
+    rng = np.random.default_rng(n_tokens)
+    xq = rng.integers(-127, 128, n_tokens * n_in).astype(np.int8)
+    xd, xs = rng.standard_normal((2, n_tokens * n_in // 32)).astype(np.float32)
+    n8 = n_tokens - n_tokens % 8
+    xp, xt = np.zeros(n_tokens * n_in, np.int8), np.zeros(5 * n_tokens * n_in // 32, np.float32)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
+    want_xp, want_xt = pack_tiles8_reference(xq, xd, xs, n_tokens, n_in)
+    np.testing.assert_array_equal(xp[:n8 * n_in], want_xp)
+    np.testing.assert_array_equal(xt[:5 * n8 * n_in // 32], want_xt)
