@@ -15,9 +15,11 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q4_k,
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
-from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i8x32_and,
-                   i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_madd, i32x8_zero,
-                   load_f16, load_f32, load_i8, load_i8x32, load_i32, pair_dot_i8_i32, store_i8x32)
+from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma, f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32,
+                   f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or,
+                   i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_madd, i32x8_mul,
+                   i32x8_splat, i32x8_zero, load_f16, load_f32, load_f32x8, load_i8, load_i8x32, load_i32, load_i32x8,
+                   pair_dot_i8_i32, store_i8x32)
 
 _F32 = np.float32
 
@@ -219,6 +221,60 @@ def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
 
 
 @njit(cache=True)
+def _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, bst):
+    """Each group of eight tokens' super-block scales and 16-value activation sums with the tokens innermost (a
+    vector of eight per super-block / per sub-block), for _gemm_q4_k_decoded_eight."""
+    nsb, n16 = n_in // 256, n_in // 16
+    for g in range(n_tokens // 8):
+        for j in range(8):
+            t = 8 * g + j
+            for b in range(nsb):
+                xdt[(g * nsb + b) * 8 + j] = xd[t * nsb + b]
+            for k in range(n16):
+                bst[(g * n16 + k) * 8 + j] = bsums[t * n16 + k]
+
+
+@njit(cache=True)
+def _gemm_q4_k_decoded_eight(qbuf, scales, mins, dd, dmins, i, t, xq, xdt, bst):
+    """_gemm_q4_k_decoded for tokens t..t+7 (t a multiple of 8), the tokens in vector lanes: each pair's eight
+    exact integer totals reduced into one vector (i32x8_hsum8), their mins terms computed eight at a time, and
+    the two FMAs per pair done for the eight tokens at once. Each lane's arithmetic is the scalar kernel's."""
+    n_in = qbuf.shape[0] // ROW_CHUNK
+    nsb, n16, g8 = n_in // 256, n_in // 16, t // 8
+    acc, mn = f32x8_zero(), f32x8_zero()
+    for b in range(nsb):
+        qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
+        dx = load_f32x8(xdt, (g8 * nsb + b) * 8)
+        ds, dm = f32x8_mul(f32x8_splat(load_f32(dd, i * nsb + b)), dx), \
+            f32x8_mul(f32x8_splat(load_f32(dmins, i * nsb + b)), dx)
+        for p in range(4):
+            s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+            s4, s5, s6, s7 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+            for g in range(2 * p, 2 * p + 2):
+                q = load_i8x32(qbuf, qo + 32 * g)  # decoded quants are 0..15: no sign flip
+                sc = load_i32(scales, qo // 16 + 2 * g)  # Q4_K: one scale for both halves of a group
+                k = xo + 32 * g
+                s0 = i32x8_add(s0, dot_u8x32_2scales(q, load_i8x32(xq, k), sc, sc))
+                s1 = i32x8_add(s1, dot_u8x32_2scales(q, load_i8x32(xq, k + n_in), sc, sc))
+                s2 = i32x8_add(s2, dot_u8x32_2scales(q, load_i8x32(xq, k + 2 * n_in), sc, sc))
+                s3 = i32x8_add(s3, dot_u8x32_2scales(q, load_i8x32(xq, k + 3 * n_in), sc, sc))
+                s4 = i32x8_add(s4, dot_u8x32_2scales(q, load_i8x32(xq, k + 4 * n_in), sc, sc))
+                s5 = i32x8_add(s5, dot_u8x32_2scales(q, load_i8x32(xq, k + 5 * n_in), sc, sc))
+                s6 = i32x8_add(s6, dot_u8x32_2scales(q, load_i8x32(xq, k + 6 * n_in), sc, sc))
+                s7 = i32x8_add(s7, dot_u8x32_2scales(q, load_i8x32(xq, k + 7 * n_in), sc, sc))
+            so, bo = qo // 16 + 4 * p, (g8 * n16 + (256 * b) // 16 + 4 * p) * 8
+            m = i32x8_mul(i32x8_splat(load_i32(mins, so)), load_i32x8(bst, bo))
+            m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 1)), load_i32x8(bst, bo + 8)))
+            m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 2)), load_i32x8(bst, bo + 16)))
+            m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 3)), load_i32x8(bst, bo + 24)))
+            acc = f32x8_fma_lanes(acc, i32x8_hsum8(s0, s1, s2, s3, s4, s5, s6, s7), ds)
+            mn = f32x8_fma_lanes(mn, m, dm)
+    r = f32x8_sub(acc, mn)
+    return (f32x8_lane(r, 0), f32x8_lane(r, 1), f32x8_lane(r, 2), f32x8_lane(r, 3), f32x8_lane(r, 4),
+            f32x8_lane(r, 5), f32x8_lane(r, 6), f32x8_lane(r, 7))
+
+
+@njit(cache=True)
 def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     """One row x one token as llama.cpp's repacked Q4_K gemv (ggml_gemv_q4_K_8x8_q8_K, AVX2): per super-block
     one FMA of its exact integer total into A and one of its mins total into Mn; the result is A - Mn."""
@@ -244,6 +300,9 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
             for t in range(n_tokens):
                 out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
         return
+    xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
+    bst = np.empty((n_tokens // 8) * 8 * (n_in // 16), np.int32)
+    _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, bst)
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
         qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
         r0 = c * ROW_CHUNK
@@ -255,6 +314,13 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         for i in range(n_rows):
             t = 0
             while t < n_tokens:
+                if t % 8 == 0 and t + 7 < n_tokens and kinds[t:t + 8].all():
+                    r = r0 + i
+                    (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
+                     out[t + 6, r], out[t + 7, r]) = _gemm_q4_k_decoded_eight(qbuf, scales, mins, dd, dmins, i, t,
+                                                                            xq, xdt, bst)
+                    t += 8
+                    continue
                 if t + 3 < n_tokens and kinds[t] and kinds[t + 1] and kinds[t + 2] and kinds[t + 3]:
                     out[t, r0 + i], out[t + 1, r0 + i], out[t + 2, r0 + i], out[t + 3, r0 + i] = \
                         _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
@@ -376,6 +442,37 @@ def _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd):
     return acc
 
 
+@njit(cache=True)
+def _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt):
+    """_tiled_q6_k_decoded for tokens t..t+7 (t a multiple of 8), the tokens in vector lanes: the eight exact
+    super-block totals reduced into one vector (i32x8_hsum8), then res = d_w * float(total) and one FMA with d_x
+    for the eight at once. Each lane's arithmetic is the scalar kernel's."""
+    n_in = qbuf.shape[0] // ROW_CHUNK
+    nsb, g8 = n_in // 256, t // 8
+    acc = f32x8_zero()
+    for b in range(nsb):
+        qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
+        s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+        s4, s5, s6, s7 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+        for g in range(8):
+            q = load_i8x32(qbuf, qo + 32 * g)
+            lo, hi = load_i32(scales, qo // 16 + 2 * g), load_i32(scales, qo // 16 + 2 * g + 1)
+            k = xo + 32 * g
+            s0 = i32x8_add(s0, dot_i8x32_2scales(q, load_i8x32(xq, k), lo, hi))
+            s1 = i32x8_add(s1, dot_i8x32_2scales(q, load_i8x32(xq, k + n_in), lo, hi))
+            s2 = i32x8_add(s2, dot_i8x32_2scales(q, load_i8x32(xq, k + 2 * n_in), lo, hi))
+            s3 = i32x8_add(s3, dot_i8x32_2scales(q, load_i8x32(xq, k + 3 * n_in), lo, hi))
+            s4 = i32x8_add(s4, dot_i8x32_2scales(q, load_i8x32(xq, k + 4 * n_in), lo, hi))
+            s5 = i32x8_add(s5, dot_i8x32_2scales(q, load_i8x32(xq, k + 5 * n_in), lo, hi))
+            s6 = i32x8_add(s6, dot_i8x32_2scales(q, load_i8x32(xq, k + 6 * n_in), lo, hi))
+            s7 = i32x8_add(s7, dot_i8x32_2scales(q, load_i8x32(xq, k + 7 * n_in), lo, hi))
+        res = f32x8_mul(f32x8_splat(load_f32(dd, i * nsb + b)),
+                        f32x8_from_i32(i32x8_hsum8(s0, s1, s2, s3, s4, s5, s6, s7)))
+        acc = f32x8_fma(acc, res, load_f32x8(xdt, (g8 * nsb + b) * 8))
+    return (f32x8_lane(acc, 0), f32x8_lane(acc, 1), f32x8_lane(acc, 2), f32x8_lane(acc, 3), f32x8_lane(acc, 4),
+            f32x8_lane(acc, 5), f32x8_lane(acc, 6), f32x8_lane(acc, 7))
+
+
 @njit(parallel=True, cache=True)
 def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its tiled matmul, 0 for vec_dot.
@@ -384,6 +481,8 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     if kinds.any():  # (tiled rows come in batches of 8 tokens or more)
+        xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
+        _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, np.empty((n_tokens // 8) * 8 * (n_in // 16), np.int32))
         for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
             qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
             r0 = c * ROW_CHUNK
@@ -393,11 +492,19 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
                 dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
                                                scales, mins, qo // 16)
             for i in range(n_rows):
-                for t in range(n_tokens):
+                t = 0
+                while t < n_tokens:
+                    if t % 8 == 0 and t + 7 < n_tokens and kinds[t:t + 8].all():
+                        r = r0 + i
+                        (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
+                         out[t + 6, r], out[t + 7, r]) = _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt)
+                        t += 8
+                        continue
                     if kinds[t]:
                         out[t, r0 + i] = _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd)
                     else:
                         out[t, r0 + i] = vec_dot_q6_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+                    t += 1
         return
     for r in prange(n_out):
         for t in range(n_tokens):

@@ -420,6 +420,44 @@ def i32x8_hsum4(typingctx, a, b, c, d):
 
 
 @intrinsic
+def i32x8_hsum8(typingctx, a, b, c, d, e, f, g, h):
+    """An I32x8 whose lane k is the sum of the k-th argument's 8 lanes (integer sums: any order gives the same
+    value), from one transposing tree of shuffles and adds."""
+    args_t = (a, b, c, d, e, f, g, h)
+    if not all(v is I32x8 for v in args_t):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def halves(x, y):  # x's and y's 128-bit halves added: x0+x4 .. x3+x7 | y0+y4 .. y3+y7
+            return builder.add(_shuffle(builder, x, y, [0, 1, 2, 3, 8, 9, 10, 11]),
+                               _shuffle(builder, x, y, [4, 5, 6, 7, 12, 13, 14, 15]))
+
+        def pairs(x, y):  # adjacent lanes added within each half: x01 x23 y01 y23 | x45 x67 y45 y67
+            return builder.add(_shuffle(builder, x, y, [0, 2, 8, 10, 4, 6, 12, 14]),
+                               _shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
+        ab, cd, ef, gh = halves(args[0], args[1]), halves(args[2], args[3]), halves(args[4], args[5]), \
+            halves(args[6], args[7])
+        # ab = a(4) | b(4) partial sums; pairs(ab, cd) = a a c c | b b d d; once more: a c e g | b d f h
+        abcd, efgh = pairs(ab, cd), pairs(ef, gh)
+        r = pairs(abcd, efgh)  # lanes: a c e g b d f h
+        return _shuffle(builder, r, r, [0, 4, 1, 5, 2, 6, 3, 7])
+    return I32x8(*args_t), codegen
+
+
+@intrinsic
+def i32x8_splat(typingctx, x):
+    """8 lanes of the integer x (truncated to int32)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        v = builder.trunc(v, _I32) if v.type.width > 32 else builder.sext(v, _I32) if v.type.width < 32 else v
+        return _splat(builder, v, 8)
+    return I32x8(x), codegen
+
+
+@intrinsic
 def i32x8_mul(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.mul(args[0], args[1])
@@ -520,6 +558,28 @@ def f32x8_add(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.fadd(args[0], args[1])
     return F32x8(a, b), codegen
+
+
+@intrinsic
+def f32x8_sub(typingctx, a, b):
+    """a - b per lane."""
+    if a is not F32x8 or b is not F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(args[0], args[1])
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def f32x8_from_i32(typingctx, v):
+    """The 8 int32 lanes of v as float32 (rounded to nearest, as a scalar conversion)."""
+    if v is not I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _vec(_F32, 8))
+    return F32x8(v), codegen
 
 
 @intrinsic

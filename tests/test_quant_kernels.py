@@ -395,3 +395,33 @@ def test_pack_tiles8_matches_numpy(n_tokens):
     want_xp, want_xt = pack_tiles8_reference(xq, xd, xs, n_tokens, n_in)
     np.testing.assert_array_equal(xp[:n8 * n_in], want_xp)
     np.testing.assert_array_equal(xt[:5 * n8 * n_in // 32], want_xt)
+
+
+def test_i32x8_hsum8_and_lane_conversions_match_numpy():
+    """The eight-vector integer reduction the Q4_K and Q6_K eight-token gemms use (lane k = the k-th vector's exact
+    sum, with sums that need all 32 bits), and the lane-wise int -> float, subtract and splat beside it."""
+    from quant.simd import (f32x8_from_i32, f32x8_sub, i32x8_hsum8, i32x8_splat, load_f32x8, load_i32x8,
+                            store_f32x8)
+
+    @njit
+    def hsum8(a, out):
+        v = i32x8_hsum8(load_i32x8(a, 0), load_i32x8(a, 8), load_i32x8(a, 16), load_i32x8(a, 24),
+                        load_i32x8(a, 32), load_i32x8(a, 40), load_i32x8(a, 48), load_i32x8(a, 56))
+        store_f32x8(out, 0, f32x8_from_i32(v))
+        store_f32x8(out, 8, f32x8_from_i32(i32x8_splat(a[3])))
+
+    @njit
+    def sub(f, out):
+        store_f32x8(out, 0, f32x8_sub(load_f32x8(f, 0), load_f32x8(f, 8)))
+
+    rng = np.random.default_rng(4)
+    for bound in (100, 1 << 24):  # sums within float32's exact integers, so the conversion shows the sum itself
+        a = rng.integers(-bound, bound, 64).astype(np.int32)
+        out = np.empty(16, np.float32)
+        hsum8(a, out)
+        np.testing.assert_array_equal(out[:8], a.reshape(8, 8).sum(axis=1, dtype=np.int64).astype(np.float32))
+        np.testing.assert_array_equal(out[8:], np.full(8, a[3], np.float32))
+    f = rng.standard_normal(16).astype(np.float32)
+    out = np.empty(8, np.float32)
+    sub(f, out)
+    np.testing.assert_array_equal(out, f[:8] - f[8:])
