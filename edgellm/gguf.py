@@ -94,24 +94,27 @@ class _Cursor:
 
 
 class LazyStrings:
-    """A GGUF string array whose text is decoded on first use (a 262k-token vocabulary is walked, not decoded, at open)."""
+    """A GGUF string array left in the map: element i is the UTF-8 text at buffer[offsets[i] + 8 : offsets[i + 1]]
+    (offsets[i] is where its 8-byte length sits, offsets[n] the array's end), decoded with errors="replace".
 
-    def __init__(self, buf: mmap.mmap, starts: np.ndarray, lengths: np.ndarray):
-        self._buf = buf
-        self._starts = starts
-        self._lengths = lengths
+    Nothing is decoded at open. A 262k-token vocabulary costs 4 bytes a string here against ~80 as list[str] (the
+    str objects alone are ~19 MiB for Gemma 3), so the tokenizer reads the text in place (Metadata.lazy,
+    edgellm/tokenizer/strings.py); to_list() is for readers that want every string."""
+
+    PREFIX = 8  # the length before each element's text
+
+    def __init__(self, buf, offsets: np.ndarray):
+        self.buffer = buf
+        self.offsets = offsets
         self._list: list[str] | None = None
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self.offsets) - 1
 
     def to_list(self) -> list[str]:
         if self._list is None:
-            buf = self._buf
-            self._list = [
-                buf[s:s + n].decode("utf-8", errors="replace")
-                for s, n in zip(self._starts.tolist(), self._lengths.tolist())
-            ]
+            buf, prefix, bounds = self.buffer, self.PREFIX, self.offsets.tolist()
+            self._list = [buf[s + prefix:e].decode("utf-8", errors="replace") for s, e in zip(bounds, bounds[1:])]
         return self._list
 
 
@@ -127,6 +130,11 @@ class Metadata(dict):
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+    def lazy(self, key, default=None):
+        """The value as stored: a string array not yet read through [] stays a LazyStrings (its text left in the
+        map), for readers such as the tokenizer that must not turn a 262k-entry array into Python objects."""
+        return dict.get(self, key, default)
 
     def items(self):
         return ((k, self[k]) for k in self.keys())
@@ -167,22 +175,24 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
     if count * 8 > cur.size - cur.pos:
         raise GGUFError(f"string array {key!r} claims {count} elements, more than the rest of the file can hold")
     # Grown as elements are walked, not sized by the claimed count: a corrupt count that the file could hold
-    # (up to size/8) must not reserve 16 bytes per claimed element before the walk finds the corruption.
-    starts, lengths = array("q"), array("q")
-    add_start, add_length = starts.append, lengths.append
+    # (up to size/8) must not reserve 8 bytes per claimed element before the walk finds the corruption.
+    offsets = array("q")
+    add_offset = offsets.append
     buf, size, pos, unpack = cur.buf, cur.size, cur.pos, _U64.unpack_from
     for i in range(count):
         if pos + 8 > size:
             raise GGUFError(f"string array {key!r} truncated at element {i} (offset {pos})")
         (n,) = unpack(buf, pos)
+        add_offset(pos)
         pos += 8
         if n > size - pos:
             raise GGUFError(f"string {i} of array {key!r} claims length {n} at offset {pos - 8}, past the end of the file")
-        add_start(pos)
-        add_length(n)
         pos += n
+    add_offset(pos)
     cur.pos = pos
-    return LazyStrings(buf, np.frombuffer(starts, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64))
+    bounds = np.frombuffer(offsets, dtype=np.int64)
+    # 4 bytes an element where the array ends below 4 GiB, as metadata does in any real file
+    return LazyStrings(buf, bounds.astype(np.uint32) if pos < 1 << 32 else bounds)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ with a priority queue. Results are cached per word, so text made of already-seen
 import heapq
 
 from .pretokenize import PreTokenizer, pre_type_settings
+from .strings import TextIndex
 from .unicode_classes import LATIN1_TO_GPT2
 
 _CACHE_LIMIT = 200_000  # words; the cache is dropped when it grows past this
@@ -17,9 +18,10 @@ class BPEModel:
         self._token_to_id = vocab.token_to_id
         chain, self._ignore_merges, _ = pre_type_settings(vocab.pre)
         self._pre = PreTokenizer(chain)
-        # rank of "left right"; llama.cpp keeps the first of duplicate merges, so insert in reverse order.
-        # Byte-encoded symbols never contain a raw space, so the joined text identifies the pair.
-        self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
+        # rank of "left right" (the merge's index; llama.cpp keeps the first of duplicate merges). Byte-encoded
+        # symbols never contain a raw space, so the joined text identifies the pair. A TextIndex, not a dict: the
+        # merges stay in the file's map (SmolLM2's 48,900 would be ~7 MiB of str and dict).
+        self._ranks = TextIndex(merges, unique=False, what="tokenizer.ggml.merges")
         self._cache = {}
 
     def encode(self, text: str) -> list:

@@ -11,7 +11,7 @@ from ..errors import TokenizerError
 from .bpe import BPEModel
 from .spm import SPACE, SPMModel
 from .unicode_classes import UNICODE_TO_BYTE
-from .vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab
+from .vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, string_array
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -28,11 +28,9 @@ class Tokenizer:
         """Build from GGUF metadata (dict-like: `tokenizer.ggml.*` keys)."""
         vocab = Vocab(metadata)
         if vocab.model == "gpt2":
-            merges = metadata.get("tokenizer.ggml.merges")
+            merges = string_array(metadata, "tokenizer.ggml.merges")
             if merges is None:
                 raise TokenizerError("BPE tokenizer without tokenizer.ggml.merges")
-            if not isinstance(merges, (list, tuple)):
-                raise TokenizerError(f"tokenizer.ggml.merges must be an array of strings, got {type(merges).__name__}")
             return cls(vocab, BPEModel(vocab, merges))
         return cls(vocab, SPMModel(vocab))
 

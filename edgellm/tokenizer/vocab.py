@@ -6,6 +6,8 @@ end-of-generation set, found by token text as llama.cpp does; special-token part
 import numpy as np
 
 from ..errors import TokenizerError
+from ..gguf import LazyStrings, Metadata
+from .strings import StringTable, TextIndex
 
 # token attributes: llama.h's llama_token_attr bits
 ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL = 0, 1 << 0, 1 << 1, 1 << 2
@@ -60,8 +62,31 @@ def _meta_numbers(metadata, key):
     return array
 
 
+def string_array(metadata, key, name_empty: bool = False):
+    """The string array at `key` as a sequence of str, or None when absent. From a GGUF file it is a StringTable over
+    the file's map, read without decoding the array, so no str per entry is ever kept (Metadata.lazy: reading
+    metadata[key] would turn it into a list for good); from a plain dict, the list or tuple it holds.
+    name_empty: read empty entries as "[EMPTY_i]", as llama.cpp renames empty vocabulary texts."""
+    value = metadata.lazy(key) if isinstance(metadata, Metadata) else metadata.get(key)
+    if value is None:
+        return None
+    if isinstance(value, LazyStrings):
+        return StringTable(value.buffer, value.offsets, LazyStrings.PREFIX, name_empty=name_empty, what=key)
+    if not isinstance(value, (list, tuple)):
+        raise TokenizerError(f"{key} must be an array of strings, got {type(value).__name__} {str(value)[:40]}")
+    bad = next((i for i, t in enumerate(value) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TokenizerError(f"{key} must be an array of strings, got {type(value[bad]).__name__} at index {bad}")
+    if name_empty and "" in value:
+        value = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(value)]
+    return value
+
+
 class Vocab:
-    """Token texts, ids, scores and attributes, the special ids and the add-BOS/EOS/space flags."""
+    """Token texts, ids, scores and attributes, the special ids and the add-BOS/EOS/space flags.
+
+    tokens (id -> text) and token_to_id (text -> id) read like a list and a dict. For a GGUF file they are a
+    StringTable and a TextIndex (edgellm/tokenizer/strings.py): the texts stay in the file's map."""
 
     def __init__(self, metadata):
         model = metadata.get("tokenizer.ggml.model")
@@ -73,18 +98,12 @@ class Vocab:
             self.pre = ""
         elif not isinstance(self.pre, str):
             raise TokenizerError(f"tokenizer.ggml.pre must be a string, got {type(self.pre).__name__}")
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, (list, tuple)) or not tokens:    # the reader gives a string array as list[str]
+        tokens = string_array(metadata, "tokenizer.ggml.tokens", name_empty=True)
+        if tokens is None or not len(tokens):
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens (a non-empty array of strings)")
-        if "" in tokens:         # llama.cpp renames empty entries rather than failing
-            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        elif not isinstance(tokens, list):
-            tokens = list(tokens)
         self.tokens = tokens
         self.n_vocab = n = len(tokens)
-        self.token_to_id = dict(zip(tokens, range(n)))
-        if len(self.token_to_id) != n:
-            raise TokenizerError("duplicate token text in tokenizer.ggml.tokens")
+        self.token_to_id = TextIndex(tokens, unique=True, what="tokenizer.ggml.tokens")
 
         scores = _meta_numbers(metadata, "tokenizer.ggml.scores")
         types = _meta_numbers(metadata, "tokenizer.ggml.token_type")
