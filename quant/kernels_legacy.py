@@ -10,9 +10,10 @@ Per format:
   vec_dot_<fmt>_q8_0(...)    one row x one token
   vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (see _pack_tiles8)
-  matmul_<fmt>(w, row_bytes, x, xq, xd, xs, xp, xt, out)
-      out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch: xq int8[T*n_in],
-      xd/xs f32[T*n_in/32] (token by token), xp int8[T*n_in] and xt f32[5*T*n_in/32] (the eight-token tiles).
+  matmul_<fmt>(w, row_bytes, x, xq, xd, xs, out)
+      out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch of at least
+      xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
+      (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles.
       One parallel region over blocks of rows (plus one over tokens when T >= 4).
 Every (row, token) sum runs in the same order whichever kernel computes it, so matmul rows equal matvec bit for bit.
 """
@@ -89,6 +90,16 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
                     xt[so + 4 + e] = xd[tb * nb + b]
             for j in range(8):
                 xt[sums + (g * nb + b) * 8 + j] = xs[(8 * g + j) * nb + b]
+
+
+@njit(cache=True)
+def _tile_scratch(xq, xd, n_tokens, n_in):
+    """The tiles' part of the scratch (see matmul_<fmt>): xp int8[T*n_in] after the token-by-token quants, xt
+    f32[5*T*n_in/32] after the token-by-token scales."""
+    n, nb = n_tokens * n_in, n_tokens * (n_in // 32)
+    if xq.shape[0] < 2 * n or xd.shape[0] < 6 * nb:  # (QuantLinear sizes these; a direct caller might not)
+        raise ValueError("legacy matmul scratch too small: xq needs 2*T*n_in bytes, xd 6*T*n_in/32 floats")
+    return xq[n:2 * n], xd[nb:6 * nb]
 
 
 @njit(cache=True)
@@ -219,9 +230,10 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so):
 
 
 @njit(parallel=True, cache=True)
-def matmul_q4_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
+def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
@@ -285,9 +297,10 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
 
 
 @njit(parallel=True, cache=True)
-def matmul_q4_1(w, row_bytes, x, xq, xd, xs, xp, xt, out):
+def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
@@ -343,9 +356,10 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so):
 
 
 @njit(parallel=True, cache=True)
-def matmul_q5_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
+def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
@@ -409,9 +423,10 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
 
 
 @njit(parallel=True, cache=True)
-def matmul_q5_1(w, row_bytes, x, xq, xd, xs, xp, xt, out):
+def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]
@@ -467,9 +482,10 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so):
 
 
 @njit(parallel=True, cache=True)
-def matmul_q8_0(w, row_bytes, x, xq, xd, xs, xp, xt, out):
+def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     n_out = out.shape[1]

@@ -39,9 +39,9 @@ class _ActivationScratch:
     def reserve(self, n_tokens: int) -> tuple:
         if n_tokens > self.capacity:  # matmul only: matvec always fits
             n = n_tokens * self.n_in
-            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32; the same repacked for 8-token tiles
-                self.args = (np.empty(n, np.int8), np.empty(n // 32, np.float32), np.empty(n // 32, np.float32),
-                             np.empty(n, np.int8), np.empty(5 * (n // 32), np.float32))
+            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32, each followed by the 8-token tiles' copy
+                self.args = (np.empty(2 * n, np.int8), np.empty(6 * (n // 32), np.float32),
+                             np.empty(n // 32, np.float32))
             else:                        # xq, d per 256, int sums per 16
                 self.args = (np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32))
             self.capacity = n_tokens
@@ -131,11 +131,17 @@ class QuantLinear:
         kernels (other rounding) for larger batches, and so does this. sizes: the rows are independent batches
         of these sizes (several sequences at once; sum(sizes) == T), each computed as a batch of its size alone
         would be (sizes of 1: every row equals matvec's bits)."""
-        if not isinstance(x, np.ndarray) or x.ndim != 2:
-            raise ValueError(f"x must be a 2-D (T, {self.n_in}) float32 array")
+        # As matvec: the common case (decode calls this hundreds of times per token) in a few attribute checks,
+        # anything unusual through the full checks, which name the problem.
+        if not (type(x) is np.ndarray and type(out) is np.ndarray and x.dtype is _F32 and out.dtype is _F32
+                and x.ndim == 2 and out.ndim == 2 and x.shape[1] == self.n_in and out.shape[1] == self.n_out
+                and out.shape[0] == x.shape[0] and x.strides == (4 * self.n_in, 4)
+                and out.strides == (4 * self.n_out, 4) and out.flags.writeable):
+            if not isinstance(x, np.ndarray) or x.ndim != 2:
+                raise ValueError(f"x must be a 2-D (T, {self.n_in}) float32 array")
+            _check_f32("x", x, (x.shape[0], self.n_in))
+            _check_f32("out", out, (x.shape[0], self.n_out), writable=True)
         n_tokens = x.shape[0]
-        _check_f32("x", x, (n_tokens, self.n_in))
-        _check_f32("out", out, (n_tokens, self.n_out), writable=True)
         if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
             raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
         if n_tokens:

@@ -425,3 +425,20 @@ def test_i32x8_hsum8_and_lane_conversions_match_numpy():
     out = np.empty(8, np.float32)
     sub(f, out)
     np.testing.assert_array_equal(out, f[:8] - f[8:])
+
+
+def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
+    """The legacy kernels keep the eight-token tiles' copy of the activations after the token-by-token quants in
+    the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
+    from quant.kernels_legacy import MATMUL
+    fmt = quant.format_by_name("Q8_0")
+    layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))
+    x = np.ones((8, 64), np.float32)
+    out = np.empty((8, 4), np.float32)
+    n = x.size
+    with pytest.raises(ValueError, match="scratch too small"):
+        MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(n, np.int8), np.empty(n // 32, np.float32),
+                       np.empty(n // 32, np.float32), out)
+    MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(2 * n, np.int8), np.empty(6 * (n // 32), np.float32),
+                   np.empty(n // 32, np.float32), out)
+    np.testing.assert_allclose(out, np.ones((8, 1)) * layer.dequantize().sum(axis=1), rtol=2.0 ** -9)
