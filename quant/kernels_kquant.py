@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .activations import quantize_act_q8_k
+from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_k
 from .kernels_dequant import k_scale_min, q3_k_scale
 from .simd import (dot_i8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, i8x32_and, i8x32_or, i8x32_shl,
                    i8x32_shr, i8x32_sub, i8x32_xor, i32x8_add, i32x8_hsum, i32x8_mul, i32x8_zero, load_f16, load_f32,
@@ -56,7 +56,7 @@ def _quantize_tokens_parallel(x, xq, xd, bsums, positive):
 @njit(cache=True)
 def _quantize_tokens(x, xq, xd, bsums, positive=NO_KINDS):
     """Q8_K activations of every token; tokens with positive[t] != 0 by quantize_act_q8_k's positive_wins rule."""
-    if x.shape[0] < TOKEN_TILE:
+    if x.shape[0] < PARALLEL_QUANTIZE_TOKENS:
         for t in range(x.shape[0]):
             _quantize_token(x, xq, xd, bsums, t, t < positive.shape[0] and positive[t] != 0)
     else:

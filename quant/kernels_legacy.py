@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .activations import quantize_act_q8_0
+from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 from .simd import (dot_i8x32, dot_u8x32, f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split,
                    f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl,
                    i8x32_sub, load_bits32, load_f16, load_f32, load_f32x8, load_i8x32, load_nibbles_lo_hi)
@@ -39,7 +39,7 @@ ROW_BLOCK = 16
 def _quantize_tokens(x, xq, xd, xs):
     n_tokens, n_in = x.shape
     nb = n_in // 32
-    if n_tokens < TOKEN_TILE:
+    if n_tokens < PARALLEL_QUANTIZE_TOKENS:
         for t in range(n_tokens):
             quantize_act_q8_0(x[t], xq[t * n_in:(t + 1) * n_in], xd[t * nb:(t + 1) * nb], xs[t * nb:(t + 1) * nb])
     else:
