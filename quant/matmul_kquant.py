@@ -221,6 +221,15 @@ def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
 
 
 @njit(cache=True)
+def _all_eight(kinds, t):
+    """kinds[t..t+7] all set (a loop: an array slice's .all() costs seconds more to compile)."""
+    for j in range(t, t + 8):
+        if not kinds[j]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, bst):
     """Each group of eight tokens' super-block scales and 16-value activation sums with the tokens innermost (a
     vector of eight per super-block / per sub-block), for _gemm_q4_k_decoded_eight."""
@@ -314,7 +323,7 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         for i in range(n_rows):
             t = 0
             while t < n_tokens:
-                if t % 8 == 0 and t + 7 < n_tokens and kinds[t:t + 8].all():
+                if t % 8 == 0 and t + 7 < n_tokens and _all_eight(kinds, t):
                     r = r0 + i
                     (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
                      out[t + 6, r], out[t + 7, r]) = _gemm_q4_k_decoded_eight(qbuf, scales, mins, dd, dmins, i, t,
@@ -494,7 +503,7 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
             for i in range(n_rows):
                 t = 0
                 while t < n_tokens:
-                    if t % 8 == 0 and t + 7 < n_tokens and kinds[t:t + 8].all():
+                    if t % 8 == 0 and t + 7 < n_tokens and _all_eight(kinds, t):
                         r = r0 + i
                         (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
                          out[t + 6, r], out[t + 7, r]) = _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt)
