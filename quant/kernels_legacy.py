@@ -103,36 +103,31 @@ def _tile_scratch(xq, xd, n_tokens, n_in):
 
 
 @njit(cache=True)
+def _dot(w, x, signed):
+    """dot_i8x32 for signed quants, dot_u8x32 (no sign flip) for 0..127 ones; `signed` is a constant at every call
+    site, so the branch folds away once inlined."""
+    if signed:
+        return dot_i8x32(w, x)
+    return dot_u8x32(w, x)
+
+
+@njit(cache=True)
 def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, signed):
     """One weight block (lo = its quants 0-15 twice, hi = 16-31 twice, d = its scale in 8 lanes) into the eight
     accumulators of a tile: acc[2k] holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    if signed:
-        s = f32x8_mul(d, load_f32x8(xt, so))
-        a0 = f32x8_fma_lanes(a0, dot_i8x32(lo, load_i8x32(xp, xo)), s)
-        a1 = f32x8_fma_lanes(a1, dot_i8x32(hi, load_i8x32(xp, xo + 32)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 8))
-        a2 = f32x8_fma_lanes(a2, dot_i8x32(lo, load_i8x32(xp, xo + 64)), s)
-        a3 = f32x8_fma_lanes(a3, dot_i8x32(hi, load_i8x32(xp, xo + 96)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 16))
-        a4 = f32x8_fma_lanes(a4, dot_i8x32(lo, load_i8x32(xp, xo + 128)), s)
-        a5 = f32x8_fma_lanes(a5, dot_i8x32(hi, load_i8x32(xp, xo + 160)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 24))
-        a6 = f32x8_fma_lanes(a6, dot_i8x32(lo, load_i8x32(xp, xo + 192)), s)
-        a7 = f32x8_fma_lanes(a7, dot_i8x32(hi, load_i8x32(xp, xo + 224)), s)
-    else:
-        s = f32x8_mul(d, load_f32x8(xt, so))
-        a0 = f32x8_fma_lanes(a0, dot_u8x32(lo, load_i8x32(xp, xo)), s)
-        a1 = f32x8_fma_lanes(a1, dot_u8x32(hi, load_i8x32(xp, xo + 32)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 8))
-        a2 = f32x8_fma_lanes(a2, dot_u8x32(lo, load_i8x32(xp, xo + 64)), s)
-        a3 = f32x8_fma_lanes(a3, dot_u8x32(hi, load_i8x32(xp, xo + 96)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 16))
-        a4 = f32x8_fma_lanes(a4, dot_u8x32(lo, load_i8x32(xp, xo + 128)), s)
-        a5 = f32x8_fma_lanes(a5, dot_u8x32(hi, load_i8x32(xp, xo + 160)), s)
-        s = f32x8_mul(d, load_f32x8(xt, so + 24))
-        a6 = f32x8_fma_lanes(a6, dot_u8x32(lo, load_i8x32(xp, xo + 192)), s)
-        a7 = f32x8_fma_lanes(a7, dot_u8x32(hi, load_i8x32(xp, xo + 224)), s)
+    s = f32x8_mul(d, load_f32x8(xt, so))
+    a0 = f32x8_fma_lanes(a0, _dot(lo, load_i8x32(xp, xo), signed), s)
+    a1 = f32x8_fma_lanes(a1, _dot(hi, load_i8x32(xp, xo + 32), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 8))
+    a2 = f32x8_fma_lanes(a2, _dot(lo, load_i8x32(xp, xo + 64), signed), s)
+    a3 = f32x8_fma_lanes(a3, _dot(hi, load_i8x32(xp, xo + 96), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 16))
+    a4 = f32x8_fma_lanes(a4, _dot(lo, load_i8x32(xp, xo + 128), signed), s)
+    a5 = f32x8_fma_lanes(a5, _dot(hi, load_i8x32(xp, xo + 160), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 24))
+    a6 = f32x8_fma_lanes(a6, _dot(lo, load_i8x32(xp, xo + 192), signed), s)
+    a7 = f32x8_fma_lanes(a7, _dot(hi, load_i8x32(xp, xo + 224), signed), s)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 

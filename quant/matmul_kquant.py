@@ -221,6 +221,44 @@ def _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums):
 
 
 @njit(cache=True)
+def _zeros8():
+    z = i32x8_zero()
+    return z, z, z, z, z, z, z, z
+
+
+@njit(cache=True)
+def _dot2(q, x, lo, hi, signed):
+    """dot_i8x32_2scales for signed values, dot_u8x32_2scales for 0..127 ones; `signed` is a constant at every
+    call site, so the branch folds away once inlined."""
+    if signed:
+        return dot_i8x32_2scales(q, x, lo, hi)
+    return dot_u8x32_2scales(q, x, lo, hi)
+
+
+@njit(cache=True)
+def _group_eight(sums, q, xq, k, n_in, lo, hi, signed):
+    """One decoded 32-value group q (values 0-15 scaled by lo, 16-31 by hi) times eight tokens' activations (at k,
+    k + n_in, ...), added to their eight integer accumulators. Q6_K's decoded values are signed, Q4_K's 0..15."""
+    s0, s1, s2, s3, s4, s5, s6, s7 = sums
+    s0 = i32x8_add(s0, _dot2(q, load_i8x32(xq, k), lo, hi, signed))
+    s1 = i32x8_add(s1, _dot2(q, load_i8x32(xq, k + n_in), lo, hi, signed))
+    s2 = i32x8_add(s2, _dot2(q, load_i8x32(xq, k + 2 * n_in), lo, hi, signed))
+    s3 = i32x8_add(s3, _dot2(q, load_i8x32(xq, k + 3 * n_in), lo, hi, signed))
+    s4 = i32x8_add(s4, _dot2(q, load_i8x32(xq, k + 4 * n_in), lo, hi, signed))
+    s5 = i32x8_add(s5, _dot2(q, load_i8x32(xq, k + 5 * n_in), lo, hi, signed))
+    s6 = i32x8_add(s6, _dot2(q, load_i8x32(xq, k + 6 * n_in), lo, hi, signed))
+    s7 = i32x8_add(s7, _dot2(q, load_i8x32(xq, k + 7 * n_in), lo, hi, signed))
+    return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@njit(cache=True)
+def _lanes8(v):
+    """The 8 lanes of an F32x8 as a tuple of float32 (eight tokens' results)."""
+    return (f32x8_lane(v, 0), f32x8_lane(v, 1), f32x8_lane(v, 2), f32x8_lane(v, 3), f32x8_lane(v, 4),
+            f32x8_lane(v, 5), f32x8_lane(v, 6), f32x8_lane(v, 7))
+
+
+@njit(cache=True)
 def _all_eight(kinds, t):
     """kinds[t..t+7] all set (a loop: an array slice's .all() costs seconds more to compile)."""
     for j in range(t, t + 8):
@@ -257,30 +295,19 @@ def _gemm_q4_k_decoded_eight(qbuf, scales, mins, dd, dmins, i, t, xq, xdt, bst):
         ds, dm = f32x8_mul(f32x8_splat(load_f32(dd, i * nsb + b)), dx), \
             f32x8_mul(f32x8_splat(load_f32(dmins, i * nsb + b)), dx)
         for p in range(4):
-            s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
-            s4, s5, s6, s7 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+            sums = _zeros8()
             for g in range(2 * p, 2 * p + 2):
-                q = load_i8x32(qbuf, qo + 32 * g)  # decoded quants are 0..15: no sign flip
                 sc = load_i32(scales, qo // 16 + 2 * g)  # Q4_K: one scale for both halves of a group
-                k = xo + 32 * g
-                s0 = i32x8_add(s0, dot_u8x32_2scales(q, load_i8x32(xq, k), sc, sc))
-                s1 = i32x8_add(s1, dot_u8x32_2scales(q, load_i8x32(xq, k + n_in), sc, sc))
-                s2 = i32x8_add(s2, dot_u8x32_2scales(q, load_i8x32(xq, k + 2 * n_in), sc, sc))
-                s3 = i32x8_add(s3, dot_u8x32_2scales(q, load_i8x32(xq, k + 3 * n_in), sc, sc))
-                s4 = i32x8_add(s4, dot_u8x32_2scales(q, load_i8x32(xq, k + 4 * n_in), sc, sc))
-                s5 = i32x8_add(s5, dot_u8x32_2scales(q, load_i8x32(xq, k + 5 * n_in), sc, sc))
-                s6 = i32x8_add(s6, dot_u8x32_2scales(q, load_i8x32(xq, k + 6 * n_in), sc, sc))
-                s7 = i32x8_add(s7, dot_u8x32_2scales(q, load_i8x32(xq, k + 7 * n_in), sc, sc))
+                # decoded quants are 0..15: no sign flip
+                sums = _group_eight(sums, load_i8x32(qbuf, qo + 32 * g), xq, xo + 32 * g, n_in, sc, sc, False)
             so, bo = qo // 16 + 4 * p, (g8 * n16 + (256 * b) // 16 + 4 * p) * 8
             m = i32x8_mul(i32x8_splat(load_i32(mins, so)), load_i32x8(bst, bo))
             m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 1)), load_i32x8(bst, bo + 8)))
             m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 2)), load_i32x8(bst, bo + 16)))
             m = i32x8_add(m, i32x8_mul(i32x8_splat(load_i32(mins, so + 3)), load_i32x8(bst, bo + 24)))
-            acc = f32x8_fma_lanes(acc, i32x8_hsum8(s0, s1, s2, s3, s4, s5, s6, s7), ds)
+            acc = f32x8_fma_lanes(acc, i32x8_hsum8(*sums), ds)
             mn = f32x8_fma_lanes(mn, m, dm)
-    r = f32x8_sub(acc, mn)
-    return (f32x8_lane(r, 0), f32x8_lane(r, 1), f32x8_lane(r, 2), f32x8_lane(r, 3), f32x8_lane(r, 4),
-            f32x8_lane(r, 5), f32x8_lane(r, 6), f32x8_lane(r, 7))
+    return _lanes8(f32x8_sub(acc, mn))
 
 
 @njit(cache=True)
@@ -461,25 +488,13 @@ def _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt):
     acc = f32x8_zero()
     for b in range(nsb):
         qo, xo = i * n_in + 256 * b, t * n_in + 256 * b
-        s0, s1, s2, s3 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
-        s4, s5, s6, s7 = i32x8_zero(), i32x8_zero(), i32x8_zero(), i32x8_zero()
+        sums = _zeros8()
         for g in range(8):
-            q = load_i8x32(qbuf, qo + 32 * g)
-            lo, hi = load_i32(scales, qo // 16 + 2 * g), load_i32(scales, qo // 16 + 2 * g + 1)
-            k = xo + 32 * g
-            s0 = i32x8_add(s0, dot_i8x32_2scales(q, load_i8x32(xq, k), lo, hi))
-            s1 = i32x8_add(s1, dot_i8x32_2scales(q, load_i8x32(xq, k + n_in), lo, hi))
-            s2 = i32x8_add(s2, dot_i8x32_2scales(q, load_i8x32(xq, k + 2 * n_in), lo, hi))
-            s3 = i32x8_add(s3, dot_i8x32_2scales(q, load_i8x32(xq, k + 3 * n_in), lo, hi))
-            s4 = i32x8_add(s4, dot_i8x32_2scales(q, load_i8x32(xq, k + 4 * n_in), lo, hi))
-            s5 = i32x8_add(s5, dot_i8x32_2scales(q, load_i8x32(xq, k + 5 * n_in), lo, hi))
-            s6 = i32x8_add(s6, dot_i8x32_2scales(q, load_i8x32(xq, k + 6 * n_in), lo, hi))
-            s7 = i32x8_add(s7, dot_i8x32_2scales(q, load_i8x32(xq, k + 7 * n_in), lo, hi))
-        res = f32x8_mul(f32x8_splat(load_f32(dd, i * nsb + b)),
-                        f32x8_from_i32(i32x8_hsum8(s0, s1, s2, s3, s4, s5, s6, s7)))
+            sums = _group_eight(sums, load_i8x32(qbuf, qo + 32 * g), xq, xo + 32 * g, n_in,
+                                load_i32(scales, qo // 16 + 2 * g), load_i32(scales, qo // 16 + 2 * g + 1), True)
+        res = f32x8_mul(f32x8_splat(load_f32(dd, i * nsb + b)), f32x8_from_i32(i32x8_hsum8(*sums)))
         acc = f32x8_fma(acc, res, load_f32x8(xdt, (g8 * nsb + b) * 8))
-    return (f32x8_lane(acc, 0), f32x8_lane(acc, 1), f32x8_lane(acc, 2), f32x8_lane(acc, 3), f32x8_lane(acc, 4),
-            f32x8_lane(acc, 5), f32x8_lane(acc, 6), f32x8_lane(acc, 7))
+    return _lanes8(acc)
 
 
 @njit(parallel=True, cache=True)

@@ -560,15 +560,20 @@ def f32x8_add(typingctx, a, b):
     return F32x8(a, b), codegen
 
 
-@intrinsic
-def f32x8_sub(typingctx, a, b):
-    """a - b per lane."""
-    if a is not F32x8 or b is not F32x8:
-        return None
+def _f32x8_binary(name, op_name, doc):
+    def typer(typingctx, a, b):
+        if a is not F32x8 or b is not F32x8:
+            return None
 
-    def codegen(context, builder, sig, args):
-        return builder.fsub(args[0], args[1])
-    return F32x8(a, b), codegen
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op_name)(args[0], args[1])
+        return F32x8(a, b), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+f32x8_sub = _f32x8_binary("f32x8_sub", "fsub", "a - b per lane.")
+f32x8_mul = _f32x8_binary("f32x8_mul", "fmul", "a * b per lane (one rounding each: the same bits as scalar products).")
 
 
 @intrinsic
@@ -580,17 +585,6 @@ def f32x8_from_i32(typingctx, v):
     def codegen(context, builder, sig, args):
         return builder.sitofp(args[0], _vec(_F32, 8))
     return F32x8(v), codegen
-
-
-@intrinsic
-def f32x8_mul(typingctx, a, b):
-    """a * b per lane (one rounding each: the same bits as the scalar products)."""
-    if a is not F32x8 or b is not F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-    return F32x8(a, b), codegen
 
 
 @intrinsic
