@@ -268,17 +268,13 @@ def _all_eight(kinds, t):
 
 
 @njit(cache=True)
-def _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, bst):
-    """Each group of eight tokens' super-block scales and 16-value activation sums with the tokens innermost (a
-    vector of eight per super-block / per sub-block), for _gemm_q4_k_decoded_eight."""
-    nsb, n16 = n_in // 256, n_in // 16
+def _tokens_innermost(src, n_tokens, per_token, dst):
+    """src[t * per_token + k] (a value per token and super-block or sub-block) as dst[(g * per_token + k) * 8 + j]
+    for t = 8g + j: each group of eight tokens' values side by side, one vector per k, for the eight-token gemms."""
     for g in range(n_tokens // 8):
         for j in range(8):
-            t = 8 * g + j
-            for b in range(nsb):
-                xdt[(g * nsb + b) * 8 + j] = xd[t * nsb + b]
-            for k in range(n16):
-                bst[(g * n16 + k) * 8 + j] = bsums[t * n16 + k]
+            for k in range(per_token):
+                dst[(g * per_token + k) * 8 + j] = src[(8 * g + j) * per_token + k]
 
 
 @njit(cache=True)
@@ -338,7 +334,8 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         return
     xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
     bst = np.empty((n_tokens // 8) * 8 * (n_in // 16), np.int32)
-    _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, bst)
+    _tokens_innermost(xd, n_tokens, nsb, xdt)
+    _tokens_innermost(bsums, n_tokens, n_in // 16, bst)
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
         qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
         r0 = c * ROW_CHUNK
@@ -506,7 +503,7 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     nsb, n_out = n_in // 256, out.shape[1]
     if kinds.any():  # (tiled rows come in batches of 8 tokens or more)
         xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
-        _pack_tokens8(xd, bsums, n_tokens, n_in, xdt, np.empty((n_tokens // 8) * 8 * (n_in // 16), np.int32))
+        _tokens_innermost(xd, n_tokens, nsb, xdt)  # (Q6_K's tiles need no activation sums)
         for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
             qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
             r0 = c * ROW_CHUNK

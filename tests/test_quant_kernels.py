@@ -442,3 +442,16 @@ def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
     MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(2 * n, np.int8), np.empty(6 * (n // 32), np.float32),
                    np.empty(n // 32, np.float32), out)
     np.testing.assert_allclose(out, np.ones((8, 1)) * layer.dequantize().sum(axis=1), rtol=2.0 ** -9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_tokens_innermost_matches_numpy(dtype):
+    """The Q4_K/Q6_K eight-token gemms read each group of eight tokens' scales and activation sums side by side
+    (numpy reference: a transpose within each group); tokens past the last full group are left out."""
+    from quant.matmul_kquant import _tokens_innermost
+    n_tokens, per = 21, 5
+    src = np.arange(n_tokens * per).astype(dtype)
+    dst = np.zeros((n_tokens // 8) * 8 * per, dtype)
+    _tokens_innermost(src, n_tokens, per, dst)
+    want = src[:16 * per].reshape(2, 8, per).transpose(0, 2, 1).reshape(-1)
+    np.testing.assert_array_equal(dst, want)
