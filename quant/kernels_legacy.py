@@ -14,7 +14,7 @@ Per format:
       out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch of at least
       xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles.
-      One parallel region over blocks of rows (plus one over tokens when T >= 4).
+      One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
 Every (row, token) sum runs in the same order whichever kernel computes it, so matmul rows equal matvec bit for bit.
 """
 
@@ -138,23 +138,23 @@ def _tile8_zero():
 
 
 @njit(cache=True)
-def _tile8_sums(acc, mins):
-    """The eight tokens' row sums (mins: their min terms, lane j = token j, or zeros)."""
-    r0, r1 = f32x8_hsum_split(acc[0], acc[1])
-    r2, r3 = f32x8_hsum_split(acc[2], acc[3])
-    r4, r5 = f32x8_hsum_split(acc[4], acc[5])
-    r6, r7 = f32x8_hsum_split(acc[6], acc[7])
-    return (r0 + f32x8_lane(mins, 0), r1 + f32x8_lane(mins, 1), r2 + f32x8_lane(mins, 2), r3 + f32x8_lane(mins, 3),
-            r4 + f32x8_lane(mins, 4), r5 + f32x8_lane(mins, 5), r6 + f32x8_lane(mins, 6), r7 + f32x8_lane(mins, 7))
-
-
-@njit(cache=True)
-def _tile8_sums_nomin(acc):
+def _tile8_sums(acc):
+    """The eight tokens' row sums, each in f32x8_hsum's order (what vec_dot returns for a format without mins)."""
     r0, r1 = f32x8_hsum_split(acc[0], acc[1])
     r2, r3 = f32x8_hsum_split(acc[2], acc[3])
     r4, r5 = f32x8_hsum_split(acc[4], acc[5])
     r6, r7 = f32x8_hsum_split(acc[6], acc[7])
     return r0, r1, r2, r3, r4, r5, r6, r7
+
+
+@njit(cache=True)
+def _tile8_sums_mins(acc, mins):
+    """_tile8_sums plus each token's min term (lane j of mins = token j), as vec_dot_q4_1/q5_1 return them. The
+    formats without mins do not add zeros: -0.0 + 0.0 would give +0.0 where vec_dot gives -0.0."""
+    r = _tile8_sums(acc)
+    return (r[0] + f32x8_lane(mins, 0), r[1] + f32x8_lane(mins, 1), r[2] + f32x8_lane(mins, 2),
+            r[3] + f32x8_lane(mins, 3), r[4] + f32x8_lane(mins, 4), r[5] + f32x8_lane(mins, 5),
+            r[6] + f32x8_lane(mins, 6), r[7] + f32x8_lane(mins, 7))
 
 
 # --- block decoders ------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so):
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, True)
         o += 18
-    return _tile8_sums_nomin(acc)
+    return _tile8_sums(acc)
 
 
 @njit(parallel=True, cache=True)
@@ -288,7 +288,7 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, False)
         o += 20
-    return _tile8_sums(acc, mins)
+    return _tile8_sums_mins(acc, mins)
 
 
 @njit(parallel=True, cache=True)
@@ -347,7 +347,7 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so):
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, True)
         o += 22
-    return _tile8_sums_nomin(acc)
+    return _tile8_sums(acc)
 
 
 @njit(parallel=True, cache=True)
@@ -414,7 +414,7 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, False)
         o += 24
-    return _tile8_sums(acc, mins)
+    return _tile8_sums_mins(acc, mins)
 
 
 @njit(parallel=True, cache=True)
@@ -473,7 +473,7 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so):
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, True)
         o += 34
-    return _tile8_sums_nomin(acc)
+    return _tile8_sums(acc)
 
 
 @njit(parallel=True, cache=True)

@@ -553,13 +553,6 @@ def f32x8_hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-@intrinsic
-def f32x8_add(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
-    return F32x8(a, b), codegen
-
-
 def _f32x8_binary(name, op_name, doc):
     def typer(typingctx, a, b):
         if a is not F32x8 or b is not F32x8:
@@ -572,6 +565,7 @@ def _f32x8_binary(name, op_name, doc):
     return intrinsic(typer)
 
 
+f32x8_add = _f32x8_binary("f32x8_add", "fadd", "a + b per lane.")
 f32x8_sub = _f32x8_binary("f32x8_sub", "fsub", "a - b per lane.")
 f32x8_mul = _f32x8_binary("f32x8_mul", "fmul", "a * b per lane (one rounding each: the same bits as scalar products).")
 
