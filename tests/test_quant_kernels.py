@@ -15,8 +15,9 @@ from numba import njit
 import quant
 from quant import reference
 from quant.activations import quantize_act_q8_0, quantize_act_q8_k
+from quant import kernels_legacy as k
 from quant.formats import FORMATS
-from quant.simd import load_f16, load_f16_portable
+from quant.simd import load_f16, load_f16_pair, load_f16_portable, load_f16x2, prefetch
 from quant.testing import hand_built, random_matrix_bytes
 
 FORMAT_IDS = [f.name for f in FORMATS]
@@ -455,3 +456,74 @@ def test_tokens_innermost_matches_numpy(dtype):
     _tokens_innermost(src, n_tokens, per, dst)
     want = src[:16 * per].reshape(2, 8, per).transpose(0, 2, 1).reshape(-1)
     np.testing.assert_array_equal(dst, want)
+
+
+@njit(cache=True)
+def _halves_in_pairs(bits):
+    n = bits.size // 2
+    x2, pair = np.empty(n, np.float32), np.empty(n, np.float32)
+    for i in range(0, n - 1, 2):
+        x2[i], x2[i + 1] = load_f16x2(bits, 2 * i)
+        pair[i], pair[n - 1 - i] = load_f16_pair(bits, 2 * i, 2 * (n - 1 - i))
+    return x2, pair
+
+
+def test_paired_f16_loads_convert_every_half_exactly():
+    """load_f16x2 (a block's d and m) and load_f16_pair (two rows' scales) convert as numpy does, every half."""
+    halves = np.arange(65536, dtype=np.uint16)
+    want = halves.view(np.float16).astype(np.float32)
+    for got in _halves_in_pairs(halves.view(np.uint8)):
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+
+
+@njit(cache=True)
+def _prefetch_then_sum(a, distance):
+    total = 0
+    for i in range(a.size):
+        prefetch(a, i + distance)  # up to `distance` elements past the end: a hint, never a fault
+        total += a[i]
+    return total
+
+
+def test_prefetch_past_the_end_is_harmless():
+    a = np.arange(1000, dtype=np.int64)
+    assert _prefetch_then_sum(a, 1 << 20) == a.sum()
+
+
+@njit(cache=True)
+def _rows_one_at_a_time(fmt_id, w, row_bytes, n_out, nb, xq, xd, xs):
+    out = np.empty(n_out, np.float32)
+    for r in range(n_out):
+        o = r * row_bytes
+        if fmt_id == 0:
+            out[r] = k.vec_dot_q4_0_q8_0(w, o, nb, xq, 0, xd, 0)
+        elif fmt_id == 1:
+            out[r] = k.vec_dot_q4_1_q8_0(w, o, nb, xq, 0, xd, xs, 0)
+        elif fmt_id == 2:
+            out[r] = k.vec_dot_q5_0_q8_0(w, o, nb, xq, 0, xd, 0)
+        elif fmt_id == 3:
+            out[r] = k.vec_dot_q5_1_q8_0(w, o, nb, xq, 0, xd, xs, 0)
+        else:
+            out[r] = k.vec_dot_q8_0_q8_0(w, o, nb, xq, 0, xd, 0)
+    return out
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("n_out", [37, 40])  # a row block ending in an odd row, and only pairs
+def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
+    """A single token goes two rows at a time (vec_dot2_<fmt>); each row must still give the one-row kernel's bits
+    (the bits llama.cpp's vec_dot gives, which the real-model tests check)."""
+    fmt = quant.format_by_name(name)
+    n_in = 512
+    layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=11), name, (n_out, n_in))
+    x = np.random.default_rng(12).standard_normal(n_in).astype(np.float32)
+    got = np.empty(n_out, np.float32)
+    layer.matvec(x, got)
+    xq, xd, xs = np.empty(n_in, np.int8), np.empty(n_in // 32, np.float32), np.empty(n_in // 32, np.float32)
+    quantize_act_q8_0(x, xq, xd, xs)
+    fmt_id = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"].index(name)
+    want = _rows_one_at_a_time(fmt_id, layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
