@@ -2,6 +2,7 @@
 make sense, and markdown / JSON output (on a tiny model, so it is quick)."""
 import json
 
+import numpy as np
 import pytest
 
 from edgellm import bench, cli
@@ -37,3 +38,14 @@ def test_bad_list_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "x", "-p", "8,a"])
     assert "comma-separated list of integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [0, 5, 1000, 4096 * 33 + 7])  # empty, all tail, chunks plus a tail
+def test_bandwidth_sum_matches_numpy(n):
+    """The bandwidth probe's vector sum reads every element exactly once (numpy reference; integers in float32 are
+    summed exactly at these sizes, whatever the order)."""
+    from edgellm.bandwidth_kernel import parallel_sum
+    a = np.random.default_rng(n).integers(-50, 50, n).astype(np.float32)
+    assert parallel_sum(a) == float(a.astype(np.int64).sum())
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        parallel_sum(a.astype(np.float64))
