@@ -39,8 +39,8 @@ ROW_BLOCK = 16
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
 # its FMA's latency (in cache: Q8_0 1.4x). Two rows read as two interleaved streams, which the hardware prefetcher
 # serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
-# prefetches each row PREFETCH_BYTES ahead: with it, 16384x576 Q4_1 read 18.8 GB/s on 2 threads against 14.5 row by
-# row (distances of 512, 1024, 2048 bytes measured; 2048 best for 1536-wide rows).
+# prefetches each row PREFETCH_BYTES ahead. Distances of 512-3072 bytes measured on 2 threads: Q8_0 did best at
+# 512-1024 (65536x640: 27-28 GB/s), Q4_1 at 1024-2048 (16384x576: 19 GB/s against 15 row by row).
 PREFETCH_BYTES = 1024
 
 
