@@ -52,8 +52,8 @@ _THREAD_SCRATCH = threading.local()  # .buffers: {(family, n_in): _ActivationScr
 _UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
 
 
-# Which of llama.cpp's kernels computes each row, per (format, repackable, rows, batch sizes): see
-# quant.matmul_kquant.row_kinds. Small and read-only once built; shared by all threads.
+# Which of llama.cpp's kernels computes each row, per (format, repackable, rows, batch sizes), and the kernel that
+# runs them: see quant.matmul_kquant.row_kinds and kernel_for. Small and read-only once built; shared by all threads.
 _ROW_KINDS: dict = {}
 
 
@@ -155,12 +155,14 @@ class QuantLinear:
         name = self.format.name
         if name in matmul_kquant.ROW_KIND_FORMATS:
             key = (name, self.n_out % 8 == 0, x.shape[0], sizes)
-            kinds = _ROW_KINDS.get(key)
-            if kinds is None:
+            found = _ROW_KINDS.get(key)
+            if found is None:
                 kinds = matmul_kquant.row_kinds(name, self.n_out, sizes or (x.shape[0],))
+                found = (kinds, matmul_kquant.kernel_for(name, kinds))
                 if len(_ROW_KINDS) < 1024:
-                    _ROW_KINDS[key] = kinds
-            self._kernel(self.data, self.row_bytes, x, *scratch, out, kinds)
+                    _ROW_KINDS[key] = found
+            kinds, kernel = found
+            kernel(self.data, self.row_bytes, x, *scratch, out, kinds)
         else:
             self._kernel(self.data, self.row_bytes, x, *scratch, out)
 

@@ -320,10 +320,34 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     return acc - mins
 
 
+@njit(cache=True)
+def _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins):
+    for i in range(n_rows * nsb):
+        qo = (i // nsb) * n_in + 256 * (i % nsb)
+        o = (r0 + i // nsb) * row_bytes + 144 * (i % nsb)
+        dd[i], dmins[i] = _decode_q4_k(w, o, qbuf, qo, scales, mins, qo // 16)
+
+
+@njit(cache=True)
+def _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out):
+    """Row r (row i of the decoded chunk) for token t with the four-token gemm, the one-token gemm or the gemv, as
+    kinds says; returns the next token."""
+    n_tokens, n_in = out.shape[0], qbuf.shape[0] // ROW_CHUNK
+    if t + 3 < n_tokens and kinds[t] and kinds[t + 1] and kinds[t + 2] and kinds[t + 3]:
+        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = \
+            _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
+        return t + 4
+    if kinds[t]:
+        out[t, r] = _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
+    else:
+        out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, n_in // 256, xq, t * n_in, xd, bsums)
+    return t + 1
+
+
 @njit(parallel=True, cache=True)
-def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv.
-    With gemm rows, ROW_CHUNK weight rows are decoded once into int8 and reused for every token."""
+def matmul_q4_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """matmul_q4_k for batches without an eight-token group of gemm rows (decode, short prompts): the same bits,
+    without the eight-token gemm, whose compilation a first run with a short prompt then skips."""
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
@@ -332,6 +356,25 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
             for t in range(n_tokens):
                 out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
         return
+    for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
+        qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+        r0 = c * ROW_CHUNK
+        n_rows = min(ROW_CHUNK, n_out - r0)
+        _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins)
+        for i in range(n_rows):
+            t = 0
+            while t < n_tokens:
+                t = _step_q4_k(w, row_bytes, r0 + i, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its repacked 4-row gemm, 0 for the gemv.
+    With gemm rows, ROW_CHUNK weight rows are decoded once into int8 and reused for every token; aligned groups of
+    eight gemm tokens go eight at a time (the bits of two four-token groups)."""
+    n_tokens, n_in = x.shape
+    nsb, n_out = n_in // 256, out.shape[1]
+    _quantize_tokens(x, xq, xd, bsums, kinds)
     xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
     bst = np.empty((n_tokens // 8) * 8 * (n_in // 16), np.int32)
     _tokens_innermost(xd, n_tokens, nsb, xdt)
@@ -340,30 +383,17 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
         r0 = c * ROW_CHUNK
         n_rows = min(ROW_CHUNK, n_out - r0)
-        for i in range(n_rows * nsb):
-            qo = (i // nsb) * n_in + 256 * (i % nsb)
-            dd[i], dmins[i] = _decode_q4_k(w, (r0 + i // nsb) * row_bytes + 144 * (i % nsb), qbuf, qo,
-                                           scales, mins, qo // 16)
+        _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins)
         for i in range(n_rows):
-            t = 0
+            t, r = 0, r0 + i
             while t < n_tokens:
                 if t % 8 == 0 and t + 7 < n_tokens and _all_eight(kinds, t):
-                    r = r0 + i
                     (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
                      out[t + 6, r], out[t + 7, r]) = _gemm_q4_k_decoded_eight(qbuf, scales, mins, dd, dmins, i, t,
                                                                             xq, xdt, bst)
                     t += 8
-                    continue
-                if t + 3 < n_tokens and kinds[t] and kinds[t + 1] and kinds[t + 2] and kinds[t + 3]:
-                    out[t, r0 + i], out[t + 1, r0 + i], out[t + 2, r0 + i], out[t + 3, r0 + i] = \
-                        _gemm_q4_k_decoded_four(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
-                    t += 4
-                    continue
-                if kinds[t]:
-                    out[t, r0 + i] = _gemm_q4_k_decoded(qbuf, scales, mins, dd, dmins, i, t, xq, xd, bsums)
                 else:
-                    out[t, r0 + i] = vec_dot_q4_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
-                t += 1
+                    t = _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out)
 
 
 # --- Q5_K ---------------------------------------------------------------------------------------------------
@@ -532,6 +562,17 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
             out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
 
 
+@njit(parallel=True, cache=True)
+def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """matmul_q6_k for batches without tiled rows (no batch of 8 tokens or more: decode, short prompts): vec_dot per
+    token, the same bits, without compiling the tiled matmul (a first run with a short prompt skips it)."""
+    _quantize_tokens(x, xq, xd, bsums)
+    n_tokens, n_in = x.shape
+    nsb = n_in // 256
+    for r in prange(out.shape[1]):
+        for t in range(n_tokens):
+            out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+
 
 # --- Q8_K ---------------------------------------------------------------------------------------------------
 
@@ -613,3 +654,17 @@ def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
 
 MATMUL = {"Q2_K": matmul_q2_k, "Q3_K": matmul_q3_k, "Q4_K": matmul_q4_k, "Q5_K": matmul_q5_k,
           "Q6_K": matmul_q6_k, "Q8_K": matmul_q8_k}
+# The same formats' kernels for batches that need none of the eight-token paths (see kernel_for); kept apart so that
+# decode and short prompts compile less (a first run's Q4_K kernel compiled for 22-25 s with its eight-token gemm).
+MATMUL_FEW = {"Q4_K": matmul_q4_k_few, "Q6_K": matmul_q6_k_few}
+
+
+def kernel_for(name: str, kinds: np.ndarray):
+    """The kernel for a batch of these row kinds: MATMUL_FEW's unless the batch has eight-token work (Q4_K: an
+    aligned group of eight gemm tokens; Q6_K: any tiled row)."""
+    if name == "Q6_K":
+        eight = bool(kinds.any())
+    else:
+        groups = kinds[:len(kinds) - len(kinds) % 8].reshape(-1, 8)
+        eight = bool(groups.all(axis=1).any())
+    return MATMUL[name] if eight else MATMUL_FEW[name]

@@ -527,3 +527,27 @@ def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
     fmt_id = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"].index(name)
     want = _rows_one_at_a_time(fmt_id, layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
+    """Q4_K/Q6_K batches without eight-token work run kernels that leave it out (less to compile for decode and
+    short prompts); Q4_K's two kernels give the same bits on the same rows (its eight-token gemm is two four-token
+    groups lane by lane)."""
+    from quant import linear, matmul_kquant as mk
+    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (7,))) is mk.matmul_q4_k_few
+    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 4))) is mk.matmul_q4_k_few  # no aligned eight
+    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 8))) is mk.matmul_q4_k
+    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (9,))) is mk.matmul_q4_k
+    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (1,) * 8)) is mk.matmul_q6_k_few
+    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (8,))) is mk.matmul_q6_k
+    fmt = quant.format_by_name("Q4_K")
+    layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=21), "Q4_K", (40, 512))
+    x = np.random.default_rng(22).standard_normal((21, 512)).astype(np.float32)
+    kinds = mk.row_kinds("Q4_K", 40, (21,))
+    outs = []
+    for kernel in (mk.matmul_q4_k, mk.matmul_q4_k_few):
+        scratch = linear._ActivationScratch("k", 512).reserve(21)
+        out = np.empty((21, 40), np.float32)
+        kernel(layer.data, layer.row_bytes, x, *scratch, out, kinds)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
