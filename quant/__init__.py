@@ -9,7 +9,7 @@
   kernels_kquant.py,
   matmul_kquant.py    int8 matmul for Q2_K .. Q6_K, Q8_K
   kernels_float.py    float matmul for F32, F16, BF16
-  linear.py           QuantLinear, the object the models use
+  linear.py           QuantLinear, the object the models use (QuantGroup: several on one input)
 """
 
 try:  # Numba's cache is per source file, but kernels inline quant.simd: key the cache by all sources instead
@@ -23,7 +23,7 @@ from .formats import (FORMAT_NAMES, FORMATS, BlockFormat, UnknownFormatError,  #
 
 # The kernels (and numba, a quarter-second import) load on first use, so reading a GGUF file's header,
 # which only needs the format table, stays fast.
-_LAZY = {"dequantize": "api", "quantize": "api", "QuantLinear": "linear"}
+_LAZY = {"dequantize": "api", "quantize": "api", "QuantLinear": "linear", "QuantGroup": "linear"}
 
 
 def __getattr__(name):
@@ -35,5 +35,5 @@ def __getattr__(name):
         return value
     raise AttributeError(f"module 'quant' has no attribute {name!r}")
 
-__all__ = ["BlockFormat", "FORMATS", "FORMAT_NAMES", "QuantLinear", "UnknownFormatError", "dequantize",
+__all__ = ["BlockFormat", "FORMATS", "FORMAT_NAMES", "QuantGroup", "QuantLinear", "UnknownFormatError", "dequantize",
            "format_by_id", "format_by_name", "quantize"]

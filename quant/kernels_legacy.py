@@ -16,6 +16,8 @@ Per format:
       xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles.
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
+  matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
+      the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
 Every (row, token) sum runs in the same order whichever kernel computes it, so matmul rows equal matvec bit for bit.
 """
 
@@ -110,6 +112,23 @@ def _tile_scratch(xq, xd, n_tokens, n_in):
         raise ValueError("legacy matmul scratch too small: xq needs 2*T*n_in bytes, xd 6*T*n_in/32 floats")
     return xq[n:2 * n], xd[nb:6 * nb]
 
+
+
+@njit(cache=True)
+def _prepare(x, xq, xd, xs):
+    """Quantize the T tokens of x into the scratch and lay out the eight-token tiles' copy; returns (blocks per row,
+    tokens in eight-token tiles, tokens in tiles of eight or four, the tiles' quants, the tiles' scales)."""
+    n_tokens, n_in = x.shape
+    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
+    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
+    _quantize_tokens(x, xq, xd, xs)
+    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
+    return nb, n8, n4, xp, xt
+
+
+@njit(cache=True)
+def _row_blocks(out):
+    return (out.shape[1] + ROW_BLOCK - 1) // ROW_BLOCK
 
 @njit(cache=True)
 def _dot(w, x, signed):
@@ -248,31 +267,50 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so):
     return _tile8_sums(acc)
 
 
+@njit(cache=True, inline="always")
+def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
 @njit(parallel=True, cache=True)
 def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
-    n_tokens, n_in = x.shape
-    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
-    _quantize_tokens(x, xq, xd, xs)
-    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    n_out = out.shape[1]
-    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
-        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t in range(0, n8, 8):
-            for r in range(r0, r1):
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-                 out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
-        for r in range(r0, r1):
-            for t in range(n8, n4, TOKEN_TILE):
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
-                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(n4, n_tokens):
-            for r in range(r0, r1 - 1, 2):
-                out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
-                    w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-            if (r1 - r0) % 2:
-                r = r1 - 1
-                out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    for rb in prange(_row_blocks(out)):
+        _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_q4_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_q4_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+        elif k < b0 + b1:
+            _row_block_q4_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+        else:
+            _row_block_q4_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
 
 
 # --- Q4_1: w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) -------------------------------------------------
@@ -337,31 +375,50 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
     return _tile8_sums_mins(acc, mins)
 
 
+@njit(cache=True, inline="always")
+def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+
+
 @njit(parallel=True, cache=True)
 def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
-    n_tokens, n_in = x.shape
-    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
-    _quantize_tokens(x, xq, xd, xs)
-    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    n_out = out.shape[1]
-    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
-        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t in range(0, n8, 8):
-            for r in range(r0, r1):
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-                 out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
-        for r in range(r0, r1):
-            for t in range(n8, n4, TOKEN_TILE):
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
-                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
-        for t in range(n4, n_tokens):
-            for r in range(r0, r1 - 1, 2):
-                out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
-                    w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-            if (r1 - r0) % 2:
-                r = r1 - 1
-                out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    for rb in prange(_row_blocks(out)):
+        _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_q4_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_q4_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+        elif k < b0 + b1:
+            _row_block_q4_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+        else:
+            _row_block_q4_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
 
 
 # --- Q5_0 -------------------------------------------------------------------------------------------------
@@ -416,31 +473,50 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so):
     return _tile8_sums(acc)
 
 
+@njit(cache=True, inline="always")
+def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
 @njit(parallel=True, cache=True)
 def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
-    n_tokens, n_in = x.shape
-    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
-    _quantize_tokens(x, xq, xd, xs)
-    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    n_out = out.shape[1]
-    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
-        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t in range(0, n8, 8):
-            for r in range(r0, r1):
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-                 out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
-        for r in range(r0, r1):
-            for t in range(n8, n4, TOKEN_TILE):
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
-                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(n4, n_tokens):
-            for r in range(r0, r1 - 1, 2):
-                out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
-                    w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-            if (r1 - r0) % 2:
-                r = r1 - 1
-                out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    for rb in prange(_row_blocks(out)):
+        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_q5_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+        elif k < b0 + b1:
+            _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+        else:
+            _row_block_q5_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
@@ -505,31 +581,50 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
     return _tile8_sums_mins(acc, mins)
 
 
+@njit(cache=True, inline="always")
+def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+
+
 @njit(parallel=True, cache=True)
 def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
-    n_tokens, n_in = x.shape
-    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
-    _quantize_tokens(x, xq, xd, xs)
-    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    n_out = out.shape[1]
-    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
-        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t in range(0, n8, 8):
-            for r in range(r0, r1):
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-                 out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
-        for r in range(r0, r1):
-            for t in range(n8, n4, TOKEN_TILE):
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
-                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
-        for t in range(n4, n_tokens):
-            for r in range(r0, r1 - 1, 2):
-                out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
-                    w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-            if (r1 - r0) % 2:
-                r = r1 - 1
-                out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    for rb in prange(_row_blocks(out)):
+        _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_q5_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_q5_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+        elif k < b0 + b1:
+            _row_block_q5_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+        else:
+            _row_block_q5_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------
@@ -584,31 +679,52 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so):
     return _tile8_sums(acc)
 
 
+@njit(cache=True, inline="always")
+def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
-    n_tokens, n_in = x.shape
-    nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
-    _quantize_tokens(x, xq, xd, xs)
-    _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    n_out = out.shape[1]
-    for rb in prange((n_out + ROW_BLOCK - 1) // ROW_BLOCK):
-        r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-        for t in range(0, n8, 8):
-            for r in range(r0, r1):
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-                 out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
-        for r in range(r0, r1):
-            for t in range(n8, n4, TOKEN_TILE):
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
-                    w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-        for t in range(n4, n_tokens):
-            for r in range(r0, r1 - 1, 2):
-                out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
-                    w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-            if (r1 - r0) % 2:
-                r = r1 - 1
-                out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    for rb in prange(_row_blocks(out)):
+        _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_q8_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_q8_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+        elif k < b0 + b1:
+            _row_block_q8_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+        else:
+            _row_block_q8_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
 
 
 MATMUL = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q5_0": matmul_q5_0, "Q5_1": matmul_q5_1, "Q8_0": matmul_q8_0}
+MATMUL3 = {"Q4_0": matmul3_q4_0, "Q4_1": matmul3_q4_1, "Q5_0": matmul3_q5_0, "Q5_1": matmul3_q5_1,
+           "Q8_0": matmul3_q8_0}

@@ -183,3 +183,67 @@ class QuantLinear:
         if lo < 0 or hi >= self.n_out:
             raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
         DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
+
+
+class QuantGroup:
+    """Two or three QuantLinear of one 32-element block format and one input width, applied to the same input (a
+    layer's Q, K and V; its gate and up): the input is quantized once and one parallel region computes every row,
+    instead of a kernel call, a quantization and a region per matrix. Each output equals its layer's matmul bit for
+    bit. The weights stay where they are (no copy)."""
+
+    def __init__(self, layers):
+        layers = tuple(layers)
+        if not 2 <= len(layers) <= 3 or not all(isinstance(layer, QuantLinear) for layer in layers):
+            raise ValueError(f"QuantGroup needs two or three QuantLinear, got {layers!r}")
+        first = layers[0]
+        if first.format.name not in kernels_legacy.MATMUL3 or any(
+                layer.ggml_type != first.ggml_type or layer.n_in != first.n_in for layer in layers):
+            raise ValueError("QuantGroup needs layers of one 32-element block format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) "
+                             "and one input width, got " + ", ".join(repr(layer) for layer in layers))
+        self.layers, self.n_in = layers, first.n_in
+        self._kernel = kernels_legacy.MATMUL3[first.format.name]
+        self._weights = tuple(layer.data for layer in layers) + ((layers[1].data,) if len(layers) == 2 else ())
+        self._scratch_key = first._scratch_key
+
+    def _common_case(self, x, outs) -> bool:
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.ndim == 2 and x.shape[1] == self.n_in
+                and x.strides == (4 * self.n_in, 4) and type(outs) in (tuple, list) and len(outs) == len(self.layers)):
+            return False
+        for layer, out in zip(self.layers, outs):
+            if not (type(out) is np.ndarray and out.dtype is _F32 and out.shape == (x.shape[0], layer.n_out)
+                    and out.strides == (4 * layer.n_out, 4) and out.flags.writeable):
+                return False
+        return True
+
+    @classmethod
+    def of(cls, *layers) -> "QuantGroup | None":
+        """A group of these layers, or None where they cannot be one (other formats, widths or classes)."""
+        try:
+            return cls(layers)
+        except ValueError:
+            return None
+
+    def __repr__(self) -> str:
+        return f"QuantGroup({', '.join(repr(layer) for layer in self.layers)})"
+
+    def matmul(self, x: np.ndarray, outs, sizes: tuple[int, ...] | None = None) -> None:
+        """outs[i][t] = W_i @ x[t] for each layer i (see QuantLinear.matmul; sizes change nothing for these formats,
+        whose rows do not depend on the batch, and are only checked)."""
+        if not self._common_case(x, outs):  # as QuantLinear.matmul: the full checks name the problem
+            if not (isinstance(x, np.ndarray) and x.ndim == 2):
+                raise ValueError(f"x must be a 2-D (T, {self.n_in}) float32 array")
+            _check_f32("x", x, (x.shape[0], self.n_in))
+            if not isinstance(outs, (tuple, list)) or len(outs) != len(self.layers):
+                raise ValueError(f"outs must be a tuple or list of {len(self.layers)} arrays, "
+                                 f"got {type(outs).__name__}")
+            for i, (layer, out) in enumerate(zip(self.layers, outs)):
+                _check_f32(f"outs[{i}]", out, (x.shape[0], layer.n_out), writable=True)
+        n_tokens = x.shape[0]
+        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
+            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        if not n_tokens:
+            return
+        if len(outs) == 2:
+            outs = (outs[0], outs[1], np.empty((n_tokens, 0), np.float32))
+        scratch = _scratch_for(self._scratch_key).reserve(n_tokens)
+        self._kernel(*self._weights, self.layers[0].row_bytes, x, *scratch, *outs)

@@ -551,3 +551,45 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
         kernel(layer.data, layer.row_bytes, x, *scratch, out, kinds)
         outs.append(out)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_quant_group_outputs_equal_each_layers_matmul(name):
+    """Q, K, V (or gate, up) in one call: one quantization, one region; every output the layer's own bits, for
+    decode, four- and eight-token tiles and their tails, with row counts that end row blocks and pairs oddly."""
+    fmt = quant.format_by_name(name)
+    n_in = 256
+    layers = [quant.QuantLinear(matrix(fmt, n_out, n_in, seed=30 + n_out), name, (n_out, n_in))
+              for n_out in (48, 17, 33)]
+    x = np.random.default_rng(31).standard_normal((21, n_in)).astype(np.float32)
+    for group in (quant.QuantGroup(layers), quant.QuantGroup(layers[:2])):
+        for n_tokens in (1, 3, 4, 13, 21):
+            want = []
+            for layer in group.layers:
+                out = np.empty((n_tokens, layer.n_out), np.float32)
+                layer.matmul(x[:n_tokens], out)
+                want.append(out)
+            got = [np.full((n_tokens, layer.n_out), np.nan, np.float32) for layer in group.layers]
+            group.matmul(x[:n_tokens], got, sizes=(1,) * n_tokens)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
+def test_quant_group_refuses_what_it_cannot_group():
+    q41, q80, q4k = (quant.format_by_name(n) for n in ("Q4_1", "Q8_0", "Q4_K"))
+    a = quant.QuantLinear(matrix(q41, 8, 256), "Q4_1", (8, 256))
+    assert quant.QuantGroup.of(a, quant.QuantLinear(matrix(q80, 8, 256), "Q8_0", (8, 256))) is None  # formats
+    assert quant.QuantGroup.of(a, quant.QuantLinear(matrix(q41, 8, 512), "Q4_1", (8, 512))) is None  # widths
+    k = quant.QuantLinear(matrix(q4k, 8, 256), "Q4_K", (8, 256))
+    assert quant.QuantGroup.of(k, k) is None                                                          # K-quants
+    assert quant.QuantGroup.of(a) is None and quant.QuantGroup.of(a, a, a, a) is None                   # counts
+    group = quant.QuantGroup.of(a, a)
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(ValueError, match="outs must be a tuple or list of 2"):
+        group.matmul(x, [np.empty((2, 8), np.float32)])
+    with pytest.raises(ValueError, match=r"outs\[1\] must be a C-contiguous float32 array of shape \(2, 8\)"):
+        group.matmul(x, [np.empty((2, 8), np.float32), np.empty((2, 8), np.float64)])
+    with pytest.raises(ValueError, match="x must be a C-contiguous float32 array"):
+        group.matmul(x[:, :128], [np.empty((2, 8), np.float32)] * 2)
+    with pytest.raises(ValueError, match="sizes"):
+        group.matmul(x, [np.empty((2, 8), np.float32)] * 2, sizes=(3,))

@@ -20,6 +20,7 @@ from edgellm import ops
 from edgellm.errors import ModelError
 from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel
 from edgellm.models.llama import BlockBuffers, linear_rope_scale
+from edgellm.models.linear import group_projections, project_gate_up, project_qkv
 from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
 
 SWA_PERIOD_DEFAULT = 6  # llama.cpp: hparams.set_swa_pattern(6) for gemma3
@@ -136,6 +137,8 @@ class Gemma3Model(DecoderModel):
         self.output_norm = w["output_norm.weight"]
         self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied when absent
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        for layer in self.layers:
+            group_projections(layer)
         self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
         self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
@@ -160,17 +163,14 @@ class Gemma3Model(DecoderModel):
             cos, sin = (s.cos_global, s.sin_global) if self.cache.layers[il].window == 0 else (s.cos_local, s.sin_local)
             # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
-            layer.attn_q.matmul(s.xn, s.q, sizes)
-            layer.attn_k.matmul(s.xn, s.k, sizes)
-            layer.attn_v.matmul(s.xn, s.v, sizes)
+            project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
             self.attend(il, s, positions, cos, sin, True, (NONE, NONE, NONE), (layer.attn_q_norm, layer.attn_k_norm),
                         groups)
             layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_attention_norm, eps)
             # feed-forward block: m = norm(x); x += post_norm(W_down · (gelu(W_gate m) * W_up m))
             ops.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
-            layer.ffn_gate.matmul(s.xn, s.gate, sizes)
-            layer.ffn_up.matmul(s.xn, s.up, sizes)
+            project_gate_up(layer, s.xn, s.gate, s.up, sizes)
             ops.gelu_tanh_mul(s.gate, s.up)
             layer.ffn_down.matmul(s.gate, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)

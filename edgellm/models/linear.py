@@ -5,6 +5,7 @@ swap in (set LINEAR_CLASS) to take that rounding out of a comparison with the fl
 
 import numpy as np
 from quant import QuantLinear
+from quant.linear import QuantGroup
 
 
 class DequantizedLinear:
@@ -38,3 +39,35 @@ LINEAR_CLASS = QuantLinear
 def make_linear(tensor):
     """A linear map over a GGUFTensor of numpy shape (n_out, n_in)."""
     return LINEAR_CLASS(tensor.data, tensor.ggml_type, tuple(tensor.shape))
+
+
+def group_projections(layer) -> None:
+    """Group a layer's projections that share an input (Q, K, V; gate, up) into QuantGroups where their formats
+    allow: one kernel call, one activation quantization and one parallel region per group. Q and K alone form a group
+    where V's format differs (Gemma-3 has Q8_0 V beside Q5_0 Q and K in half its layers)."""
+    layer.attn_qkv = QuantGroup.of(layer.attn_q, layer.attn_k, layer.attn_v) or \
+        QuantGroup.of(layer.attn_q, layer.attn_k)
+    layer.ffn_gate_up = QuantGroup.of(layer.ffn_gate, layer.ffn_up)
+
+
+def project_qkv(layer, x, q, k, v, sizes) -> None:
+    """q, k, v = W_q x, W_k x, W_v x (see group_projections)."""
+    group = layer.attn_qkv
+    if group is None:
+        layer.attn_q.matmul(x, q, sizes)
+        layer.attn_k.matmul(x, k, sizes)
+        layer.attn_v.matmul(x, v, sizes)
+    elif len(group.layers) == 3:
+        group.matmul(x, (q, k, v), sizes)
+    else:
+        group.matmul(x, (q, k), sizes)
+        layer.attn_v.matmul(x, v, sizes)
+
+
+def project_gate_up(layer, x, gate, up, sizes) -> None:
+    """gate, up = W_gate x, W_up x (see group_projections)."""
+    if layer.ffn_gate_up is None:
+        layer.ffn_gate.matmul(x, gate, sizes)
+        layer.ffn_up.matmul(x, up, sizes)
+    else:
+        layer.ffn_gate_up.matmul(x, (gate, up), sizes)

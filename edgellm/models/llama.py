@@ -16,6 +16,7 @@ from edgellm import ops
 from edgellm.errors import ModelError
 from edgellm.models.base import DEFAULT_N_BATCH, DecoderModel, TokenBuffers
 from edgellm.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
+from edgellm.models.linear import group_projections, project_gate_up, project_qkv
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class LlamaModel(DecoderModel):
         self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied when absent
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         for il, layer in enumerate(self.layers):
+            group_projections(layer)
             for group in (("attn_q_bias", "attn_k_bias", "attn_v_bias"), ("attn_q_norm", "attn_k_norm")):
                 present = [getattr(layer, name) is not None for name in group]
                 if any(present) and not all(present):
@@ -183,17 +185,14 @@ class LlamaModel(DecoderModel):
         for il, layer in enumerate(self.layers):
             # attention block: n = norm(x); x += W_o · attention(rope(W_q n), rope(W_k n), W_v n)
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
-            layer.attn_q.matmul(s.xn, s.q, sizes)
-            layer.attn_k.matmul(s.xn, s.k, sizes)
-            layer.attn_v.matmul(s.xn, s.v, sizes)
+            project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
             self.attend(il, s, positions, s.rope_cos, s.rope_sin, cfg.rope_neox,
                         (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias), (layer.attn_q_norm, layer.attn_k_norm),
                         groups)
             layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn)  # the residual add, then m = norm(x)
             # feed-forward block: x += W_down · (silu(W_gate m) * W_up m)
-            layer.ffn_gate.matmul(s.xn, s.gate, sizes)
-            layer.ffn_up.matmul(s.xn, s.up, sizes)
+            project_gate_up(layer, s.xn, s.gate, s.up, sizes)
             ops.silu_mul(s.gate, s.up)
             layer.ffn_down.matmul(s.gate, s.xn, sizes)
             s.x += s.xn
