@@ -52,15 +52,22 @@ class InterruptingWeight:
 
 @contextlib.contextmanager
 def interrupt_at(model, layer, weight, at, exc=KeyboardInterrupt):
-    """Make model.model.layers[layer].<weight> raise `exc` on its `at`-th use, for the duration of the block."""
+    """Make model.model.layers[layer].<weight> raise `exc` on its `at`-th use, for the duration of the block. The
+    layer's grouped projections (QuantGroup: Q/K/V, gate/up in one call) run one by one meanwhile, as they do for
+    formats that cannot be grouped (the same bits), so that the proxy sees its matrix's call."""
     layer_weights = model.model.layers[layer]
     original = getattr(layer_weights, weight)
+    groups = {name: getattr(layer_weights, name, None) for name in ("attn_qkv", "ffn_gate_up")}
     proxy = InterruptingWeight(original, at, exc)
     setattr(layer_weights, weight, proxy)
+    for name in groups:
+        setattr(layer_weights, name, None)
     try:
         yield proxy
     finally:
         setattr(layer_weights, weight, original)
+        for name, group in groups.items():
+            setattr(layer_weights, name, group)
 
 
 def run_in_thread(fn, *args, timeout=JOIN_TIMEOUT_S):
@@ -304,7 +311,7 @@ def test_cancel_during_prompt_processing(tiny_paths, expected):
             return getattr(self.inner, name)
 
     layer = m.model.layers[0]
-    original, layer.attn_q = layer.attn_q, Pause(layer.attn_q)
+    original, layer.ffn_down = layer.ffn_down, Pause(layer.ffn_down)
     try:
         long_prompt = " ".join(PROMPTS * 4)
         result = run_in_thread(lambda: m.complete(long_prompt, max_tokens=32, ignore_eos=True))
@@ -313,7 +320,7 @@ def test_cancel_during_prompt_processing(tiny_paths, expected):
         proceed.set()
         completion = result()
     finally:
-        layer.attn_q = original
+        layer.ffn_down = original
     assert completion.stop_reason == "cancelled" and completion.tokens == []
     assert greedy(m, PROMPTS[0]) == expected[0][PROMPTS[0]]
 
