@@ -5,7 +5,7 @@
   simd.py             LLVM vector-IR building blocks the Numba kernels are written in
   kernels_dequant.py  Numba dequantize for every format (also embedding lookup)
   activations.py      Numba activation quantization (Q8_0-style, Q8_K-style)
-  kernels_legacy.py   int8 matmul for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+  kernels_legacy.py   int8 matmul for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (row dots in dots_legacy.py)
   kernels_kquant.py,
   matmul_kquant.py    int8 matmul for Q2_K .. Q6_K, Q8_K
   kernels_float.py    float matmul for F32, F16, BF16

@@ -15,7 +15,7 @@ from numba import njit
 import quant
 from quant import reference
 from quant.activations import quantize_act_q8_0, quantize_act_q8_k
-from quant import kernels_legacy as k
+from quant import dots_legacy as k
 from quant.formats import FORMATS
 from quant.simd import load_f16, load_f16_pair, load_f16_portable, load_f16x2, prefetch
 from quant.testing import hand_built, random_matrix_bytes
@@ -325,7 +325,7 @@ def test_i32x8_hsum4_matches_numpy_row_sums():
 
 
 def test_eight_token_tile_intrinsics_match_numpy():
-    """The vector pieces of the legacy formats' eight-token tiles (quant.kernels_legacy): half duplication, per-lane
+    """The vector pieces of the legacy formats' eight-token tiles (quant.dots_legacy): half duplication, per-lane
     products and FMAs, lane extraction, and the split horizontal sum, which must give f32x8_hsum's bits for each of
     the two vectors it holds."""
     from quant.simd import (f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, i8x32_dup_hi,

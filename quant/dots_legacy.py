@@ -1,0 +1,395 @@
+"""Row dot products for the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against Q8_0-style int8
+activations: the inner loops of quant.kernels_legacy, which drives them over rows and tokens.
+
+Per format:
+  _quants_<fmt>(w, o)        the 32 quants of the block at byte o as I8x32 (offset removed)
+  vec_dot_<fmt>_q8_0(...)    one row x one token (llama.cpp's vec_dot_<fmt>_q8_0 scheme: one FMA per block into
+                             8 float lanes, the lanes summed at the end)
+  vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode)
+  vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
+  tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (kernels_legacy._pack_tiles8)
+Every (row, token) sum runs in the same order in each of them, so they give the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .simd import (dot_i8x32, dot_u8x32, f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split,
+                   f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl,
+                   i8x32_sub, load_bits32, load_f16, load_f16_pair, load_f16x2, load_f32, load_f32x8, load_i8x32,
+                   load_nibbles_lo_hi, prefetch)
+
+# Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
+# order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
+# its FMA's latency (in cache: Q8_0 1.4x). Two rows read as two interleaved streams, which the hardware prefetcher
+# serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
+# prefetches each row PREFETCH_BYTES ahead. Distances of 512-3072 bytes measured on 2 threads: Q8_0 did best at
+# 512-1024 (65536x640: 27-28 GB/s), Q4_1 at 1024-2048 (16384x576: 19 GB/s against 15 row by row).
+PREFETCH_BYTES = 1024
+
+
+@njit(cache=True)
+def _dot(w, x, signed):
+    """dot_i8x32 for signed quants, dot_u8x32 (no sign flip) for 0..127 ones; `signed` is a constant at every call
+    site, so the branch folds away once inlined."""
+    if signed:
+        return dot_i8x32(w, x)
+    return dot_u8x32(w, x)
+
+
+@njit(cache=True)
+def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, signed):
+    """One weight block (lo = its quants 0-15 twice, hi = 16-31 twice, d = its scale in 8 lanes) into the eight
+    accumulators of a tile: acc[2k] holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    s = f32x8_mul(d, load_f32x8(xt, so))
+    a0 = f32x8_fma_lanes(a0, _dot(lo, load_i8x32(xp, xo), signed), s)
+    a1 = f32x8_fma_lanes(a1, _dot(hi, load_i8x32(xp, xo + 32), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 8))
+    a2 = f32x8_fma_lanes(a2, _dot(lo, load_i8x32(xp, xo + 64), signed), s)
+    a3 = f32x8_fma_lanes(a3, _dot(hi, load_i8x32(xp, xo + 96), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 16))
+    a4 = f32x8_fma_lanes(a4, _dot(lo, load_i8x32(xp, xo + 128), signed), s)
+    a5 = f32x8_fma_lanes(a5, _dot(hi, load_i8x32(xp, xo + 160), signed), s)
+    s = f32x8_mul(d, load_f32x8(xt, so + 24))
+    a6 = f32x8_fma_lanes(a6, _dot(lo, load_i8x32(xp, xo + 192), signed), s)
+    a7 = f32x8_fma_lanes(a7, _dot(hi, load_i8x32(xp, xo + 224), signed), s)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(cache=True)
+def _tile8_zero():
+    z = f32x8_zero()
+    return z, z, z, z, z, z, z, z
+
+
+@njit(cache=True)
+def _tile8_sums(acc):
+    """The eight tokens' row sums, each in f32x8_hsum's order (what vec_dot returns for a format without mins)."""
+    r0, r1 = f32x8_hsum_split(acc[0], acc[1])
+    r2, r3 = f32x8_hsum_split(acc[2], acc[3])
+    r4, r5 = f32x8_hsum_split(acc[4], acc[5])
+    r6, r7 = f32x8_hsum_split(acc[6], acc[7])
+    return r0, r1, r2, r3, r4, r5, r6, r7
+
+
+@njit(cache=True)
+def _tile8_sums_mins(acc, mins):
+    """_tile8_sums plus each token's min term (lane j of mins = token j), as vec_dot_q4_1/q5_1 return them. The
+    formats without mins do not add zeros: -0.0 + 0.0 would give +0.0 where vec_dot gives -0.0."""
+    r = _tile8_sums(acc)
+    return (r[0] + f32x8_lane(mins, 0), r[1] + f32x8_lane(mins, 1), r[2] + f32x8_lane(mins, 2),
+            r[3] + f32x8_lane(mins, 3), r[4] + f32x8_lane(mins, 4), r[5] + f32x8_lane(mins, 5),
+            r[6] + f32x8_lane(mins, 6), r[7] + f32x8_lane(mins, 7))
+
+
+# --- block decoders ------------------------------------------------------------------------------------------
+# Q4_0: d f16 | qs[16]          Q4_1: d | m | qs[16]          Q8_0: d | qs int8[32]
+# Q5_0: d | qh u32 | qs[16]     Q5_1: d | m | qh u32 | qs[16]   (bit j of qh is bit 4 of quant j)
+
+
+@njit(cache=True)
+def _quants_q4_0(w, o):
+    return i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8)
+
+
+@njit(cache=True)
+def _quants_q4_1(w, o):
+    return load_nibbles_lo_hi(w, o + 4)
+
+
+@njit(cache=True)
+def _quants_q5_0(w, o):
+    return i8x32_sub(i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4)), 16)
+
+
+@njit(cache=True)
+def _quants_q5_1(w, o):
+    return i8x32_or(load_nibbles_lo_hi(w, o + 8), i8x32_shl(load_bits32(w, o + 4), 4))
+
+
+@njit(cache=True)
+def _quants_q8_0(w, o):
+    return load_i8x32(w, o + 2)
+
+
+# --- Q4_0 -------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q4_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q4_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        o += 18
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_q4_0(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q4_0(w, o2), x), d2 * dx)
+        o += 18
+        o2 += 18
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot4_q4_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        q, d, k = _quants_q4_0(w, o), load_f16(w, o), xo + b * 32
+        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
+        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
+        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
+        o += 18
+    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
+
+
+@njit(cache=True)
+def tile8_q4_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
+    for b in range(nb):
+        q = _quants_q4_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
+        o += 18
+    return _tile8_sums(acc)
+
+
+# --- Q4_1: w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) -------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    acc, mins = f32x8_zero(), np.float32(0)
+    for b in range(nb):
+        isum = dot_u8x32(_quants_q4_1(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        mins += load_f16(w, o + 2) * load_f32(xs, xdo + b)
+        o += 20
+    return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xd, xs, xdo):
+    a, a2, m, m2 = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx, sx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_f32(xs, xdo + b)
+        (d, dm), (d2, dm2) = load_f16x2(w, o), load_f16x2(w, o2)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q4_1(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q4_1(w, o2), x), d2 * dx)
+        m += dm * sx
+        m2 += dm2 * sx
+        o += 20
+        o2 += 20
+    return f32x8_hsum(a) + m, f32x8_hsum(a2) + m2
+
+
+@njit(cache=True)
+def vec_dot4_q4_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    m0 = m1 = m2 = m3 = np.float32(0)
+    for b in range(nb):
+        q, d, m, k = _quants_q4_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
+        a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
+        a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
+        a3 = f32x8_fma_i32(a3, dot_u8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
+        m0 += m * load_f32(xs, xdo + b)
+        m1 += m * load_f32(xs, xdo + nb + b)
+        m2 += m * load_f32(xs, xdo + 2 * nb + b)
+        m3 += m * load_f32(xs, xdo + 3 * nb + b)
+        o += 20
+    return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
+
+
+@njit(cache=True)
+def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        q = _quants_q4_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, False)
+        o += 20
+    return _tile8_sums_mins(acc, mins)
+
+
+# --- Q5_0 -------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q5_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        o += 22
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_q5_0(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q5_0(w, o2), x), d2 * dx)
+        o += 22
+        o2 += 22
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot4_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        q, d, k = _quants_q5_0(w, o), load_f16(w, o), xo + b * 32
+        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
+        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
+        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
+        o += 22
+    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
+
+
+@njit(cache=True)
+def tile8_q5_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
+    for b in range(nb):
+        q = _quants_q5_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
+        o += 22
+    return _tile8_sums(acc)
+
+
+# --- Q5_1 -------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    acc, mins = f32x8_zero(), np.float32(0)
+    for b in range(nb):
+        isum = dot_u8x32(_quants_q5_1(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        mins += load_f16(w, o + 2) * load_f32(xs, xdo + b)
+        o += 24
+    return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xd, xs, xdo):
+    a, a2, m, m2 = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx, sx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_f32(xs, xdo + b)
+        (d, dm), (d2, dm2) = load_f16x2(w, o), load_f16x2(w, o2)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q5_1(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q5_1(w, o2), x), d2 * dx)
+        m += dm * sx
+        m2 += dm2 * sx
+        o += 24
+        o2 += 24
+    return f32x8_hsum(a) + m, f32x8_hsum(a2) + m2
+
+
+@njit(cache=True)
+def vec_dot4_q5_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    m0 = m1 = m2 = m3 = np.float32(0)
+    for b in range(nb):
+        q, d, m, k = _quants_q5_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
+        a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
+        a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
+        a3 = f32x8_fma_i32(a3, dot_u8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
+        m0 += m * load_f32(xs, xdo + b)
+        m1 += m * load_f32(xs, xdo + nb + b)
+        m2 += m * load_f32(xs, xdo + 2 * nb + b)
+        m3 += m * load_f32(xs, xdo + 3 * nb + b)
+        o += 24
+    return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
+
+
+@njit(cache=True)
+def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        q = _quants_q5_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, False)
+        o += 24
+    return _tile8_sums_mins(acc, mins)
+
+
+# --- Q8_0 -------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q8_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q8_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        o += 34
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_q8_0(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q8_0(w, o2), x), d2 * dx)
+        o += 34
+        o2 += 34
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        q, d, k = _quants_q8_0(w, o), load_f16(w, o), xo + b * 32
+        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
+        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
+        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
+        o += 34
+    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
+
+
+@njit(cache=True)
+def tile8_q8_0(w, o, nb, xp, xo, xt, so):
+    acc = _tile8_zero()
+    for b in range(nb):
+        q = _quants_q8_0(w, o)
+        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 32 * b, True)
+        o += 34
+    return _tile8_sums(acc)
