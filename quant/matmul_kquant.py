@@ -321,11 +321,18 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
 
 
 @njit(cache=True)
-def _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins):
+def _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in):
+    """Rows [ROW_CHUNK c, ROW_CHUNK c + ROW_CHUNK) decoded into int8 once for every token: (first row, rows, qbuf,
+    scales, mins, dd, dmins)."""
+    nsb = n_in // 256
+    qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+    r0 = c * ROW_CHUNK
+    n_rows = min(ROW_CHUNK, n_out - r0)
     for i in range(n_rows * nsb):
         qo = (i // nsb) * n_in + 256 * (i % nsb)
         o = (r0 + i // nsb) * row_bytes + 144 * (i % nsb)
         dd[i], dmins[i] = _decode_q4_k(w, o, qbuf, qo, scales, mins, qo // 16)
+    return r0, n_rows, qbuf, scales, mins, dd, dmins
 
 
 @njit(cache=True)
@@ -357,10 +364,7 @@ def matmul_q4_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
                 out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
         return
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-        qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-        r0 = c * ROW_CHUNK
-        n_rows = min(ROW_CHUNK, n_out - r0)
-        _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins)
+        r0, n_rows, qbuf, scales, mins, dd, dmins = _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in)
         for i in range(n_rows):
             t = 0
             while t < n_tokens:
@@ -380,10 +384,7 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     _tokens_innermost(xd, n_tokens, nsb, xdt)
     _tokens_innermost(bsums, n_tokens, n_in // 16, bst)
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-        qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-        r0 = c * ROW_CHUNK
-        n_rows = min(ROW_CHUNK, n_out - r0)
-        _decode_rows_q4_k(w, row_bytes, r0, n_rows, nsb, n_in, qbuf, scales, mins, dd, dmins)
+        r0, n_rows, qbuf, scales, mins, dd, dmins = _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in)
         for i in range(n_rows):
             t, r = 0, r0 + i
             while t < n_tokens:
