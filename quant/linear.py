@@ -185,6 +185,9 @@ class QuantLinear:
         DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
 
 
+_NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute
+
+
 class QuantGroup:
     """Two or three QuantLinear of one 32-element block format and one input width, applied to the same input (a
     layer's Q, K and V; its gate and up): the input is quantized once and one parallel region computes every row,
@@ -244,6 +247,6 @@ class QuantGroup:
         if not n_tokens:
             return
         if len(outs) == 2:
-            outs = (outs[0], outs[1], np.empty((n_tokens, 0), np.float32))
+            outs = (outs[0], outs[1], _NO_COLUMNS)
         scratch = _scratch_for(self._scratch_key).reserve(n_tokens)
         self._kernel(*self._weights, self.layers[0].row_bytes, x, *scratch, *outs)
