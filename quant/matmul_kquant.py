@@ -528,39 +528,35 @@ def _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt):
 @njit(parallel=True, cache=True)
 def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """kinds[t] (row_kinds): 1 for the rows llama.cpp multiplies with its tiled matmul, 0 for vec_dot.
-    With tiled rows, ROW_CHUNK weight rows are decoded once into int8 and reused for every token."""
+    ROW_CHUNK weight rows are decoded once into int8 and reused for every tiled token. Batches without tiled rows
+    (kernel_for) go to matmul_q6_k_few, which skips the decode."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
-    if kinds.any():  # (tiled rows come in batches of 8 tokens or more)
-        xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
-        _tokens_innermost(xd, n_tokens, nsb, xdt)  # (Q6_K's tiles need no activation sums)
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            for i in range(n_rows):
-                t = 0
-                while t < n_tokens:
-                    if t % 8 == 0 and t + 7 < n_tokens and _all_eight(kinds, t):
-                        r = r0 + i
-                        (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
-                         out[t + 6, r], out[t + 7, r]) = _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt)
-                        t += 8
-                        continue
-                    if kinds[t]:
-                        out[t, r0 + i] = _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd)
-                    else:
-                        out[t, r0 + i] = vec_dot_q6_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
-                    t += 1
-        return
-    for r in prange(n_out):
-        for t in range(n_tokens):
-            out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+    xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
+    _tokens_innermost(xd, n_tokens, nsb, xdt)  # (Q6_K's tiles need no activation sums)
+    for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
+        qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+        r0 = c * ROW_CHUNK
+        n_rows = min(ROW_CHUNK, n_out - r0)
+        for i in range(n_rows * nsb):
+            qo = (i // nsb) * n_in + 256 * (i % nsb)
+            dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
+                                           scales, mins, qo // 16)
+        for i in range(n_rows):
+            t = 0
+            while t < n_tokens:
+                if t % 8 == 0 and t + 7 < n_tokens and _all_eight(kinds, t):
+                    r = r0 + i
+                    (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
+                     out[t + 6, r], out[t + 7, r]) = _tiled_q6_k_decoded_eight(qbuf, scales, dd, i, t, xq, xdt)
+                    t += 8
+                    continue
+                if kinds[t]:
+                    out[t, r0 + i] = _tiled_q6_k_decoded(qbuf, scales, dd, i, t, xq, xd)
+                else:
+                    out[t, r0 + i] = vec_dot_q6_k_q8_k(w, (r0 + i) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+                t += 1
 
 
 @njit(parallel=True, cache=True)

@@ -551,6 +551,17 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
         kernel(layer.data, layer.row_bytes, x, *scratch, out, kinds)
         outs.append(out)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    # Q6_K's full kernel given rows without tiles computes them as matmul_q6_k_few does (vec_dot per token)
+    fmt = quant.format_by_name("Q6_K")
+    layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=23), "Q6_K", (40, 512))
+    kinds = mk.row_kinds("Q6_K", 40, (1,) * 5)
+    outs = []
+    for kernel in (mk.matmul_q6_k, mk.matmul_q6_k_few):
+        scratch = linear._ActivationScratch("k", 512).reserve(5)
+        out = np.empty((5, 40), np.float32)
+        kernel(layer.data, layer.row_bytes, x[:5], *scratch, out, kinds)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
