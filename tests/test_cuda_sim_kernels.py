@@ -8,7 +8,6 @@ a row stride, two token tiles, attention over more than one tile of slots.
 """
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +15,9 @@ import pytest
 if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
     pytest.skip("CUDA simulator tests: run through tests/test_cuda_simulator.py", allow_module_level=True)
 
-sys.setswitchinterval(2e-4)  # simulated threads hand over at every barrier: the default 5 ms slice dominates
+import helpers_cudasim  # noqa: E402
+
+helpers_cudasim.prepare()  # before any kernel runs: see its docstring
 
 from numba import cuda  # noqa: E402
 
@@ -200,3 +201,43 @@ def test_add_bias():
     x_dev = cuda.to_device(x)
     weights.add_bias(x_dev, cuda.to_device(bias))
     np.testing.assert_array_equal(x_dev.copy_to_host(), x + bias)
+
+
+def test_every_thread_of_a_block_shares_one_shared_array(monkeypatch):
+    """helpers_cudasim.prepare(): with the simulator's look-up-or-create window widened to 2 ms (long enough for
+    the block's other threads to run into it), every thread still gets the block's one array. Unpatched, some
+    blocks split (measured: the original allocation path with the same delay gives wrong sums)."""
+    import time
+
+    from numba.cuda.simulator import kernelapi
+
+    class SlowNumpy:  # the unpatched path allocates with kernelapi.np.empty
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def empty(self, *args, **kwargs):
+            time.sleep(0.002)
+            return np.empty(*args, **kwargs)
+
+    def slow_allocate(shape, dtype):
+        time.sleep(0.002)
+        return np.zeros(shape, dtype)
+
+    monkeypatch.setattr(kernelapi, "np", SlowNumpy())
+    monkeypatch.setattr(helpers_cudasim, "_allocate", slow_allocate)
+    threads, blocks = 8, 6
+
+    @cuda.jit
+    def block_total(out):
+        tid = cuda.threadIdx.x
+        shared = cuda.shared.array(threads, np.int32)
+        shared[tid] = tid + 1
+        cuda.syncthreads()
+        total = 0
+        for i in range(threads):
+            total += shared[i]
+        out[cuda.blockIdx.x, tid] = total
+
+    out = np.zeros((blocks, threads), np.int32)
+    block_total[blocks, threads](out)
+    np.testing.assert_array_equal(out, threads * (threads + 1) // 2)

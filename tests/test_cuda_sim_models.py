@@ -7,7 +7,6 @@ slots) wrap within the 9 positions; 9 positions also span two of the simulator's
 """
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +14,9 @@ import pytest
 if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
     pytest.skip("CUDA simulator tests: run through tests/test_cuda_simulator.py", allow_module_level=True)
 
-sys.setswitchinterval(2e-4)  # simulated threads hand over at every barrier: the default 5 ms slice dominates
+import helpers_cudasim  # noqa: E402
+
+helpers_cudasim.prepare()  # before any kernel runs: see its docstring
 
 import edgellm.gguf  # noqa: E402
 from edgellm.cuda import build_cuda_model  # noqa: E402
