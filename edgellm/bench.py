@@ -122,6 +122,9 @@ def run_tg(model, n_gen: int, depth: int, repeats: int, rng) -> list:
 
 
 BATCH_PROMPT = 16  # tokens each sequence of a batched run is prefilled with
+# A warmup before a deep tg run prefills at most this many tokens: enough for decode to take the parallel attention
+# kernel (ops.ATTENTION_PARALLEL_MIN_WORK) that the timed run at that depth uses.
+WARMUP_DEPTH = 512
 
 
 def run_tg_batch(model, n_seq: int, n_gen: int, repeats: int, rng) -> list:
@@ -183,6 +186,8 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
             if n <= 0:
                 continue
             for d in depths:
+                if warmup and d:  # the decode kernels for a deep cache (parallel attention) compile here, untimed
+                    run_tg(model, 2, min(d, WARMUP_DEPTH), 1, rng)
                 test = f"tg{n}" + (f"@d{d}" if d else "")
                 # bytes at the middle of the run's depth range stand for the run
                 kv = kv_bytes_per_token_read(model, d + n // 2)
@@ -190,6 +195,8 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
                 say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s")
                 results.append(r)
             for b in batches:  # the weights are read once per step for all b sequences
+                if warmup:  # each batch size takes its own kernel paths: compile them untimed
+                    run_tg_batch(model, b, 2, 1, rng)
                 r = Result(m.name, f"tg{n} b{b}", nt, BATCH_PROMPT, n, 0, run_tg_batch(model, b, n, repeats, rng),
                            max(1, wbytes // b), bw, batch=b)
                 say(f"  {r.test}: {r.mean:.1f} ± {r.std:.1f} t/s aggregate, {r.mean / b:.1f} per sequence")

@@ -49,3 +49,17 @@ def test_bandwidth_sum_matches_numpy(n):
     assert parallel_sum(a) == float(a.astype(np.int64).sum())
     with pytest.raises(ValueError, match="contiguous 1-D float32"):
         parallel_sum(a.astype(np.float64))
+
+
+def test_every_timed_decode_kind_is_warmed_up_first(tiny_model, monkeypatch):
+    """llama-bench's warmup: a deep decode and each batch size run once, untimed, before their timed repetitions,
+    so that a cold Numba cache compiles there and not inside the first repetition."""
+    calls = []
+    real_tg, real_batch = bench.run_tg, bench.run_tg_batch
+    monkeypatch.setattr(bench, "run_tg", lambda model, n, d, reps, rng: calls.append(("tg", d, reps)) or
+                        real_tg(model, n, d, reps, rng))
+    monkeypatch.setattr(bench, "run_tg_batch", lambda model, b, n, reps, rng: calls.append(("batch", b, reps)) or
+                        real_batch(model, b, n, reps, rng))
+    bench.bench(tiny_model, n_prompt=(), n_gen=(4,), depths=(0, 8), threads=(1,), repeats=2, batches=(1, 2))
+    assert calls == [("tg", 0, 1), ("tg", 0, 2), ("tg", 8, 1), ("tg", 8, 2), ("batch", 1, 1), ("batch", 1, 2),
+                     ("batch", 2, 1), ("batch", 2, 2)]
