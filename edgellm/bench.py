@@ -252,12 +252,26 @@ def to_markdown(report: dict) -> str:
     lines.append(f"memory bandwidth (same run): {bw}; peak RSS {report['peak_rss'] / 1e6:.0f} MB; "
                  f"load {report['load_s']:.2f} s")
     if report.get("profile"):
-        lines.append("")
-        lines.append("| op | layer | ms/token |")
-        lines.append("| --- | ---: | ---: |")
-        for row in report["profile"]:
-            lines.append(f"| {row['op']} | {row['layer']} | {1e3 * row['seconds']:.3f} |")
+        per_op, per_layer = profile_totals(report["profile"])
+        total = sum(per_op.values())
+        lines += ["", f"decode profile: {1e3 * total:.2f} ms per token", "", "| op | ms/token | share |",
+                  "| --- | ---: | ---: |"]
+        lines += [f"| {op} | {1e3 * sec:.3f} | {100 * sec / total:.1f}% |" for op, sec in per_op.items()]
+        lines += ["", "| layer | ms/token | share |", "| --- | ---: | ---: |"]
+        lines += [f"| {layer} | {1e3 * sec:.3f} | {100 * sec / total:.1f}% |" for layer, sec in per_layer.items()]
     return "\n".join(lines)
+
+
+def profile_totals(rows) -> tuple[dict, dict]:
+    """A decode profile summed per operation (largest first) and per layer ("-": outside the layers)."""
+    per_op, per_layer = {}, {}
+    for row in rows:
+        layer = "-" if row["layer"] is None else row["layer"]
+        per_op[row["op"]] = per_op.get(row["op"], 0.0) + row["seconds"]
+        per_layer[layer] = per_layer.get(layer, 0.0) + row["seconds"]
+    per_op = dict(sorted(per_op.items(), key=lambda kv: -kv[1]))
+    per_layer = dict(sorted(per_layer.items(), key=lambda kv: (kv[0] == "-", kv[0] if kv[0] != "-" else 0)))
+    return per_op, per_layer
 
 
 def to_json(report: dict) -> str:
@@ -303,10 +317,8 @@ def plot(report: dict, path: str) -> None:
         axb.legend()
     if report.get("profile"):
         ax2 = axes[0][1]
-        per_op = {}
-        for row in report["profile"]:
-            per_op[row["op"]] = per_op.get(row["op"], 0.0) + row["seconds"]
-        ops = sorted(per_op, key=per_op.get, reverse=True)
+        per_op = profile_totals(report["profile"])[0]
+        ops = list(per_op)
         ax2.barh(ops, [1e3 * per_op[o] for o in ops], color="#37a")
         ax2.set_xlabel("ms per token")
         ax2.set_title("decode profile by operation")

@@ -133,6 +133,11 @@ class DecoderModel:
             cache.n_past = start_pos + end - begin
         return result
 
+    def profile_step(self, tokens) -> dict:
+        """forward(tokens) once, timed per operation and layer: {(op, layer): seconds} (edgellm.profiler)."""
+        from edgellm.profiler import profile_step
+        return profile_step(self, tokens)
+
     def _n_keep(self, cache) -> int:
         """The attention sinks a shift of this cache keeps: n_keep, at most half its context."""
         return min(max(0, int(self.n_keep)), cache.n_ctx // 2)

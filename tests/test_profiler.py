@@ -1,0 +1,72 @@
+"""edgellm.profiler: one forward step timed per operation and layer (`edgellm bench --profile`), on tiny models of
+both architectures: every layer's products and attention show up under their layer, the parts add up to the
+step, and nothing stays patched afterwards (the next step gives the unprofiled bits)."""
+import numpy as np
+import pytest
+
+import edgellm
+import edgellm.gguf
+from edgellm import bench, ops
+from edgellm.models import build_model
+from edgellm.profiler import OTHER
+from hardening_tiny import write_loadable_tiny_model
+from helpers_tiny_gguf import TinySpec, write_tiny_model
+
+
+SPECS = {"llama": TinySpec(arch="llama", weight_type="Q4_1", embd_type="Q8_0"),  # Q/K/V and gate/up grouped
+         "gemma3": TinySpec(arch="gemma3", n_head=2, n_head_kv=1, head_dim=32, sliding_window=4,
+                            weight_type="Q5_0", embd_type="Q8_0")}
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def tiny(request, tmp_path_factory):
+    """A tiny model of each architecture (a DecoderModel)."""
+    path = write_tiny_model(tmp_path_factory.mktemp("prof") / f"{request.param}.gguf", SPECS[request.param])
+    with edgellm.gguf.open(path) as f:
+        yield build_model(f, n_ctx=64, n_threads=1)
+
+
+def test_every_layer_reports_its_products_and_attention(tiny):
+    model = tiny
+    model.reset()
+    model.forward(np.arange(1, 6, dtype=np.int32))
+    times = model.profile_step(np.array([7], dtype=np.int32))
+    n_layer = model.config.n_layer
+    for il in range(n_layer):
+        ops_here = {op for op, layer in times if layer == il}
+        assert {"attention", "finish_qkv", "attn_output", "ffn_down"} <= ops_here, (il, ops_here)
+        assert ops_here & {"attn_qkv", "attn_q"} and ops_here & {"ffn_gate_up", "ffn_gate"}, (il, ops_here)
+    outside = {op for op, layer in times if layer is None}
+    assert {"embed", "output", OTHER} <= outside
+    assert {layer for _, layer in times} == set(range(n_layer)) | {None}
+    assert all(sec >= 0 for sec in times.values()) and sum(times.values()) > 0
+    assert model.n_past == 6  # the profiled step is a real step
+
+
+def test_profiling_leaves_nothing_patched(tiny):
+    model = tiny
+    tokens = np.arange(1, 6, dtype=np.int32)
+    before_ops = dict(vars(ops))
+    model.reset()
+    model.forward(tokens)
+    model.profile_step(np.array([7], dtype=np.int32))
+    profiled_next = model.forward(np.array([8], dtype=np.int32)).copy()
+    assert dict(vars(ops)) == before_ops
+    assert type(model.layers) is list
+    assert not any("matmul" in vars(v) for layer in model.layers for v in vars(layer).values() if hasattr(v, "matmul"))
+    model.reset()
+    model.forward(tokens)
+    model.forward(np.array([7], dtype=np.int32))
+    plain_next = model.forward(np.array([8], dtype=np.int32))
+    np.testing.assert_array_equal(profiled_next, plain_next)
+
+
+def test_bench_profile_tables(tmp_path):
+    """`edgellm bench --profile`'s tables: ops largest first, layers in order then "-" (outside the layers)."""
+    m = edgellm.load(str(write_loadable_tiny_model(tmp_path / "tiny.gguf")), n_threads=1, n_ctx=64)
+    rows = bench.profile_decode(m, n_tokens=2)
+    per_op, per_layer = bench.profile_totals(rows)
+    assert list(per_layer) == list(range(m.model.config.n_layer)) + ["-"]
+    assert list(per_op.values()) == sorted(per_op.values(), reverse=True)
+    md = bench.to_markdown({"results": [], "bandwidth": {}, "peak_rss": 0, "load_s": 0.0, "profile": rows})
+    assert "decode profile:" in md and "| attention |" in md and "| 0 |" in md
