@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from quant.simd import (f16_bits_to_f32, f32_bits, f32_from_bits, f32_to_f16, f32x8_add, f32x8_fma, f32x8_hsum,
+from quant.simd import (f16_bits_to_f32, f32_bits, f32_shl23_add, f32_to_f16, f32x8_add, f32x8_fma, f32x8_hsum,
                         f32x8_hsum_pairs, f32x8_splat, f32x8_zero, fma32, load_f32x8, store_f32x8)
 
 from edgellm.kvtypes import like_cache, load_row8, row_value, store_row
@@ -38,7 +38,9 @@ EXP_POLY = tuple(np.float32(float.fromhex(c)) for c in
                  ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5", "0x1.0e4020p-7"))
 _P1, _P2, _P3, _P4, _P5 = EXP_POLY
 _ONE_BITS = 0x3F800000
-_TINY_SCALE_BITS = 0x82000000  # subtracted from the exponent when n <= 0, so 2^n is built in two factors
+# |n| > 126 builds 2^n in two factors: for n <= 0, (n + 125 in the exponent) * 2^-125, else (n - 127) * 2^127
+_TINY_FACTOR_ADD, _TINY_S1 = 0x7E000000, np.float32(2.0 ** -125)
+_BIG_S1 = np.float32(2.0 ** 127)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -47,16 +49,17 @@ def fast_exp(x):
     z = fma32(x, EXP_INV_LN2, EXP_SHIFT)
     n = z - EXP_SHIFT
     b = fma32(-n, EXP_LN2_LO, fma32(-n, EXP_LN2_HI, x))
-    e = np.int64(f32_bits(z)) << 23
-    k = f32_from_bits(e + _ONE_BITS)
+    zb = f32_bits(z)  # n in its low bits; shifted into the exponent field in 32-bit arithmetic (f32_shl23_add)
+    k = f32_shl23_add(zb, _ONE_BITS)
     u = b * b
     j = fma32(fma32(fma32(_P5, b, _P4), u, fma32(_P3, b, _P2)), u, _P1 * b)
     normal = fma32(j, k, k)
-    # |n| > 126: 2^n in two factors (s1 * s2), or over/underflow past 192; selects, not branches, so that loops
+    # |n| > 126: 2^n in two factors (kg * s1), or over/underflow past 192; selects, not branches, so that loops
     # over fast_exp vectorise
-    g = _TINY_SCALE_BITS if n <= np.float32(0.0) else 0
-    s1 = f32_from_bits(g + 0x7F000000)
-    scaled = fma32(f32_from_bits(e - g), j, f32_from_bits(e - g)) * s1
+    tiny = n <= np.float32(0.0)
+    s1 = _TINY_S1 if tiny else _BIG_S1
+    kg = f32_shl23_add(zb, _TINY_FACTOR_ADD if tiny else 0)
+    scaled = fma32(kg, j, kg) * s1
     big = abs(n)
     far = s1 * s1 if big > np.float32(192.0) else scaled
     return far if big > np.float32(126.0) else normal

@@ -108,6 +108,44 @@ def test_fast_exp_matches_numpy():
     assert np.isinf(got[x == 89.0]).all()
 
 
+
+def test_fast_exp_keeps_its_bits_with_32_bit_exponent_arithmetic():
+    """fast_exp builds 2^n with f32_shl23_add (32-bit wrapping integer arithmetic, so loops over it vectorise eight
+    lanes wide); it must give exactly the bits of the formulation it replaced, which widened n's bits to int64 before
+    shifting (llama.cpp's bits: the exact-op tests compare those), on every range and edge value."""
+    from numba import njit
+    from quant.simd import f32_bits, f32_from_bits, fma32
+
+    @njit(error_model="numpy")
+    def widened(xs, out):
+        for i in range(xs.shape[0]):
+            x = xs[i]
+            z = fma32(x, ops.EXP_INV_LN2, ops.EXP_SHIFT)
+            n = z - ops.EXP_SHIFT
+            b = fma32(-n, ops.EXP_LN2_LO, fma32(-n, ops.EXP_LN2_HI, x))
+            e = np.int64(f32_bits(z)) << 23
+            k = f32_from_bits(e + 0x3F800000)
+            u = b * b
+            p1, p2, p3, p4, p5 = ops.EXP_POLY
+            j = fma32(fma32(fma32(p5, b, p4), u, fma32(p3, b, p2)), u, p1 * b)
+            normal = fma32(j, k, k)
+            g = 0x82000000 if n <= np.float32(0.0) else 0
+            s1 = f32_from_bits(g + 0x7F000000)
+            scaled = fma32(f32_from_bits(e - g), j, f32_from_bits(e - g)) * s1
+            big = abs(n)
+            far = s1 * s1 if big > np.float32(192.0) else scaled
+            out[i] = far if big > np.float32(126.0) else normal
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.linspace(-110, 100, 2_000_001), rng.uniform(-300, 300, 1_000_000),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 88.72, 88.73, -87.33, -103.9, -104.0,
+                         -126 * np.log(2), 126 * np.log(2), -192 * np.log(2), 192 * np.log(2)]]).astype(np.float32)
+    got, want = np.empty_like(x), np.empty_like(x)
+    ops.fast_exp_array(x, got)
+    widened(x, want)
+    same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), x[~same][:5]
+
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("head_dim,n_rot", [(64, 64), (256, 256), (64, 32)])
 def test_rope_matches_reference(rng, neox, head_dim, n_rot):
