@@ -63,3 +63,16 @@ def test_every_timed_decode_kind_is_warmed_up_first(tiny_model, monkeypatch):
     bench.bench(tiny_model, n_prompt=(), n_gen=(4,), depths=(0, 8), threads=(1,), repeats=2, batches=(1, 2))
     assert calls == [("tg", 0, 1), ("tg", 0, 2), ("tg", 8, 1), ("tg", 8, 2), ("batch", 1, 1), ("batch", 1, 2),
                      ("batch", 2, 1), ("batch", 2, 2)]
+
+
+def test_plot_draws_roofline_profile_and_batch_panels(tiny_model, tmp_path):
+    """--plot (the optional matplotlib extra): a PNG with the bandwidth, profile and batch panels."""
+    pytest.importorskip("matplotlib")
+    report = bench.bench(tiny_model, n_prompt=(), n_gen=(2,), threads=(1,), repeats=1, profile=True, batches=(1, 2))
+    assert report["profile"]
+    path = tmp_path / "bench.png"
+    bench.plot(report, str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    width = int.from_bytes(data[16:20], "big")  # the IHDR chunk: three 6-inch panels at 110 dpi
+    assert width == 3 * 6 * 110

@@ -67,17 +67,19 @@ class DecoderModel:
         return self.cache
 
     _attn_scratch = None
+    _attn_scratch_capacity = -1  # the largest cache capacity _attn_scratch serves
     _pool_rows = None  # (KVPool, int32 sequence index per row) while forward_multi runs over one pool's caches
 
     def attn_scratch(self, kv) -> np.ndarray:
-        """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward."""
-        scratch = self._attn_scratch
-        need = ops.attention_scratch_width(kv.slot_pos.shape[0], self.config.head_dim)
-        if scratch is None or scratch.shape[1] < need:
-            widest = max(layer.slot_pos.shape[0] for layer in self.cache.layers)
-            scratch = self._attn_scratch = ops.attention_scratch(max(widest, kv.slot_pos.shape[0]),
-                                                                 self.config.head_dim)
-        return scratch
+        """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward
+        (this runs once per layer and token: the common case is one comparison)."""
+        capacity = kv.slot_pos.shape[0]
+        if capacity <= self._attn_scratch_capacity:
+            return self._attn_scratch
+        widest = max(max(layer.slot_pos.shape[0] for layer in self.cache.layers), capacity)
+        self._attn_scratch = ops.attention_scratch(widest, self.config.head_dim)
+        self._attn_scratch_capacity = widest
+        return self._attn_scratch
 
     def layer_rope(self, il: int):
         """(inv_freq, neox) of layer il's rotary embedding: what a context shift re-rotates keys with."""
