@@ -215,10 +215,7 @@ def profile_decode(m, n_tokens: int = 16) -> list:
         return []
     model.reset()
     model.forward(np.array([m.tokenizer.bos_id or 1], dtype=np.int32))
-    rows = {}
-    for _ in range(n_tokens):
-        for (op, layer), dt in model.profile_step(np.array([1], dtype=np.int32)).items():
-            rows[(op, layer)] = rows.get((op, layer), 0.0) + dt / n_tokens
+    rows = model.profile_step(np.array([1], dtype=np.int32), n_steps=n_tokens)
     return [{"op": op, "layer": layer, "seconds": dt} for (op, layer), dt in sorted(rows.items(), key=str)]
 
 

@@ -1,6 +1,8 @@
 """edgellm.profiler: one forward step timed per operation and layer (`edgellm bench --profile`), on tiny models of
 both architectures: every layer's products and attention show up under their layer, the parts add up to the
 step, and nothing stays patched afterwards (the next step gives the unprofiled bits)."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,8 @@ def test_profiling_leaves_nothing_patched(tiny):
     model.profile_step(np.array([7], dtype=np.int32))
     profiled_next = model.forward(np.array([8], dtype=np.int32)).copy()
     assert dict(vars(ops)) == before_ops
+    assert all(getattr(mod, "ops", ops) is ops for name, mod in list(sys.modules.items())
+               if name.startswith("edgellm.") and mod is not None)
     assert type(model.layers) is list
     assert not any("matmul" in vars(v) for layer in model.layers for v in vars(layer).values() if hasattr(v, "matmul"))
     model.reset()
@@ -70,3 +74,22 @@ def test_bench_profile_tables(tmp_path):
     assert list(per_op.values()) == sorted(per_op.values(), reverse=True)
     md = bench.to_markdown({"results": [], "bandwidth": {}, "peak_rss": 0, "load_s": 0.0, "profile": rows})
     assert "decode profile:" in md and "| attention |" in md and "| 0 |" in md
+
+
+def test_kernels_compiled_mid_profile_see_the_real_ops(tiny, monkeypatch):
+    """A Numba kernel compiled during a profiled step resolves its globals in edgellm.ops: they must be the jitted
+    functions, not timers (the profiler times the model modules' calls through a stand-in instead)."""
+    model = tiny
+    seen = []
+    real_forward_batch = model.forward_batch
+
+    def forward_batch(*args, **kwargs):
+        seen.append(all(getattr(ops, name) is value for name, value in REAL_OPS.items()))
+        return real_forward_batch(*args, **kwargs)
+
+    REAL_OPS = {name: value for name, value in vars(ops).items() if not name.startswith("_") and callable(value)}
+    monkeypatch.setattr(model, "forward_batch", forward_batch)
+    model.reset()
+    times = model.profile_step(np.array([3], dtype=np.int32), n_steps=2)
+    assert seen == [True, True]
+    assert any(op == "rms_norm" for op, _ in times)  # the model's calls were timed all the same

@@ -135,10 +135,11 @@ class DecoderModel:
             cache.n_past = start_pos + end - begin
         return result
 
-    def profile_step(self, tokens) -> dict:
-        """forward(tokens) once, timed per operation and layer: {(op, layer): seconds} (edgellm.profiler)."""
+    def profile_step(self, tokens, n_steps: int = 1) -> dict:
+        """forward(tokens) n_steps times, timed per operation and layer: {(op, layer): seconds per step}
+        (edgellm.profiler)."""
         from edgellm.profiler import profile_step
-        return profile_step(self, tokens)
+        return profile_step(self, tokens, n_steps)
 
     def _n_keep(self, cache) -> int:
         """The attention sinks a shift of this cache keeps: n_keep, at most half its context."""
