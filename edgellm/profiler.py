@@ -77,7 +77,7 @@ def _timed_ops(prof) -> types.ModuleType:
 def _modules_using_ops() -> list:
     """The edgellm modules (this one aside) that call ops.<function> through a module-level name `ops`."""
     return [mod for name, mod in list(sys.modules.items())
-            if name.startswith("edgellm.") and name != __name__ and mod is not None and getattr(mod, "ops", None) is ops]
+            if name.startswith("edgellm.") and name != __name__ and getattr(mod, "ops", None) is ops]
 
 
 def profile_step(model, tokens, n_steps: int = 1) -> dict:
