@@ -5,7 +5,8 @@ Per format:
   _quants_<fmt>(w, o)        the 32 quants of the block at byte o as I8x32 (offset removed)
   vec_dot_<fmt>_q8_0(...)    one row x one token (llama.cpp's vec_dot_<fmt>_q8_0 scheme: one FMA per block into
                              8 float lanes, the lanes summed at the end)
-  vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode)
+  vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode); Q4_1 and Q5_1 take the token's scales and sums in
+                             pairs (kernels_legacy._pack_pairs)
   vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (kernels_legacy._pack_tiles8)
 Every (row, token) sum runs in the same order in each of them, so they give the same bits.
@@ -16,10 +17,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import (dot_i8x32, dot_u8x32, f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split,
-                   f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl,
-                   i8x32_sub, load_bits32, load_f16, load_f16_pair, load_f16x2, load_f32, load_f32x8, load_i8x32,
-                   load_nibbles_lo_hi, prefetch)
+from .simd import (dot_i8x32, dot_u8x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add, f32x8_fma_i32,
+                   f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero,
+                   i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32, load_f16, load_f16_pair,
+                   load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i8x32, load_nibbles_lo_hi,
+                   load_nibbles_lo_hi_bcast, prefetch)
 
 # Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
@@ -101,6 +103,12 @@ def _quants_q4_1(w, o):
 
 
 @njit(cache=True)
+def _quants_q4_1_bcast(w, o):
+    """_quants_q4_1 for the two-row dot (simd.load_nibbles_lo_hi_bcast)."""
+    return load_nibbles_lo_hi_bcast(w, o + 4)
+
+
+@njit(cache=True)
 def _quants_q5_0(w, o):
     return i8x32_sub(i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4)), 16)
 
@@ -108,6 +116,11 @@ def _quants_q5_0(w, o):
 @njit(cache=True)
 def _quants_q5_1(w, o):
     return i8x32_or(load_nibbles_lo_hi(w, o + 8), i8x32_shl(load_bits32(w, o + 4), 4))
+
+
+@njit(cache=True)
+def _quants_q5_1_bcast(w, o):
+    return i8x32_or(load_nibbles_lo_hi_bcast(w, o + 8), i8x32_shl(load_bits32(w, o + 4), 4))
 
 
 @njit(cache=True)
@@ -182,20 +195,22 @@ def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
 
 
 @njit(cache=True)
-def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xd, xs, xdo):
-    a, a2, m, m2 = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    """Two rows: each block's two (d, m) pairs are converted, scaled by the token's (d_x, s_x) and their mins summed
+    as one F32x4 (lanes d*dx, m*sx, d2*dx, m2*sx): the scalar products and sums of vec_dot, one instruction each for
+    both rows. xds[xso + 2b], xds[xso + 2b + 1]: the token's d_x and s_x of block b (kernels_legacy._pack_pairs)."""
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
-        x, dx, sx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_f32(xs, xdo + b)
-        (d, dm), (d2, dm2) = load_f16x2(w, o), load_f16x2(w, o2)
-        a = f32x8_fma_i32(a, dot_u8x32(_quants_q4_1(w, o), x), d * dx)
-        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q4_1(w, o2), x), d2 * dx)
-        m += dm * sx
-        m2 += dm2 * sx
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(load_f16x2_rows(w, o, o2), load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q4_1_bcast(w, o), x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q4_1_bcast(w, o2), x), f32x4_lane(s, 2))
         o += 20
         o2 += 20
-    return f32x8_hsum(a) + m, f32x8_hsum(a2) + m2
+    return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
 
 
 @njit(cache=True)
@@ -296,20 +311,20 @@ def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
 
 
 @njit(cache=True)
-def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xd, xs, xdo):
-    a, a2, m, m2 = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    """As vec_dot2_q4_1_q8_0."""
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
-        x, dx, sx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_f32(xs, xdo + b)
-        (d, dm), (d2, dm2) = load_f16x2(w, o), load_f16x2(w, o2)
-        a = f32x8_fma_i32(a, dot_u8x32(_quants_q5_1(w, o), x), d * dx)
-        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q5_1(w, o2), x), d2 * dx)
-        m += dm * sx
-        m2 += dm2 * sx
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(load_f16x2_rows(w, o, o2), load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q5_1_bcast(w, o), x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q5_1_bcast(w, o2), x), f32x4_lane(s, 2))
         o += 24
         o2 += 24
-    return f32x8_hsum(a) + m, f32x8_hsum(a2) + m2
+    return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
 
 
 @njit(cache=True)

@@ -11,7 +11,8 @@ quant.dots_legacy; here, per format:
   matmul_<fmt>(w, row_bytes, x, xq, xd, xs, out)
       out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch of at least
       xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
-      (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles.
+      (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles, and for Q4_1/Q5_1 the single
+      tokens' scales and sums in pairs (_pack_pairs).
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
   matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
       the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
@@ -94,6 +95,18 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
 
 
 @njit(cache=True)
+def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
+    """For the two-row dots of the formats with mins (Q4_1, Q5_1): each single token's (d, s) per block side by side,
+    token t >= n4 from xt[base + 2 (t - n4) nb], after the eight-token tiles' part of xt. Returns base."""
+    base = 5 * n8 * nb
+    for t in range(n4, n_tokens):
+        for b in range(nb):
+            xt[base + 2 * ((t - n4) * nb + b)] = xd[t * nb + b]
+            xt[base + 2 * ((t - n4) * nb + b) + 1] = xs[t * nb + b]
+    return base
+
+
+@njit(cache=True)
 def _tile_scratch(xq, xd, n_tokens, n_in):
     """The tiles' part of the scratch (see matmul_<fmt>): xp int8[T*n_in] after the token-by-token quants, xt
     f32[5*T*n_in/32] after the token-by-token scales."""
@@ -173,7 +186,7 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True, inline="always")
-def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -190,7 +203,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
-                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         if (r1 - r0) % 2:
             r = r1 - 1
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
@@ -199,8 +212,9 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 @njit(parallel=True, cache=True)
 def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     for rb in prange(_row_blocks(out)):
-        _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+        _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out)
 
 
 @njit(parallel=True, cache=True)
@@ -208,14 +222,15 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q4_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q4_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+            _row_block_q4_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out0)
         elif k < b0 + b1:
-            _row_block_q4_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+            _row_block_q4_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out1)
         else:
-            _row_block_q4_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
+            _row_block_q4_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out2)
 
 
 # --- Q5_0 -------------------------------------------------------------------------------------------------
@@ -271,7 +286,7 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True, inline="always")
-def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -288,7 +303,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
-                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         if (r1 - r0) % 2:
             r = r1 - 1
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
@@ -297,8 +312,9 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 @njit(parallel=True, cache=True)
 def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     for rb in prange(_row_blocks(out)):
-        _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+        _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out)
 
 
 @njit(parallel=True, cache=True)
@@ -306,14 +322,15 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q5_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q5_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+            _row_block_q5_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out0)
         elif k < b0 + b1:
-            _row_block_q5_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+            _row_block_q5_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out1)
         else:
-            _row_block_q5_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
+            _row_block_q5_1(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out2)
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------

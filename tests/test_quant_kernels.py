@@ -17,7 +17,7 @@ from quant import reference
 from quant.activations import quantize_act_q8_0, quantize_act_q8_k
 from quant import dots_legacy as k
 from quant.formats import FORMATS
-from quant.simd import load_f16, load_f16_pair, load_f16_portable, load_f16x2, prefetch
+from quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
 from quant.testing import hand_built, random_matrix_bytes
 
 FORMAT_IDS = [f.name for f in FORMATS]
@@ -371,6 +371,51 @@ def test_eight_token_tile_intrinsics_match_numpy():
         assert np.float32(split[1]).view(np.int32) == np.float32(hsum(buf, 8)).view(np.int32)
 
 
+def test_two_row_dot_intrinsics_match_numpy():
+    """The pieces of the two-row Q4_1/Q5_1 dots: both nibble loaders give every byte's low then high nibbles; an F32x4
+    of two rows' (d, m) times the token's (d, s) twice, summed, is the scalar products and sums lane by lane."""
+    from quant.simd import (f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, load_f32x2_twice, load_nibbles_lo_hi,
+                            load_nibbles_lo_hi_bcast, store_i8x32)
+
+    @njit
+    def nibbles(q, out):
+        for i in range(0, q.size, 16):
+            store_i8x32(out, 2 * i, load_nibbles_lo_hi(q, i))
+            store_i8x32(out, 2 * q.size + 2 * i, load_nibbles_lo_hi_bcast(q, i))
+
+    @njit
+    def scales(h, o, o2, ds, nb, out):
+        m = f32x4_zero()
+        for b in range(nb):
+            s = f32x4_mul(load_f16x2_rows(h, o + 20 * b, o2 + 20 * b), load_f32x2_twice(ds, 2 * b))
+            m = f32x4_add(m, s)
+            out[b, 0], out[b, 1] = f32x4_lane(s, 0), f32x4_lane(s, 2)
+        return f32x4_lane(m, 1), f32x4_lane(m, 3)
+
+    q = np.arange(256, dtype=np.uint8).repeat(2)  # every byte value, twice
+    out = np.empty(4 * q.size, np.int8)
+    nibbles(q, out)
+    want = np.concatenate([np.concatenate([blk & 15, blk >> 4]) for blk in q.reshape(-1, 16)]).astype(np.int8)
+    np.testing.assert_array_equal(out[:2 * q.size], want)
+    np.testing.assert_array_equal(out[2 * q.size:], want)
+
+    rng = np.random.default_rng(6)
+    nb = 24
+    rows = np.zeros((2, nb, 20), np.uint8)  # Q4_1 blocks: d, m as float16, then 16 bytes
+    dm = (rng.standard_normal((2, nb, 2)) * 10.0 ** rng.integers(-4, 2, (2, nb, 2))).astype(np.float16)
+    rows[:, :, :4] = dm.view(np.uint8).reshape(2, nb, 4)
+    ds = (rng.standard_normal((nb, 2)) * 10.0 ** rng.integers(-3, 3, (nb, 2))).astype(np.float32)
+    got = np.empty((nb, 2), np.float32)
+    mins = scales(rows.reshape(-1), 0, nb * 20, ds.reshape(-1), nb, got)
+    d32, m32 = dm[..., 0].astype(np.float32), dm[..., 1].astype(np.float32)
+    np.testing.assert_array_equal(got.T.view(np.int32), (d32 * ds[:, 0]).view(np.int32))
+    for r in range(2):
+        want_m = np.float32(0)
+        for b in range(nb):
+            want_m = np.float32(want_m + m32[r, b] * ds[b, 1])
+        assert np.float32(mins[r]).view(np.int32) == want_m.view(np.int32)
+
+
 def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
     """numpy version of kernels_legacy._pack_tiles8: the quantized activations of each eight tokens laid out as
     the tiles read them."""
@@ -461,15 +506,18 @@ def test_tokens_innermost_matches_numpy(dtype):
 @njit(cache=True)
 def _halves_in_pairs(bits):
     n = bits.size // 2
-    x2, pair = np.empty(n, np.float32), np.empty(n, np.float32)
+    rows, pair = np.empty(n, np.float32), np.empty(n, np.float32)
     for i in range(0, n - 1, 2):
-        x2[i], x2[i + 1] = load_f16x2(bits, 2 * i)
         pair[i], pair[n - 1 - i] = load_f16_pair(bits, 2 * i, 2 * (n - 1 - i))
-    return x2, pair
+    for i in range(0, n - 3, 4):  # lanes 0-1 from the first offset, 2-3 from the second (here the next pair)
+        v = load_f16x2_rows(bits, 2 * i + 4, 2 * i)
+        rows[i], rows[i + 1], rows[i + 2], rows[i + 3] = f32x4_lane(v, 2), f32x4_lane(v, 3), f32x4_lane(v, 0), \
+            f32x4_lane(v, 1)
+    return rows, pair
 
 
 def test_paired_f16_loads_convert_every_half_exactly():
-    """load_f16x2 (a block's d and m) and load_f16_pair (two rows' scales) convert as numpy does, every half."""
+    """load_f16x2_rows (two rows' d and m) and load_f16_pair (two rows' scales) convert as numpy does, every half."""
     halves = np.arange(65536, dtype=np.uint16)
     want = halves.view(np.float16).astype(np.float32)
     for got in _halves_in_pairs(halves.view(np.uint8)):
