@@ -6,7 +6,7 @@ Per format:
   vec_dot_<fmt>_q8_0(...)    one row x one token (llama.cpp's vec_dot_<fmt>_q8_0 scheme: one FMA per block into
                              8 float lanes, the lanes summed at the end)
   vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode); Q4_1 and Q5_1 take the token's scales and sums in
-                             pairs (kernels_legacy._pack_pairs)
+                             pairs (kernels_legacy._pack_pairs), Q5_0 its lane sums (kernels_legacy._pack_lane_sums)
   vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (kernels_legacy._pack_tiles8)
 Every (row, token) sum runs in the same order in each of them, so they give the same bits.
@@ -19,9 +19,9 @@ from numba import njit
 
 from .simd import (dot_i8x32, dot_u8x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add, f32x8_fma_i32,
                    f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero,
-                   i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32, load_f16, load_f16_pair,
-                   load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i8x32, load_nibbles_lo_hi,
-                   load_nibbles_lo_hi_bcast, prefetch)
+                   i32x8_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32, load_f16,
+                   load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i32x8, load_i8x32,
+                   load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
 
 # Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
@@ -111,6 +111,12 @@ def _quants_q4_1_bcast(w, o):
 @njit(cache=True)
 def _quants_q5_0(w, o):
     return i8x32_sub(i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4)), 16)
+
+
+@njit(cache=True)
+def _quants_q5_0_unsigned(w, o):
+    """Q5_0's quants + 16 (0..31), for the two-row dot (simd.load_nibbles_lo_hi_bcast)."""
+    return i8x32_or(load_nibbles_lo_hi_bcast(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4))
 
 
 @njit(cache=True)
@@ -258,15 +264,18 @@ def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
 
 
 @njit(cache=True)
-def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    """Two rows with the quants kept unsigned (0..31): each block's lanes are dot_u8x32(q, x) plus
+    lane_sums[lo + 8b ...], the token's -16 x (sum of each lane's four activations) (kernels_legacy._pack_lane_sums),
+    the exact integers dot_i8x32(q - 16, x) gives, without the sign flip and the subtraction per row."""
     a, a2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
-        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        x, dx, minus16 = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_i32x8(lane_sums, lo + 8 * b)
         d, d2 = load_f16_pair(w, o, o2)
-        a = f32x8_fma_i32(a, dot_i8x32(_quants_q5_0(w, o), x), d * dx)
-        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q5_0(w, o2), x), d2 * dx)
+        a = f32x8_fma_i32(a, i32x8_add(dot_u8x32(_quants_q5_0_unsigned(w, o), x), minus16), d * dx)
+        a2 = f32x8_fma_i32(a2, i32x8_add(dot_u8x32(_quants_q5_0_unsigned(w, o2), x), minus16), d2 * dx)
         o += 22
         o2 += 22
     return f32x8_hsum(a), f32x8_hsum(a2)

@@ -12,7 +12,7 @@ quant.dots_legacy; here, per format:
       out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch of at least
       xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles, and for Q4_1/Q5_1 the single
-      tokens' scales and sums in pairs (_pack_pairs).
+      tokens' scales and sums in pairs (_pack_pairs), for Q5_0 their lane sums (_pack_lane_sums).
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
   matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
       the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
@@ -104,6 +104,22 @@ def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
             xt[base + 2 * ((t - n4) * nb + b)] = xd[t * nb + b]
             xt[base + 2 * ((t - n4) * nb + b) + 1] = xs[t * nb + b]
     return base
+
+
+@njit(cache=True)
+def _pack_lane_sums(xq, nb, n8, n4, n_tokens):
+    """For the two-row Q5_0 dot: -16 x the sum of each int32 lane's four activations, for each block of each single
+    token (t >= n4), as int32 in the tiles' part of xq, which the tiles leave free from token n8 on (32 bytes a block,
+    8 lanes of 4 bytes). Returns them, token t's from 8 nb (t - n4)."""
+    n_in = nb * 32
+    n = n_tokens * n_in
+    sums = xq[n + n4 * n_in:2 * n].view(np.int32)
+    for t in range(n4, n_tokens):
+        for k in range(8 * nb):  # lane k: activations 4k .. 4k + 3 of the token
+            e = t * n_in + 4 * k
+            sums[8 * nb * (t - n4) + k] = -16 * (np.int32(xq[e]) + np.int32(xq[e + 1]) + np.int32(xq[e + 2])
+                                                 + np.int32(xq[e + 3]))
+    return sums
 
 
 @njit(cache=True)
@@ -237,7 +253,7 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True, inline="always")
-def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -254,7 +270,7 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
-                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
         if (r1 - r0) % 2:
             r = r1 - 1
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
@@ -263,8 +279,9 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 @njit(parallel=True, cache=True)
 def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])
     for rb in prange(_row_blocks(out)):
-        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out)
 
 
 @njit(parallel=True, cache=True)
@@ -272,14 +289,15 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q5_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
     nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out0)
         elif k < b0 + b1:
-            _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+            _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out1)
         else:
-            _row_block_q5_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
+            _row_block_q5_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out2)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
