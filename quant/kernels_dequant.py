@@ -112,15 +112,23 @@ def _block_q3_k(w, o, out, p):
 
 
 @njit(cache=True, inline="always")
-def k_scale_min(w, o_scales, j):
-    """(scale, min) of sub-block j (0..7) of a Q4_K / Q5_K block whose 12 scale bytes start at o_scales.
+def k_scales_mins(w, o_scales):
+    """The eight 6-bit scales and the eight mins of a Q4_K / Q5_K block whose 12 scale bytes start at o_scales, as
+    two 64-bit words of one byte each (sub-block j in byte j).
 
     Bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7; bytes 4-7 the same for
     the mins; bytes 8-11 the low 4 bits of scale 4+i (low nibble) and min 4+i (high nibble). Worked on
-    as three words so that no branch depends on j."""
+    as three words, with no branch."""
     a, b, c = load_u32(w, o_scales), load_u32(w, o_scales + 4), load_u32(w, o_scales + 8)
     scales = (a & 0x3F3F3F3F) | (((c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030)) << 32)
     mins = (b & 0x3F3F3F3F) | ((((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030)) << 32)
+    return scales, mins
+
+
+@njit(cache=True, inline="always")
+def k_scale_min(w, o_scales, j):
+    """(scale, min) of sub-block j (0..7) of a Q4_K / Q5_K block whose 12 scale bytes start at o_scales."""
+    scales, mins = k_scales_mins(w, o_scales)
     return np.int32((scales >> (8 * j)) & 63), np.int32((mins >> (8 * j)) & 63)
 
 

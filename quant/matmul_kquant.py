@@ -15,11 +15,13 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q4_k,
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
-from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, f32x8_fma, f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32,
-                   f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or,
-                   i8x32_shl, i8x32_shr, i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_madd, i32x8_mul,
-                   i32x8_splat, i32x8_zero, load_f16, load_f32, load_f32x8, load_i8, load_i8x32, load_i32, load_i32x8,
-                   pair_dot_i8_i32, store_i8x32)
+from .kernels_dequant import k_scales_mins
+from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, f32x8_fma, f32x8_fma_i32,
+                   f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_sub,
+                   f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_byte_pairs,
+                   i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_two, i32x8_madd, i32x8_mul, i32x8_splat, i32x8_zero,
+                   load_f16, load_f32, load_f32x8, load_i8, load_i8x32, load_i32, load_i32x8, pair_dot_i8_i32,
+                   store_i8x32)
 
 _F32 = np.float32
 
@@ -131,13 +133,24 @@ def matmul_q3_k(w, row_bytes, x, xq, xd, bsums, out):
 
 
 @njit(cache=True, inline="always")
+def _pair_q4_k(w, o, xq, xo, scales, p, g0, g1):
+    """The scaled integer lanes of groups g0 = 2p and g1 = 2p + 1 of the Q4_K super-block at byte o (the low and the
+    high nibbles of its bytes 16 + 32p ..); scales: the super-block's scales word (k_scales_mins), g0, g1 constants."""
+    q = load_i8x32(w, o + 16 + 32 * p)
+    return i32x8_add(dot_u8x32_byte_scale(i8x32_and(q, 15), load_i8x32(xq, xo + 64 * p), scales, g0),
+                     dot_u8x32_byte_scale(i8x32_and(i8x32_shr(q, 4), 15), load_i8x32(xq, xo + 64 * p + 32), scales, g1))
+
+
+@njit(cache=True, inline="always")
 def _superblock_q4_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q4_k(w, o, g)
-        isum = i32x8_add(isum, dot_u8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
+    """(sum of q * x * scale over the super-block, sum of min * bsum over its sixteen 16-element halves): exact
+    integers, the scales and mins unpacked once into two words, the mins term as two vector products."""
+    scales, mins = k_scales_mins(w, o + 4)
+    isum = i32x8_add(i32x8_add(_pair_q4_k(w, o, xq, xo, scales, 0, 0, 1), _pair_q4_k(w, o, xq, xo, scales, 1, 2, 3)),
+                     i32x8_add(_pair_q4_k(w, o, xq, xo, scales, 2, 4, 5), _pair_q4_k(w, o, xq, xo, scales, 3, 6, 7)))
+    msum = i32x8_add(i32x8_mul(i32x8_byte_pairs(mins, 0), load_i32x8(bsums, bo)),
+                     i32x8_mul(i32x8_byte_pairs(mins, 1), load_i32x8(bsums, bo + 8)))
+    return i32x8_hsum_two(isum, msum)
 
 
 @njit(cache=True)
@@ -315,7 +328,7 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
         isum, msum = _superblock_q4_k(w, o + 144 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
         d, dmin = _scales_q45_k(w, o + 144 * b)
         dx = load_f32(xd, xo // 256 + b)
-        acc = fma32(_F32(i32x8_hsum(isum)), d * dx, acc)
+        acc = fma32(_F32(isum), d * dx, acc)
         mins = fma32(_F32(msum), dmin * dx, mins)
     return acc - mins
 

@@ -438,6 +438,58 @@ dot_i8x32_2scales = _make_dot("dot_i8x32_2scales", True, True,
 dot_u8x32_2scales = _make_dot("dot_u8x32_2scales", False, True, "dot_i8x32_2scales for w in 0..127.")
 
 
+_I64 = ir.IntType(64)
+
+
+@intrinsic
+def dot_u8x32_byte_scale(typingctx, w, x, word, g):
+    """Lanes of w . x (w 0..127) times byte g of the 64-bit `word` (g a compile-time constant 0..7): one scale for
+    all 32 elements, taken from eight packed in a word (a K-quant super-block's sub-block scales). On AVX2 the
+    scales are moved to a vector once and each call broadcasts its own (vpbroadcastw / vpshufb), instead of
+    extracting it in a general register and moving it over for every call."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(g, types.IntegerLiteral) or not 0 <= g.literal_value < 8:
+        return None
+    lane = g.literal_value
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[2], sig.args[2], types.uint64)
+        scales = builder.zext(builder.bitcast(word, _vec(_I8, 8)), _vec(_I16, 8))
+        return _dot_lanes(builder, args[0], args[1], False, _shuffle(builder, scales, scales, [lane] * 16))
+    return I32x8(w, x, word, g), codegen
+
+
+@intrinsic
+def i32x8_byte_pairs(typingctx, word, half):
+    """Bytes 4h .. 4h+3 of the 64-bit `word` (h = half, a constant 0 or 1), each twice, as int32 lanes:
+    [b_4h, b_4h, b_4h+1, b_4h+1, ...] (a K-quant super-block's eight mins against its sixteen 16-element sums)."""
+    if not isinstance(half, types.IntegerLiteral) or half.literal_value not in (0, 1):
+        return None
+    h = half.literal_value
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[0], sig.args[0], types.uint64)
+        v = builder.bitcast(word, _vec(_I8, 8))
+        return builder.zext(_shuffle(builder, v, v, [4 * h + k // 2 for k in range(8)]), _vec(_I32, 8))
+    return I32x8(word, half), codegen
+
+
+@intrinsic
+def i32x8_hsum_two(typingctx, a, b):
+    """(sum of a's lanes, sum of b's lanes), both reduced in one tree of vector adds (exact integers, any order)."""
+    if a is not I32x8 or b is not I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, b = args
+        t = builder.add(_shuffle(builder, a, b, [0, 1, 2, 3, 8, 9, 10, 11]),
+                        _shuffle(builder, a, b, [4, 5, 6, 7, 12, 13, 14, 15]))
+        u = builder.add(_shuffle(builder, t, t, [0, 1, 4, 5]), _shuffle(builder, t, t, [2, 3, 6, 7]))
+        v = builder.add(_shuffle(builder, u, u, [0, 2]), _shuffle(builder, u, u, [1, 3]))
+        return context.make_tuple(builder, sig.return_type, [builder.extract_element(v, ir.Constant(_I32, i))
+                                                             for i in (0, 1)])
+    return types.UniTuple(types.int32, 2)(a, b), codegen
+
+
 @intrinsic
 def i32x8_zero(typingctx):
     def codegen(context, builder, sig, args):

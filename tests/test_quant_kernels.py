@@ -652,3 +652,70 @@ def test_quant_group_refuses_what_it_cannot_group():
         group.matmul(x[:, :128], [np.empty((2, 8), np.float32)] * 2)
     with pytest.raises(ValueError, match="sizes"):
         group.matmul(x, [np.empty((2, 8), np.float32)] * 2, sizes=(3,))
+
+
+def _fma32(a, b, c):
+    """float32 fma through float64: the product of two float32 is exact there, so only the sum rounds (twice; the
+    magnitudes here never hit the double-rounding case)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+def test_q4_k_gemv_is_llama_cpps_arithmetic():
+    """A Q4_K row x one token as llama.cpp's gemv computes it, written out in numpy: per super-block the exact integer
+    total of q * x * scale and of min * (16-element activation sum), each scaled by one FMA into its own float32
+    accumulator (d * d_x, dmin * d_x), the row the first minus the second. Bit for bit."""
+    fmt = quant.format_by_name("Q4_K")
+    n_out, n_in = 9, 1024
+    rng = np.random.default_rng(21)
+    data = random_matrix_bytes(fmt, n_out, n_in, rng)
+    layer = quant.QuantLinear(data, "Q4_K", (n_out, n_in))
+    x = rng.standard_normal(n_in).astype(np.float32)
+    got = np.empty(n_out, np.float32)
+    layer.matvec(x, got)
+    xq, xd, bsums = np.empty(n_in, np.int8), np.empty(n_in // 256, np.float32), np.empty(n_in // 16, np.int32)
+    quantize_act_q8_k(x, xq, xd, bsums)
+    blocks = np.asarray(data).reshape(n_out * n_in // 256, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n_out, -1)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n_out, -1)
+    sc, mn = (a.astype(np.int64).reshape(n_out, -1, 8) for a in reference.k_scale_min(blocks[:, 4:16]))
+    q = (blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    q = q.reshape(n_out, -1, 8, 32).astype(np.int64)
+    xs = xq.astype(np.int64).reshape(-1, 8, 32)
+    half_sums = bsums.astype(np.int64).reshape(-1, 8, 2).sum(axis=2)
+    for r in range(n_out):
+        acc = mins = np.float32(0)
+        for b in range(n_in // 256):
+            itot = int((sc[r, b] * (q[r, b] * xs[b]).sum(axis=1)).sum())
+            mtot = int((mn[r, b] * half_sums[b]).sum())
+            acc = _fma32(np.float32(itot), np.float32(d[r, b] * xd[b]), acc)
+            mins = _fma32(np.float32(mtot), np.float32(dmin[r, b] * xd[b]), mins)
+        assert np.float32(acc - mins).view(np.int32) == got[r].view(np.int32), r
+
+
+def test_k_quant_scale_intrinsics_match_numpy():
+    """dot_u8x32_byte_scale (one byte of a word as the scale of a whole 32-element dot), i32x8_byte_pairs (four
+    bytes of a word, each twice) and i32x8_hsum_two against numpy, on every lane."""
+    from quant.simd import dot_u8x32_byte_scale, i32x8_byte_pairs, i32x8_hsum_two, load_i8x32, load_i32x8
+
+    @njit
+    def pieces(w, x, word, ints, dots, pairs):
+        a, b = load_i32x8(ints, 0), load_i32x8(ints, 8)
+        for k, v in enumerate((dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 0),
+                               dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 5),
+                               dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 7))):
+            dots[k] = i32x8_hsum_two(v, v)[0]
+        pairs[0], pairs[1] = i32x8_hsum_two(i32x8_byte_pairs(word, 0), i32x8_byte_pairs(word, 1))
+        return i32x8_hsum_two(a, b)
+
+    rng = np.random.default_rng(22)
+    w = rng.integers(0, 16, 32).astype(np.int8)
+    x = rng.integers(-127, 128, 32).astype(np.int8)
+    scale_bytes = rng.integers(0, 64, 8).astype(np.uint8)
+    word = np.uint64(scale_bytes.view(np.uint64)[0])
+    ints = rng.integers(-(1 << 20), 1 << 20, 16).astype(np.int32)
+    dots, pairs = np.empty(3, np.int64), np.empty(2, np.int64)
+    sums = pieces(w, x, word, ints, dots, pairs)
+    base = int((w.astype(np.int64) * x).sum())
+    assert list(dots) == [base * int(scale_bytes[g]) for g in (0, 5, 7)]
+    assert list(pairs) == [2 * int(scale_bytes[:4].sum()), 2 * int(scale_bytes[4:].sum())]
+    assert sums == (int(ints[:8].sum()), int(ints[8:].sum()))

@@ -3,7 +3,8 @@
     python tools/compare_llama_cpp.py smollm2-135m --llama-python /path/to/venv-with-llama-cpp/bin/python
 
 Each measurement runs in a fresh worker process (so start-up and peak RSS are each engine's own), engines take
-turns, and the ratios edgellm / llama.cpp come from the same run. Tests: pp128, pp512, tg128, tg128 at depth 2048,
+turns, and the ratios edgellm / llama.cpp come from the same run: the ratio of the means, and the median of each
+repetition's ratio (its two measurements taken back to back), which one repetition slowed by a busy host moves less. Tests: pp128, pp512, tg128, tg128 at depth 2048,
 start-up (imports + load + first token), peak RSS. llama-cpp-python is only needed for this script, never by
 edgellm itself; without --llama-python it must be importable by this interpreter.
 """
@@ -143,19 +144,20 @@ def main(argv=None):
                 print(f"rep {rep} {test:12s} {engine:9s} {raw[test][engine][-1]:8.2f}", file=sys.stderr, flush=True)
 
     print(f"\n{os.path.basename(path)}, {args.threads} threads, {args.reps} reps, alternating engines\n")
-    print("| test | edgellm | llama.cpp | edgellm / llama.cpp |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| test | edgellm | llama.cpp | edgellm / llama.cpp | median of paired ratios |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for test in tests:
         e, ll = raw[test]["edgellm"], raw[test]["llama.cpp"]
         me, ml = statistics.fmean(e), statistics.fmean(ll)
         unit = "s" if test == "startup" else "t/s"
         # for start-up, lower is better: report the speed ratio (llama.cpp time / edgellm time)
         ratio = ml / me if test == "startup" else me / ml
+        paired = statistics.median(b / a if test == "startup" else a / b for a, b in zip(e, ll))
         se = statistics.stdev(e) if len(e) > 1 else 0
         sl = statistics.stdev(ll) if len(ll) > 1 else 0
-        print(f"| {test} | {me:.2f} ± {se:.2f} {unit} | {ml:.2f} ± {sl:.2f} {unit} | {ratio:.2f}x |")
+        print(f"| {test} | {me:.2f} ± {se:.2f} {unit} | {ml:.2f} ± {sl:.2f} {unit} | {ratio:.2f}x | {paired:.2f}x |")
     print(f"| peak RSS | {rss['edgellm'] / 1e6:.0f} MB | {rss['llama.cpp'] / 1e6:.0f} MB | "
-          f"{(rss['edgellm'] - rss['llama.cpp']) / 1e6:+.0f} MB |")
+          f"{(rss['edgellm'] - rss['llama.cpp']) / 1e6:+.0f} MB | |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"raw": raw, "peak_rss": rss, "threads": args.threads, "model": path}, f, indent=2)
