@@ -459,6 +459,23 @@ def dot_u8x32_byte_scale(typingctx, w, x, word, g):
 
 
 @intrinsic
+def dot_u8x32_scale_pair(typingctx, w, x, buf, offset, g):
+    """Lanes of w . x (w 0..127) with elements 0..15 times the signed byte buf[offset + 2g] and 16..31 times
+    buf[offset + 2g + 1] (g a compile-time constant 0..7): dot_u8x32_2scales for a block's sixteen int8 scales,
+    which are loaded and widened once for all g (a Q6_K super-block's) instead of one scalar at a time."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(g, types.IntegerLiteral) or not 0 <= g.literal_value < 8:
+        return None
+    lane = g.literal_value
+
+    def codegen(context, builder, sig, args):
+        scales = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 16))
+        scales = builder.sext(scales, _vec(_I16, 16))
+        pair_scales = _shuffle(builder, scales, scales, [2 * lane] * 8 + [2 * lane + 1] * 8)
+        return _dot_lanes(builder, args[0], args[1], False, pair_scales)
+    return I32x8(w, x, buf, offset, g), codegen
+
+
+@intrinsic
 def i32x8_byte_pairs(typingctx, word, half):
     """Bytes 4h .. 4h+3 of the 64-bit `word` (h = half, a constant 0 or 1), each twice, as int32 lanes:
     [b_4h, b_4h, b_4h+1, b_4h+1, ...] (a K-quant super-block's eight mins against its sixteen 16-element sums)."""

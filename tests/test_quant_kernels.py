@@ -693,18 +693,23 @@ def test_q4_k_gemv_is_llama_cpps_arithmetic():
 
 
 def test_k_quant_scale_intrinsics_match_numpy():
-    """dot_u8x32_byte_scale (one byte of a word as the scale of a whole 32-element dot), i32x8_byte_pairs (four
-    bytes of a word, each twice) and i32x8_hsum_two against numpy, on every lane."""
-    from quant.simd import dot_u8x32_byte_scale, i32x8_byte_pairs, i32x8_hsum_two, load_i8x32, load_i32x8
+    """dot_u8x32_byte_scale (one byte of a word as the scale of a whole 32-element dot), dot_u8x32_scale_pair (two
+    int8 of sixteen as the scales of the two halves), i32x8_byte_pairs (four bytes of a word, each twice) and
+    i32x8_hsum_two against numpy; the scale pair lane by lane."""
+    from quant.simd import (dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_from_i32, i32x8_byte_pairs,
+                            i32x8_hsum_two, load_i8x32, load_i32x8, store_f32x8)
 
     @njit
-    def pieces(w, x, word, ints, dots, pairs):
+    def pieces(w, x, word, ints, dots, pairs, sbuf, lanes):
         a, b = load_i32x8(ints, 0), load_i32x8(ints, 8)
         for k, v in enumerate((dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 0),
                                dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 5),
                                dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 7))):
             dots[k] = i32x8_hsum_two(v, v)[0]
         pairs[0], pairs[1] = i32x8_hsum_two(i32x8_byte_pairs(word, 0), i32x8_byte_pairs(word, 1))
+        # (lanes through float32: exact below 2**24, and these are below 2**23)
+        store_f32x8(lanes, 0, f32x8_from_i32(dot_u8x32_scale_pair(load_i8x32(w, 0), load_i8x32(x, 0), sbuf, 3, 0)))
+        store_f32x8(lanes, 8, f32x8_from_i32(dot_u8x32_scale_pair(load_i8x32(w, 0), load_i8x32(x, 0), sbuf, 3, 6)))
         return i32x8_hsum_two(a, b)
 
     rng = np.random.default_rng(22)
@@ -714,7 +719,14 @@ def test_k_quant_scale_intrinsics_match_numpy():
     word = np.uint64(scale_bytes.view(np.uint64)[0])
     ints = rng.integers(-(1 << 20), 1 << 20, 16).astype(np.int32)
     dots, pairs = np.empty(3, np.int64), np.empty(2, np.int64)
-    sums = pieces(w, x, word, ints, dots, pairs)
+    sbuf = rng.integers(-128, 128, 19).astype(np.int8).view(np.uint8)  # 16 scales from byte 3
+    lanes = np.empty(16, np.float32)
+    sums = pieces(w, x, word, ints, dots, pairs, sbuf, lanes)
+    products = (w.astype(np.int64) * x).reshape(8, 4).sum(axis=1)  # lane l: elements 4l .. 4l + 3
+    scales = sbuf.view(np.int8)[3:19].astype(np.int64)
+    for k, g in enumerate((0, 6)):
+        want = products * np.repeat(scales[[2 * g, 2 * g + 1]], 4)
+        np.testing.assert_array_equal(lanes[8 * k:8 * k + 8], want)
     base = int((w.astype(np.int64) * x).sum())
     assert list(dots) == [base * int(scale_bytes[g]) for g in (0, 5, 7)]
     assert list(pairs) == [2 * int(scale_bytes[:4].sum()), 2 * int(scale_bytes[4:].sum())]
