@@ -676,21 +676,23 @@ def f32x8_hsum(typingctx, v):
     return types.float32(v), codegen
 
 
-def _f32x8_binary(name, op_name, doc):
+def _float_binary(vector_type, name, op_name, doc):
+    """An intrinsic `name`(a, b) for two vectors of vector_type (F32x8 or F32x4): the IR op op_name, lane by lane."""
     def typer(typingctx, a, b):
-        if a is not F32x8 or b is not F32x8:
+        if a is not vector_type or b is not vector_type:
             return None
 
         def codegen(context, builder, sig, args):
             return getattr(builder, op_name)(args[0], args[1])
-        return F32x8(a, b), codegen
+        return vector_type(a, b), codegen
     typer.__name__, typer.__doc__ = name, doc
     return intrinsic(typer)
 
 
-f32x8_add = _f32x8_binary("f32x8_add", "fadd", "a + b per lane.")
-f32x8_sub = _f32x8_binary("f32x8_sub", "fsub", "a - b per lane.")
-f32x8_mul = _f32x8_binary("f32x8_mul", "fmul", "a * b per lane (one rounding each: the same bits as scalar products).")
+f32x8_add = _float_binary(F32x8, "f32x8_add", "fadd", "a + b per lane.")
+f32x8_sub = _float_binary(F32x8, "f32x8_sub", "fsub", "a - b per lane.")
+f32x8_mul = _float_binary(F32x8, "f32x8_mul", "fmul",
+                          "a * b per lane (one rounding each: the same bits as scalar products).")
 
 
 @intrinsic
@@ -704,16 +706,23 @@ def f32x8_from_i32(typingctx, v):
     return F32x8(v), codegen
 
 
-@intrinsic
-def f32x8_lane(typingctx, v, i):
-    """Lane i of v (i a compile-time constant 0..7) as a float32."""
-    if v is not F32x8 or not isinstance(i, types.IntegerLiteral) or not 0 <= i.literal_value < 8:
-        return None
-    lane = i.literal_value
+def _float_lane(vector_type, n_lanes, name):
+    """An intrinsic `name`(v, i): lane i of v (a vector_type of n_lanes floats; i a compile-time constant) as a
+    float32."""
+    def typer(typingctx, v, i):
+        if v is not vector_type or not isinstance(i, types.IntegerLiteral) or not 0 <= i.literal_value < n_lanes:
+            return None
+        lane = i.literal_value
 
-    def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], ir.Constant(_I32, lane))
-    return types.float32(v, i), codegen
+        def codegen(context, builder, sig, args):
+            return builder.extract_element(args[0], ir.Constant(_I32, lane))
+        return types.float32(v, i), codegen
+    typer.__name__ = name
+    typer.__doc__ = f"Lane i of v (i a compile-time constant 0..{n_lanes - 1}) as a float32."
+    return intrinsic(typer)
+
+
+f32x8_lane = _float_lane(F32x8, 8, "f32x8_lane")
 
 
 @intrinsic
@@ -834,32 +843,11 @@ def f32x4_zero(typingctx):
     return F32x4(), codegen
 
 
-def _f32x4_binary(name, op_name, doc):
-    def typer(typingctx, a, b):
-        if a is not F32x4 or b is not F32x4:
-            return None
-
-        def codegen(context, builder, sig, args):
-            return getattr(builder, op_name)(args[0], args[1])
-        return F32x4(a, b), codegen
-    typer.__name__, typer.__doc__ = name, doc
-    return intrinsic(typer)
+f32x4_add = _float_binary(F32x4, "f32x4_add", "fadd", "a + b per lane.")
+f32x4_mul = _float_binary(F32x4, "f32x4_mul", "fmul", "a * b per lane.")
 
 
-f32x4_add = _f32x4_binary("f32x4_add", "fadd", "a + b per lane.")
-f32x4_mul = _f32x4_binary("f32x4_mul", "fmul", "a * b per lane.")
-
-
-@intrinsic
-def f32x4_lane(typingctx, v, i):
-    """Lane i of v (i a compile-time constant 0..3) as a float32."""
-    if v is not F32x4 or not isinstance(i, types.IntegerLiteral) or not 0 <= i.literal_value < 4:
-        return None
-    lane = i.literal_value
-
-    def codegen(context, builder, sig, args):
-        return builder.extract_element(args[0], ir.Constant(_I32, lane))
-    return types.float32(v, i), codegen
+f32x4_lane = _float_lane(F32x4, 4, "f32x4_lane")
 
 
 @intrinsic
