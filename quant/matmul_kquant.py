@@ -135,7 +135,8 @@ def matmul_q3_k(w, row_bytes, x, xq, xd, bsums, out):
 @njit(cache=True, inline="always")
 def _pair_q4_k(w, o, xq, xo, scales, p, g0, g1):
     """The scaled integer lanes of groups g0 = 2p and g1 = 2p + 1 of the Q4_K super-block at byte o (the low and the
-    high nibbles of its bytes 16 + 32p ..); scales: the super-block's scales word (k_scales_mins), g0, g1 constants."""
+    high nibbles of its bytes 16 + 32p ..); scales: the super-block's scales word (k_scales_mins). g0 and g1 are
+    passed apart from p because dot_u8x32_byte_scale needs them as literal constants, which 2 * p is not."""
     q = load_i8x32(w, o + 16 + 32 * p)
     return i32x8_add(dot_u8x32_byte_scale(i8x32_and(q, 15), load_i8x32(xq, xo + 64 * p), scales, g0),
                      dot_u8x32_byte_scale(i8x32_and(i8x32_shr(q, 4), 15), load_i8x32(xq, xo + 64 * p + 32), scales, g1))

@@ -806,10 +806,6 @@ def load_bf16x8(typingctx, buf, offset):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Scalar float helpers for kernels that must round exactly like llama.cpp's CPU backend.
-
-
-# ---------------------------------------------------------------------------------------------------------
 # F32x4: the scales of two rows' blocks in one vector, so that a two-row dot converts, multiplies and sums them
 # with one instruction each instead of one per row (lane-wise IEEE arithmetic: the scalar code's bits).
 
@@ -845,9 +841,11 @@ def f32x4_zero(typingctx):
 
 f32x4_add = _float_binary(F32x4, "f32x4_add", "fadd", "a + b per lane.")
 f32x4_mul = _float_binary(F32x4, "f32x4_mul", "fmul", "a * b per lane.")
-
-
 f32x4_lane = _float_lane(F32x4, 4, "f32x4_lane")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scalar float helpers for kernels that must round exactly like llama.cpp's CPU backend.
 
 
 @intrinsic
@@ -860,7 +858,6 @@ def fma32(typingctx, a, b, c):
         a_, b_, c_ = (context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args))
         return builder.fma(a_, b_, c_)
     return types.float32(a, b, c), codegen
-
 
 
 @intrinsic
@@ -877,6 +874,7 @@ def f32_shl23_add(typingctx, bits, add):
         shifted = builder.shl(low32(args[0]), ir.Constant(_I32, 23))
         return builder.bitcast(builder.add(shifted, low32(args[1])), _F32)
     return types.float32(bits, add), codegen
+
 
 @intrinsic
 def f32_from_bits(typingctx, bits):

@@ -4,9 +4,10 @@
 
 Each measurement runs in a fresh worker process (so start-up and peak RSS are each engine's own), engines take
 turns, and the ratios edgellm / llama.cpp come from the same run: the ratio of the means, and the median of each
-repetition's ratio (its two measurements taken back to back), which one repetition slowed by a busy host moves less. Tests: pp128, pp512, tg128, tg128 at depth 2048,
-start-up (imports + load + first token), peak RSS. llama-cpp-python is only needed for this script, never by
-edgellm itself; without --llama-python it must be importable by this interpreter.
+repetition's ratio (its two measurements taken back to back), which one repetition slowed by a busy host moves
+less. Tests: pp128, pp512, tg128, tg128 at depth 2048, start-up (imports + load + first token), peak RSS.
+llama-cpp-python is only needed for this script, never by edgellm itself; without --llama-python it must be
+importable by this interpreter.
 """
 from __future__ import annotations
 
