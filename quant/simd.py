@@ -377,6 +377,10 @@ i8x32_shl = _i8x32_binary("shl")    # a << b, per byte
 # pair is at most 2 * 128 * 127 = 32512). Elsewhere the same lanes are computed with generic widening ops.
 
 HAS_AVX2 = _host_has("avx2")
+# AVX-VNNI (or AVX512-VNNI with 256-bit forms): vpdpbusd sums the four unsigned x signed byte products of each lane
+# straight into int32, one instruction for vpmaddubsw + vpmaddwd, without the int16 step (nothing saturates there
+# either way, see above), so the lanes are the same integers.
+HAS_VNNI = HAS_AVX2 and (_host_has("avxvnni") or (_host_has("avx512vnni") and _host_has("avx512vl")))
 
 
 def _x86(builder, name, ret, *args):
@@ -390,6 +394,10 @@ def _dot_lanes(builder, w, x, signed, pair_scales=None):
         if signed:
             x = _x86(builder, "psign.b", w.type, x, w)
             w = _call_intrinsic(builder, "llvm.abs.v32i8", w.type, [w, ir.Constant(_I1, 0)])
+        if HAS_VNNI and pair_scales is None:
+            i32x8 = _vec(_I32, 8)
+            return _call_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
+                                   [ir.Constant(i32x8, None), builder.bitcast(w, i32x8), builder.bitcast(x, i32x8)])
         pairs = _x86(builder, "pmadd.ub.sw", _vec(_I16, 16), w, x)
         if pair_scales is None:
             pair_scales = ir.Constant(_vec(_I16, 16), [1] * 16)

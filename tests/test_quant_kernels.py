@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 
 import quant
-from quant import reference
+from quant import reference, simd
 from quant.activations import quantize_act_q8_0, quantize_act_q8_k
 from quant import dots_legacy as k
 from quant.formats import FORMATS
@@ -277,10 +277,10 @@ import platform
 import numpy as np, quant
 from quant import simd
 from quant.testing import random_matrix_bytes
-assert not simd.HAS_AVX2, "the generic dot product was not selected"
-assert platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C was not turned off"
+assert simd.HAS_AVX2 == WANT_AVX2 and not simd.HAS_VNNI, "the dot product asked for was not selected"
+assert WANT_AVX2 or platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C is on"
 rng = np.random.default_rng(0)
-for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16"):
+for name in FORMATS:
     fmt = quant.format_by_name(name)
     raw = random_matrix_bytes(fmt, 12, 512, rng)
     layer = quant.QuantLinear(raw, name, (12, 512))
@@ -291,21 +291,40 @@ for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16"):
 """
 
 
-def test_generic_code_paths_match_avx2(tmp_path):
-    """Where AVX2 / F16C are missing (other CPUs, NUMBA_CPU_NAME=generic) the same integer lanes come from
-    generic vector ops: run the kernels that way in a subprocess and compare with this process."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    code = f"OUT = {str(tmp_path)!r}\n" + PORTABLE_CHECK
+PORTABLE_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16")
+
+
+def _kernels_for_cpu_match(tmp_path, cpu_name, cpu_features, want_avx2, exact):
+    """Run PORTABLE_CHECK compiled for another CPU in a subprocess and compare its products with this process's."""
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features,
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    code = f"OUT = {str(tmp_path)!r}\nWANT_AVX2 = {want_avx2}\nFORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
     rng = np.random.default_rng(0)
-    for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16"):
+    for name in PORTABLE_FORMATS:
         fmt = quant.format_by_name(name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), name, (12, 512))
         x = rng.standard_normal((13, 512)).astype(np.float32)
         out = np.empty((13, 12), np.float32)
         layer.matmul(x, out)
-        # Same integers; only FMA contraction (absent on generic x86-64) may move the last float bits.
-        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+        theirs = np.load(tmp_path / f"{name}.npy")
+        if exact:
+            np.testing.assert_array_equal(theirs, out)
+        else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
+            np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+
+
+def test_generic_code_paths_match_avx2(tmp_path):
+    """Where AVX2 / F16C are missing (other CPUs, NUMBA_CPU_NAME=generic) the same integer lanes come from
+    generic vector ops: run the kernels that way in a subprocess and compare with this process."""
+    _kernels_for_cpu_match(tmp_path, "generic", "", False, exact=False)
+
+
+@pytest.mark.skipif(not simd.HAS_AVX2, reason="needs an AVX2 host")
+def test_avx2_without_vnni_gives_the_same_bits(tmp_path):
+    """On AVX2 CPUs without AVX-VNNI (Haswell to Ice Lake clients, Zen 1-3) the dots are vpmaddubsw + vpmaddwd
+    instead of vpdpbusd: the same integer lanes, so the same bits. Compiled for such a CPU in a subprocess."""
+    _kernels_for_cpu_match(tmp_path, "haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, exact=True)
 
 
 def test_i32x8_hsum4_matches_numpy_row_sums():
