@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 from quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 from quant.simd import (f16_bits_to_f32, f32_bits, f32_shl23_add, f32_to_f16, f32x8_add, f32x8_fma, f32x8_hsum,
-                        f32x8_hsum_pairs, f32x8_splat, f32x8_zero, fma32, load_f32x8, store_f32x8)
+                        f32x8_hsum_pairs, f32x8_splat, f32x8_zero, fma32, load_f32x8, prefetch, store_f32x8)
 
 from edgellm.kvtypes import like_cache, load_row8, row_value, store_row
 
@@ -476,11 +476,14 @@ def _score64(k_cache, b, q0, q1, q2, q3, q4, q5, q6, q7):
     return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
 
 
+KEY_PREFETCH_SLOTS = 16
+
+
 @njit(cache=True, error_model="numpy")
 def _score_run_single64(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, work, top):
     """_score_run_vec for one query row and head_dim 64 (SmolLM2 and other small llamas): the query stays in
     registers across the keys, 1.3-1.6x faster than reloading it for each key (the loads, not the FMAs, bound
-    this loop), with the same bits."""
+    this loop), with the same bits. Keys are prefetched KEY_PREFETCH_SLOTS ahead (1.05x at depth 2048)."""
     capacity = slot_pos.shape[0]
     q0, q1, q2, q3 = load_f32x8(q_row, 0), load_f32x8(q_row, 8), load_f32x8(q_row, 16), load_f32x8(q_row, 24)
     q4, q5, q6, q7 = load_f32x8(q_row, 32), load_f32x8(q_row, 40), load_f32x8(q_row, 48), load_f32x8(q_row, 56)
@@ -489,6 +492,7 @@ def _score_run_single64(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale,
         if pos < lo or pos > p:
             work[j] = -np.inf
             continue
+        prefetch(k_cache, (kv * capacity + j + KEY_PREFETCH_SLOTS) * 64)  # a hint: past the end is harmless
         sc = _score64(k_cache, (kv * capacity + j) * 64, q0, q1, q2, q3, q4, q5, q6, q7) * scale
         work[j] = sc
         top = max(top, sc)
@@ -558,51 +562,59 @@ def _weights_run_vec(work, first, last, inv, v_cache):
         run[i] = np.float32(np.nan) if e == 0.0 else w
 
 
+# Slots a pass of _weigh_run_vec covers before moving on: 32 KB of an f16 cache with head size 64, a few hundred
+# KB at most, which stays in the core's caches while each lane takes its rows from it.
+WEIGH_BLOCK_SLOTS = 256
+
+
 @njit(cache=True, error_model="numpy")
 def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
     """acc lane (j % lanes) += work[j] * v_j for each slot j in [first, last), each lane's slots in increasing
-    order (lanes: a power of 2; head_dim: a multiple of 32). One lane at a time, 32 or 64 dimensions of its
-    running sums held in registers across its slots: no store per slot."""
+    order (lanes: a power of 2; head_dim: a multiple of 32). In blocks of WEIGH_BLOCK_SLOTS slots, read from memory
+    once: within a block one lane at a time, 32 or 64 dimensions of its running sums held in registers across its
+    slots. (Each lane over the whole run instead jumps a page of the cache per slot: 1.1-1.2x slower at depth 2048.)"""
     capacity = v_cache.shape[1]
     head_dim = v_cache.shape[2]
     mask = lanes - 1
-    for lane in range(lanes):
-        j0 = first + ((lane - first) & mask)  # the first slot >= first in this lane
-        if j0 >= last:
-            continue
-        for dc in range(0, head_dim, 64):  # a lane's rows stay in L1 from one block of dimensions to the next
-            wide = dc + 64 <= head_dim
-            r = acc0 + lane * head_dim + dc
-            a0, a1 = load_f32x8(acc, r), load_f32x8(acc, r + 8)
-            a2, a3 = load_f32x8(acc, r + 16), load_f32x8(acc, r + 24)
-            a4, a5, a6, a7 = a0, a1, a2, a3
-            if wide:
-                a4, a5 = load_f32x8(acc, r + 32), load_f32x8(acc, r + 40)
-                a6, a7 = load_f32x8(acc, r + 48), load_f32x8(acc, r + 56)
-            for j in range(j0, last, lanes):
-                w = work[j]
-                if w != w:
-                    continue
-                ws = f32x8_splat(w)
-                base = (kv * capacity + j) * head_dim + dc
-                a0 = f32x8_fma(a0, load_row8(v_cache, base), ws)
-                a1 = f32x8_fma(a1, load_row8(v_cache, base + 8), ws)
-                a2 = f32x8_fma(a2, load_row8(v_cache, base + 16), ws)
-                a3 = f32x8_fma(a3, load_row8(v_cache, base + 24), ws)
+    for b0 in range(first, last, WEIGH_BLOCK_SLOTS):
+        b1 = min(last, b0 + WEIGH_BLOCK_SLOTS)
+        for lane in range(lanes):
+            j0 = b0 + ((lane - b0) & mask)  # the block's first slot in this lane
+            if j0 >= b1:
+                continue
+            for dc in range(0, head_dim, 64):
+                wide = dc + 64 <= head_dim
+                r = acc0 + lane * head_dim + dc
+                a0, a1 = load_f32x8(acc, r), load_f32x8(acc, r + 8)
+                a2, a3 = load_f32x8(acc, r + 16), load_f32x8(acc, r + 24)
+                a4, a5, a6, a7 = a0, a1, a2, a3
                 if wide:
-                    a4 = f32x8_fma(a4, load_row8(v_cache, base + 32), ws)
-                    a5 = f32x8_fma(a5, load_row8(v_cache, base + 40), ws)
-                    a6 = f32x8_fma(a6, load_row8(v_cache, base + 48), ws)
-                    a7 = f32x8_fma(a7, load_row8(v_cache, base + 56), ws)
-            store_f32x8(acc, r, a0)
-            store_f32x8(acc, r + 8, a1)
-            store_f32x8(acc, r + 16, a2)
-            store_f32x8(acc, r + 24, a3)
-            if wide:
-                store_f32x8(acc, r + 32, a4)
-                store_f32x8(acc, r + 40, a5)
-                store_f32x8(acc, r + 48, a6)
-                store_f32x8(acc, r + 56, a7)
+                    a4, a5 = load_f32x8(acc, r + 32), load_f32x8(acc, r + 40)
+                    a6, a7 = load_f32x8(acc, r + 48), load_f32x8(acc, r + 56)
+                for j in range(j0, b1, lanes):
+                    w = work[j]
+                    if w != w:
+                        continue
+                    ws = f32x8_splat(w)
+                    base = (kv * capacity + j) * head_dim + dc
+                    a0 = f32x8_fma(a0, load_row8(v_cache, base), ws)
+                    a1 = f32x8_fma(a1, load_row8(v_cache, base + 8), ws)
+                    a2 = f32x8_fma(a2, load_row8(v_cache, base + 16), ws)
+                    a3 = f32x8_fma(a3, load_row8(v_cache, base + 24), ws)
+                    if wide:
+                        a4 = f32x8_fma(a4, load_row8(v_cache, base + 32), ws)
+                        a5 = f32x8_fma(a5, load_row8(v_cache, base + 40), ws)
+                        a6 = f32x8_fma(a6, load_row8(v_cache, base + 48), ws)
+                        a7 = f32x8_fma(a7, load_row8(v_cache, base + 56), ws)
+                store_f32x8(acc, r, a0)
+                store_f32x8(acc, r + 8, a1)
+                store_f32x8(acc, r + 16, a2)
+                store_f32x8(acc, r + 24, a3)
+                if wide:
+                    store_f32x8(acc, r + 32, a4)
+                    store_f32x8(acc, r + 40, a5)
+                    store_f32x8(acc, r + 48, a6)
+                    store_f32x8(acc, r + 56, a7)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
