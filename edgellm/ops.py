@@ -693,6 +693,202 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
         store_f32x8(out, o + c, sum8)
 
 
+# Prompt processing, several query rows of one head together (llama.cpp's several-row order, LANES_BATCH lanes):
+# each key and value row is loaded and converted once for ROWS query rows instead of once per row. Every row keeps
+# its own arithmetic: its scores' FMA chains, its mask, max, exponentials, 8-slot group sums and weights, and its
+# lanes' slots in the same order. The rows walk the union of their visible slots; a slot another row sees but this
+# one does not scores -inf for it and adds exactly nothing (an exponential of 0, a skipped weight), and the union's
+# runs visit each row's slots in that row's own order as long as the union fits in the ring (else rows go one by one).
+# Measured alone (64 rows at depth 448): SmolLM2's shape 1.4x, Gemma's 1.6x; pp512 1.05x and 1.12x. The loops below
+# are written out for four rows.
+ROWS = 4
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _visible_from(p, window, capacity):
+    lo = max(0, p - window + 1) if window > 0 else 0
+    return max(lo, p - capacity + 1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_score(work, at, pos, lo, p, s, top):
+    """Store one row's score of one slot (-inf where the row does not see it); returns the row's new max."""
+    if pos < lo or pos > p:
+        work[at] = -np.inf
+        return top
+    work[at] = s
+    return max(top, s)
+
+
+@njit(cache=True, error_model="numpy")
+def _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops):
+    """work[r * capacity + j] <- row r's score of slot j in [a, b) (-inf where row r does not see it); tops[r]: max.
+    Two keys at a time against the ROWS query rows: eight FMA chains in flight, each key converted once."""
+    capacity, head_dim = slot_pos.shape[0], k_cache.shape[2]
+    lo0, lo1, lo2, lo3 = lo[0], lo[1], lo[2], lo[3]
+    p0, p1, p2, p3 = p[0], p[1], p[2], p[3]
+    t0, t1, t2, t3 = tops[0], tops[1], tops[2], tops[3]
+    for j in range(a, b, 2):
+        j1 = j + 1 if j + 1 < b else j  # an odd last key: scored twice, stored twice (the same value)
+        b0, b1 = (kv * capacity + j) * head_dim, (kv * capacity + j1) * head_dim
+        a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+        c0, c1, c2, c3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+        for c in range(0, head_dim, 8):
+            k0, k1 = load_row8(k_cache, b0 + c), load_row8(k_cache, b1 + c)
+            q0, q1 = load_f32x8(q_rows, c), load_f32x8(q_rows, head_dim + c)
+            q2, q3 = load_f32x8(q_rows, 2 * head_dim + c), load_f32x8(q_rows, 3 * head_dim + c)
+            a0, a1 = f32x8_fma(a0, k0, q0), f32x8_fma(a1, k0, q1)
+            a2, a3 = f32x8_fma(a2, k0, q2), f32x8_fma(a3, k0, q3)
+            c0, c1 = f32x8_fma(c0, k1, q0), f32x8_fma(c1, k1, q1)
+            c2, c3 = f32x8_fma(c2, k1, q2), f32x8_fma(c3, k1, q3)
+        pos = slot_pos[j]
+        t0 = _row_score(work, j, pos, lo0, p0, f32x8_hsum(a0) * scale, t0)
+        t1 = _row_score(work, capacity + j, pos, lo1, p1, f32x8_hsum(a1) * scale, t1)
+        t2 = _row_score(work, 2 * capacity + j, pos, lo2, p2, f32x8_hsum(a2) * scale, t2)
+        t3 = _row_score(work, 3 * capacity + j, pos, lo3, p3, f32x8_hsum(a3) * scale, t3)
+        pos = slot_pos[j1]
+        t0 = _row_score(work, j1, pos, lo0, p0, f32x8_hsum(c0) * scale, t0)
+        t1 = _row_score(work, capacity + j1, pos, lo1, p1, f32x8_hsum(c1) * scale, t1)
+        t2 = _row_score(work, 2 * capacity + j1, pos, lo2, p2, f32x8_hsum(c2) * scale, t2)
+        t3 = _row_score(work, 3 * capacity + j1, pos, lo3, p3, f32x8_hsum(c3) * scale, t3)
+    tops[0], tops[1], tops[2], tops[3] = t0, t1, t2, t3
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _fma4_if(a0, a1, a2, a3, v0, v1, v2, v3, w):
+    """a_i + v_i * w for 32 dimensions, or the a_i unchanged where w is nan (a slot this row skips)."""
+    if w != w:
+        return a0, a1, a2, a3
+    ws = f32x8_splat(w)
+    return f32x8_fma(a0, v0, ws), f32x8_fma(a1, v1, ws), f32x8_fma(a2, v2, ws), f32x8_fma(a3, v3, ws)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _load4(buf, r):
+    return load_f32x8(buf, r), load_f32x8(buf, r + 8), load_f32x8(buf, r + 16), load_f32x8(buf, r + 24)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _store4(buf, r, a0, a1, a2, a3):
+    store_f32x8(buf, r, a0)
+    store_f32x8(buf, r + 8, a1)
+    store_f32x8(buf, r + 16, a2)
+    store_f32x8(buf, r + 24, a3)
+
+
+@njit(cache=True, error_model="numpy")
+def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
+    """For each row r: lane (j % LANES_BATCH) of its sums (acc[acc0 + (r * LANES_BATCH + lane) * head_dim:]) +=
+    work[r * capacity + j] * v_j over the slots j in [a, b) it does not skip, each lane's slots in increasing order,
+    32 dimensions at a time; in blocks of WEIGH_BLOCK_SLOTS slots (see _weigh_run_vec)."""
+    capacity, head_dim = v_cache.shape[1], v_cache.shape[2]
+    mask = LANES_BATCH - 1
+    for b0 in range(a, b, WEIGH_BLOCK_SLOTS):
+        b1 = min(b, b0 + WEIGH_BLOCK_SLOTS)
+        for lane in range(LANES_BATCH):
+            j0 = b0 + ((lane - b0) & mask)
+            if j0 >= b1:
+                continue
+            for dc in range(0, head_dim, 32):
+                r0 = acc0 + lane * head_dim + dc
+                step = LANES_BATCH * head_dim  # from one row's lanes to the next row's
+                x0, x1, x2, x3 = _load4(acc, r0)
+                y0, y1, y2, y3 = _load4(acc, r0 + step)
+                z0, z1, z2, z3 = _load4(acc, r0 + 2 * step)
+                u0, u1, u2, u3 = _load4(acc, r0 + 3 * step)
+                for j in range(j0, b1, LANES_BATCH):
+                    w0, w1 = work[j], work[capacity + j]
+                    w2, w3 = work[2 * capacity + j], work[3 * capacity + j]
+                    if w0 != w0 and w1 != w1 and w2 != w2 and w3 != w3:
+                        continue
+                    base = (kv * capacity + j) * head_dim + dc
+                    v0, v1 = load_row8(v_cache, base), load_row8(v_cache, base + 8)
+                    v2, v3 = load_row8(v_cache, base + 16), load_row8(v_cache, base + 24)
+                    x0, x1, x2, x3 = _fma4_if(x0, x1, x2, x3, v0, v1, v2, v3, w0)
+                    y0, y1, y2, y3 = _fma4_if(y0, y1, y2, y3, v0, v1, v2, v3, w1)
+                    z0, z1, z2, z3 = _fma4_if(z0, z1, z2, z3, v0, v1, v2, v3, w2)
+                    u0, u1, u2, u3 = _fma4_if(u0, u1, u2, u3, v0, v1, v2, v3, w3)
+                _store4(acc, r0, x0, x1, x2, x3)
+                _store4(acc, r0 + step, y0, y1, y2, y3)
+                _store4(acc, r0 + 2 * step, z0, z1, z2, z3)
+                _store4(acc, r0 + 3 * step, u0, u1, u2, u3)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work):
+    """_attend_vec (several-row order) for query rows t0 .. t0 + ROWS - 1 of head h together. Returns False, having
+    done nothing, where their visible slots do not fit in the ring together (the caller then takes them one by one).
+    work: ROWS score rows of `capacity`, ROWS x LANES_BATCH accumulator rows, ROWS query rows, 8 floats."""
+    capacity = slot_pos.shape[0]
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    lo = np.empty(ROWS, np.int64)
+    p = np.empty(ROWS, np.int64)
+    for r in range(ROWS):
+        p[r] = q_positions[t0 + r]
+        lo[r] = _visible_from(p[r], window, capacity)
+    lo_u, p_u = lo.min(), p.max()
+    if p_u - lo_u + 1 > capacity:
+        return False
+    first, last = lo_u % capacity, p_u % capacity + 1
+    n_runs = 2 if first >= last else 1
+    acc0 = ROWS * capacity
+    q0 = acc0 + ROWS * LANES_BATCH * head_dim
+    e8 = work[q0 + ROWS * head_dim: q0 + ROWS * head_dim + 8]
+    q_rows = work[q0: q0 + ROWS * head_dim]
+    for r in range(ROWS):
+        for d in range(head_dim):
+            q_rows[r * head_dim + d] = like_cache(q[t0 + r, h, d], k_cache)
+    tops = np.full(ROWS, -np.inf, np.float32)
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops)
+    for r in range(ROWS):
+        row = work[r * capacity:(r + 1) * capacity]
+        total = 0.0
+        for run in range(n_runs):
+            a, b = _run_bounds(run, first, last, capacity)
+            total += _exp_run_vec(row, a, b, tops[r], e8)
+        inv = np.float32(1.0 / total)
+        for run in range(n_runs):
+            a, b = _run_bounds(run, first, last, capacity)
+            _weights_run_vec(row, a, b, inv, v_cache)
+    work[acc0: q0] = 0.0
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        _rows_weigh(v_cache, kv, a, b, work, work, acc0)
+    for r in range(ROWS):
+        o = ((t0 + r) * n_heads + h) * head_dim
+        ra = acc0 + r * LANES_BATCH * head_dim
+        for c in range(0, head_dim, 8):
+            rc = ra + c
+            sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, rc, 0, head_dim), _lane(work, rc, 4, head_dim)),
+                                       f32x8_add(_lane(work, rc, 2, head_dim), _lane(work, rc, 6, head_dim))),
+                             f32x8_add(f32x8_add(_lane(work, rc, 1, head_dim), _lane(work, rc, 5, head_dim)),
+                                       f32x8_add(_lane(work, rc, 3, head_dim), _lane(work, rc, 7, head_dim))))
+            store_f32x8(out, o + c, sum8)
+    return True
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, item, out, work):
+    """Work item `item` of the vector kernels: one query row of one head for a single token, else up to ROWS rows of
+    one head (rows in blocks of ROWS; the last partial block, and a block whose slots do not fit the ring together,
+    row by row)."""
+    n_tokens, n_heads = q.shape[0], q.shape[1]
+    group = n_heads // k_cache.shape[0]
+    if n_tokens == 1:
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[0], window, scale, 0, item, item // group, out, work,
+                    True)
+        return
+    blk, h = item // n_heads, item % n_heads
+    t0 = blk * ROWS
+    if t0 + ROWS <= n_tokens and _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h,
+                                                  h // group, out, work):
+        return
+    for t in range(t0, min(n_tokens, t0 + ROWS)):
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, scale, t, h, h // group, out, work, False)
+
+
 @njit(cache=True, error_model="numpy")
 def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch):
     n_tokens, n_heads, _ = q.shape
@@ -716,28 +912,24 @@ def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_posit
                 h // group, out, scratch[numba.get_thread_id()], single)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _vec_items(n_tokens, n_heads):
+    return n_heads if n_tokens == 1 else (n_tokens + ROWS - 1) // ROWS * n_heads
+
+
 @njit(cache=True, error_model="numpy")
 def _attention_serial_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                           scratch):
-    n_tokens, n_heads, _ = q.shape
-    group = n_heads // k_cache.shape[0]
-    single = n_tokens == 1
-    for th in range(n_tokens * n_heads):
-        t, h = th // n_heads, th % n_heads
-        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
-                    scratch[0], single)
+    for item in range(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out, scratch[0])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                             scratch):
-    n_tokens, n_heads, _ = q.shape
-    group = n_heads // k_cache.shape[0]
-    single = n_tokens == 1
-    for th in prange(n_tokens * n_heads):
-        t, h = th // n_heads, th % n_heads
-        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, np.float32(scale), t, h, h // group, out,
-                    scratch[numba.get_thread_id()], single)
+    for item in prange(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out,
+                         scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -773,7 +965,8 @@ ATTENTION_PARALLEL_MIN_WORK = 1 << 17
 
 
 def attention_scratch_width(capacity: int, head_dim: int) -> int:
-    return capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
+    one_row = capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
+    return max(one_row, ROWS * (capacity + (LANES_BATCH + 1) * head_dim) + 8)
 
 
 def _check_scratch(scratch, capacity: int, head_dim: int) -> None:

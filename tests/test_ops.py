@@ -233,11 +233,13 @@ def test_serial_parallel_scalar_and_vector_attention_agree(rng, kernels, n_new):
 
 
 @pytest.mark.parametrize("holes", [False, True])
-def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes):
+@pytest.mark.parametrize("capacity,S", [(100, 163), (700, 1000)])
+def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes, capacity, S):
     """One query row, head_dim 64, over an f16 ring that has wrapped (two runs of slots): the vector path scores
     the keys with the query held in registers (_score_run_single64) and must give the scalar path's bits, which
-    are llama.cpp's; empty slots inside the run (holes) are masked."""
-    H, H_kv, hd, capacity, S = 9, 3, 64, 100, 163
+    are llama.cpp's; empty slots inside the run (holes) are masked. The larger ring's runs span several of the
+    value pass's blocks (ops.WEIGH_BLOCK_SLOTS), starting and ending off their boundaries."""
+    H, H_kv, hd = 9, 3, 64
     k = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
     v = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
     positions = np.arange(S, dtype=np.int32)
@@ -260,6 +262,32 @@ def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes):
     visible = np.sort(slot_pos[slot_pos >= 0])
     want = ops.attention_ref(q, k[visible], v[visible], last, visible, 0, 0.125, f16_operands=True)
     assert nmse(outs[0], want) < NMSE_ATTENTION
+
+@pytest.mark.parametrize("head_dim,n_new", [(256, 1), (64, 6), (256, 6)])
+def test_vector_attention_over_many_value_blocks_keeps_the_bits(rng, head_dim, n_new):
+    """A wrapped f16 ring of 700 slots: the value pass walks each run in blocks of ops.WEIGH_BLOCK_SLOTS, each lane's
+    slots in order, for the one-row (32 lanes) and the several-row (8 lanes) summation orders; the vector kernels
+    must give the scalar path's bits."""
+    H, H_kv, capacity, S = 4, 1, 700, 1000
+    assert capacity > 2 * ops.WEIGH_BLOCK_SLOTS
+    k = rng.standard_normal((S, H_kv, head_dim)).astype(np.float16).astype(np.float32)
+    v = rng.standard_normal((S, H_kv, head_dim)).astype(np.float16).astype(np.float32)
+    positions = np.arange(S, dtype=np.int32)
+    k_cache = np.zeros((H_kv, capacity, head_dim), np.uint16)
+    v_cache = np.zeros((H_kv, capacity, head_dim), np.uint16)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    q = rng.standard_normal((n_new, H, head_dim)).astype(np.float32)
+    rows = positions[-n_new:]
+    outs = []
+    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
+        out = np.empty_like(q)
+        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, rows, 0, 0.0625, out,
+               scores_for(q, capacity))
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1].view(np.int32), outs[0].view(np.int32))
+    np.testing.assert_array_equal(outs[2].view(np.int32), outs[0].view(np.int32))
+
 
 @pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
 def test_sliding_window_attention_on_a_ring(rng, window, capacity):
