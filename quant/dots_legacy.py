@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import (dot_i8x32, dot_u8x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add, f32x8_fma_i32,
-                   f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_splat, f32x8_zero,
-                   i32x8_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32, load_f16,
-                   load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i32x8, load_i8x32,
-                   load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
+from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero,
+                   f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
+                   f32x8_splat, f32x8_zero, i32x8_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub,
+                   load_bits32, load_f16, load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice,
+                   load_f32x8, load_i32x8, load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
 
 # Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
@@ -41,23 +41,36 @@ def _dot(w, x, signed):
     return dot_u8x32(w, x)
 
 
+# How a tile's quants meet the activations (a constant at every call site): unsigned 0..127, signed (the sign flip
+# of dot_i8x32), or unsigned with an offset taken out through the activations' lane sums (dot_u8x32_plus; xl holds
+# them at xp's byte offsets, kernels_legacy._pack_tile_lane_sums).
+TILE_UNSIGNED, TILE_SIGNED, TILE_OFFSET = 0, 1, 2
+
+
 @njit(cache=True)
-def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, signed):
+def _tile_dot(w, xp, xo, kind, xl):
+    if kind == TILE_OFFSET:
+        return dot_u8x32_plus(w, load_i8x32(xp, xo), xl, xo)
+    return _dot(w, load_i8x32(xp, xo), kind == TILE_SIGNED)
+
+
+@njit(cache=True)
+def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, kind, xl):
     """One weight block (lo = its quants 0-15 twice, hi = 16-31 twice, d = its scale in 8 lanes) into the eight
     accumulators of a tile: acc[2k] holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
     s = f32x8_mul(d, load_f32x8(xt, so))
-    a0 = f32x8_fma_lanes(a0, _dot(lo, load_i8x32(xp, xo), signed), s)
-    a1 = f32x8_fma_lanes(a1, _dot(hi, load_i8x32(xp, xo + 32), signed), s)
+    a0 = f32x8_fma_lanes(a0, _tile_dot(lo, xp, xo, kind, xl), s)
+    a1 = f32x8_fma_lanes(a1, _tile_dot(hi, xp, xo + 32, kind, xl), s)
     s = f32x8_mul(d, load_f32x8(xt, so + 8))
-    a2 = f32x8_fma_lanes(a2, _dot(lo, load_i8x32(xp, xo + 64), signed), s)
-    a3 = f32x8_fma_lanes(a3, _dot(hi, load_i8x32(xp, xo + 96), signed), s)
+    a2 = f32x8_fma_lanes(a2, _tile_dot(lo, xp, xo + 64, kind, xl), s)
+    a3 = f32x8_fma_lanes(a3, _tile_dot(hi, xp, xo + 96, kind, xl), s)
     s = f32x8_mul(d, load_f32x8(xt, so + 16))
-    a4 = f32x8_fma_lanes(a4, _dot(lo, load_i8x32(xp, xo + 128), signed), s)
-    a5 = f32x8_fma_lanes(a5, _dot(hi, load_i8x32(xp, xo + 160), signed), s)
+    a4 = f32x8_fma_lanes(a4, _tile_dot(lo, xp, xo + 128, kind, xl), s)
+    a5 = f32x8_fma_lanes(a5, _tile_dot(hi, xp, xo + 160, kind, xl), s)
     s = f32x8_mul(d, load_f32x8(xt, so + 24))
-    a6 = f32x8_fma_lanes(a6, _dot(lo, load_i8x32(xp, xo + 192), signed), s)
-    a7 = f32x8_fma_lanes(a7, _dot(hi, load_i8x32(xp, xo + 224), signed), s)
+    a6 = f32x8_fma_lanes(a6, _tile_dot(lo, xp, xo + 192, kind, xl), s)
+    a7 = f32x8_fma_lanes(a7, _tile_dot(hi, xp, xo + 224, kind, xl), s)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -176,12 +189,13 @@ def vec_dot4_q4_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 
 
 @njit(cache=True)
-def tile8_q4_0(w, o, nb, xp, xo, xt, so):
+def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
-        q = _quants_q4_0(w, o)
+        q = load_nibbles_lo_hi(w, o + 2)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, True)
+                           so + 32 * b, TILE_OFFSET, xl)
         o += 18
     return _tile8_sums(acc)
 
@@ -245,7 +259,7 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
         q = _quants_q4_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, False)
+                           so + 32 * b, TILE_UNSIGNED, xp)
         o += 20
     return _tile8_sums_mins(acc, mins)
 
@@ -295,12 +309,13 @@ def vec_dot4_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 
 
 @njit(cache=True)
-def tile8_q5_0(w, o, nb, xp, xo, xt, so):
+def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
-        q = _quants_q5_0(w, o)
+        q = i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4))
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, True)
+                           so + 32 * b, TILE_OFFSET, xl)
         o += 22
     return _tile8_sums(acc)
 
@@ -362,7 +377,7 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
         q = _quants_q5_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, False)
+                           so + 32 * b, TILE_UNSIGNED, xp)
         o += 24
     return _tile8_sums_mins(acc, mins)
 
@@ -414,6 +429,6 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so):
     for b in range(nb):
         q = _quants_q8_0(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, True)
+                           so + 32 * b, TILE_SIGNED, xp)
         o += 34
     return _tile8_sums(acc)

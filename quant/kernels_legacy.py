@@ -10,9 +10,10 @@ quant.dots_legacy; here, per format:
   _row_block_<fmt>(...)      16 rows x all tokens: eight-token tiles, four-token tiles, then single tokens in row pairs
   matmul_<fmt>(w, row_bytes, x, xq, xd, xs, out)
       out[t, r] = row r . x[t] for x (T, n_in); T = 1 is decode. Caller-provided scratch of at least
-      xq int8[2*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
+      xq int8[3*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles, and for Q4_1/Q5_1 the single
-      tokens' scales and sums in pairs (_pack_pairs), for Q5_0 their lane sums (_pack_lane_sums).
+      tokens' scales and sums in pairs (_pack_pairs), for Q5_0 their lane sums (_pack_lane_sums); from 2*T*n_in,
+      for Q4_0 and Q5_0, the tiles' lane sums (_pack_tile_lane_sums).
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
   matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
       the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
@@ -123,25 +124,39 @@ def _pack_lane_sums(xq, nb, n8, n4, n_tokens):
 
 
 @njit(cache=True)
-def _tile_scratch(xq, xd, n_tokens, n_in):
-    """The tiles' part of the scratch (see matmul_<fmt>): xp int8[T*n_in] after the token-by-token quants, xt
-    f32[5*T*n_in/32] after the token-by-token scales."""
-    n, nb = n_tokens * n_in, n_tokens * (n_in // 32)
-    if xq.shape[0] < 2 * n or xd.shape[0] < 6 * nb:  # (QuantLinear sizes these; a direct caller might not)
-        raise ValueError("legacy matmul scratch too small: xq needs 2*T*n_in bytes, xd 6*T*n_in/32 floats")
-    return xq[n:2 * n], xd[nb:6 * nb]
+def _pack_tile_lane_sums(xp, n, mult, xl):
+    """For the tiles of the formats whose quants go in unsigned with an offset c (Q4_0 8, Q5_0 16;
+    simd.dot_u8x32_plus): mult = -c times the sum of each int32 lane's four activations in xp's first n
+    bytes, as int32 at the same byte offsets of xl."""
+    sums = xl[:n].view(np.int32)
+    for k in range(n // 4):
+        e = 4 * k
+        sums[k] = mult * (np.int32(xp[e]) + np.int32(xp[e + 1]) + np.int32(xp[e + 2]) + np.int32(xp[e + 3]))
 
 
 @njit(cache=True)
-def _prepare(x, xq, xd, xs):
-    """Quantize the T tokens of x into the scratch and lay out the eight-token tiles' copy; returns (blocks per row,
-    tokens in eight-token tiles, tokens in tiles of eight or four, the tiles' quants, the tiles' scales)."""
+def _tile_scratch(xq, xd, n_tokens, n_in):
+    """The tiles' part of the scratch (see matmul_<fmt>): xp int8[T*n_in] after the token-by-token quants, xl
+    int8[T*n_in] after that (lane sums, read as int32), xt f32[5*T*n_in/32] after the token-by-token scales."""
+    n, nb = n_tokens * n_in, n_tokens * (n_in // 32)
+    if xq.shape[0] < 3 * n or xd.shape[0] < 6 * nb:  # (QuantLinear sizes these; a direct caller might not)
+        raise ValueError("legacy matmul scratch too small: xq needs 3*T*n_in bytes, xd 6*T*n_in/32 floats")
+    return xq[n:2 * n], xq[2 * n:3 * n], xd[nb:6 * nb]
+
+
+@njit(cache=True)
+def _prepare(x, xq, xd, xs, offset):
+    """Quantize the T tokens of x into the scratch and lay out the eight-token tiles' copy (and for a format whose
+    tiles take its quants unsigned, offset > 0, their lane sums); returns (blocks per row, tokens in eight-token
+    tiles, tokens in tiles of eight or four, the tiles' quants, their scales, their lane sums)."""
     n_tokens, n_in = x.shape
     nb, n8, n4 = n_in // 32, n_tokens - n_tokens % 8, n_tokens - n_tokens % TOKEN_TILE
-    xp, xt = _tile_scratch(xq, xd, n_tokens, n_in)
+    xp, xl, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    return nb, n8, n4, xp, xt
+    if offset:
+        _pack_tile_lane_sums(xp, n8 * n_in, -offset, xl)
+    return nb, n8, n4, xp, xt, xl
 
 
 @njit(cache=True)
@@ -153,7 +168,7 @@ def _row_blocks(out):
 
 
 @njit(cache=True, inline="always")
-def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -162,7 +177,7 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+             out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, xl)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
@@ -178,24 +193,24 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 
 @njit(parallel=True, cache=True)
 def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 8)
     for rb in prange(_row_blocks(out)):
-        _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+        _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 
 
 @njit(parallel=True, cache=True)
 def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q4_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 8)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q4_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+            _row_block_q4_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
         elif k < b0 + b1:
-            _row_block_q4_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+            _row_block_q4_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:
-            _row_block_q4_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
+            _row_block_q4_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, xl, out2)
 
 
 # --- Q4_1 -------------------------------------------------------------------------------------------------
@@ -227,7 +242,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out
 
 @njit(parallel=True, cache=True)
 def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     for rb in prange(_row_blocks(out)):
         _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out)
@@ -237,7 +252,7 @@ def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
 def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q4_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
@@ -253,7 +268,7 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True, inline="always")
-def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out):
+def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -262,7 +277,7 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums,
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+             out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, xl)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
@@ -278,26 +293,26 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums,
 
 @njit(parallel=True, cache=True)
 def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 16)
     lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])
     for rb in prange(_row_blocks(out)):
-        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out)
+        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out)
 
 
 @njit(parallel=True, cache=True)
 def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q5_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 16)
     lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out0)
+            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out0)
         elif k < b0 + b1:
-            _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out1)
+            _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out1)
         else:
-            _row_block_q5_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, lane_sums, out2)
+            _row_block_q5_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out2)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
@@ -329,7 +344,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out
 
 @njit(parallel=True, cache=True)
 def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     for rb in prange(_row_blocks(out)):
         _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out)
@@ -339,7 +354,7 @@ def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
 def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q5_1 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
@@ -380,7 +395,7 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     for rb in prange(_row_blocks(out)):
         _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
 
@@ -389,7 +404,7 @@ def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
 def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q8_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt = _prepare(x, xq, xd, xs)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:

@@ -40,7 +40,7 @@ class _ActivationScratch:
         if n_tokens > self.capacity:  # matmul only: matvec always fits
             n = n_tokens * self.n_in
             if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32, each followed by the 8-token tiles' copy
-                self.args = (np.empty(2 * n, np.int8), np.empty(6 * (n // 32), np.float32),
+                self.args = (np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
                              np.empty(n // 32, np.float32))
             else:                        # xq, d per 256, int sums per 16
                 self.args = (np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32))

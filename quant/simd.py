@@ -438,6 +438,25 @@ def _make_dot(name, signed, scaled, doc):
     return intrinsic(typer)
 
 
+@intrinsic
+def dot_u8x32_plus(typingctx, w, x, buf, offset):
+    """The 8 int32 at byte offset `offset` of buf plus the lanes of w . x, w unsigned: 0..127, or any byte where
+    HAS_VNNI (vpdpbusd adds the products to its accumulator without an int16 step; vpmaddubsw would saturate). A
+    format whose quants carry an offset (q = u - c) takes u unsigned and starts each lane at -c x the sum of its four
+    activations: the same integers as the signed dot, without flipping the activations' signs per dot."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(offset, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32x8 = _vec(_I32, 8)
+        base = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), i32x8)
+        if HAS_VNNI:
+            return _call_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
+                                   [base, builder.bitcast(args[0], i32x8), builder.bitcast(args[1], i32x8)])
+        return builder.add(base, _dot_lanes(builder, args[0], args[1], False))
+    return I32x8(w, x, buf, offset), codegen
+
+
 dot_i8x32 = _make_dot("dot_i8x32", True, False, "Lanes of w . x, w any signed bytes (x within +-127).")
 dot_u8x32 = _make_dot("dot_u8x32", False, False, "Lanes of w . x, w known to be 0..127 (saves the sign flip).")
 dot_i8x32_2scales = _make_dot("dot_i8x32_2scales", True, True,

@@ -504,7 +504,7 @@ def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
     with pytest.raises(ValueError, match="scratch too small"):
         MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(n, np.int8), np.empty(n // 32, np.float32),
                        np.empty(n // 32, np.float32), out)
-    MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(2 * n, np.int8), np.empty(6 * (n // 32), np.float32),
+    MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
                    np.empty(n // 32, np.float32), out)
     np.testing.assert_allclose(out, np.ones((8, 1)) * layer.dequantize().sum(axis=1), rtol=2.0 ** -9)
 
