@@ -722,12 +722,14 @@ def _row_score(work, at, pos, lo, p, s, top):
 
 @njit(cache=True, error_model="numpy")
 def _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops):
-    """work[r * capacity + j] <- row r's score of slot j in [a, b) (-inf where row r does not see it); tops[r]: max.
-    Two keys at a time against the ROWS query rows: eight FMA chains in flight, each key converted once."""
+    """work[r * capacity + j] <- row r's score of slot j in [a, b) (-inf where row r does not see it, i.e. outside
+    [lo[r], p[r]]); returns the rows' maxima, from tops. Two keys at a time against the ROWS query rows: eight FMA
+    chains in flight, each key converted once. (lo, p, tops: tuples of four, no arrays: a cached kernel that
+    allocated would pull Numba's array registry in at load.)"""
     capacity, head_dim = slot_pos.shape[0], k_cache.shape[2]
-    lo0, lo1, lo2, lo3 = lo[0], lo[1], lo[2], lo[3]
-    p0, p1, p2, p3 = p[0], p[1], p[2], p[3]
-    t0, t1, t2, t3 = tops[0], tops[1], tops[2], tops[3]
+    lo0, lo1, lo2, lo3 = lo
+    p0, p1, p2, p3 = p
+    t0, t1, t2, t3 = tops
     for j in range(a, b, 2):
         j1 = j + 1 if j + 1 < b else j  # an odd last key: scored twice, stored twice (the same value)
         b0, b1 = (kv * capacity + j) * head_dim, (kv * capacity + j1) * head_dim
@@ -751,7 +753,7 @@ def _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops):
         t1 = _row_score(work, capacity + j1, pos, lo1, p1, f32x8_hsum(c1) * scale, t1)
         t2 = _row_score(work, 2 * capacity + j1, pos, lo2, p2, f32x8_hsum(c2) * scale, t2)
         t3 = _row_score(work, 3 * capacity + j1, pos, lo3, p3, f32x8_hsum(c3) * scale, t3)
-    tops[0], tops[1], tops[2], tops[3] = t0, t1, t2, t3
+    return t0, t1, t2, t3
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -815,18 +817,42 @@ def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _row_weights(row, first, last, n_runs, top, e8, v_cache):
+    """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them."""
+    capacity = row.shape[0]
+    total = 0.0
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        total += _exp_run_vec(row, a, b, top, e8)
+    inv = np.float32(1.0 / total)
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        _weights_run_vec(row, a, b, inv, v_cache)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _rows_out(work, ra, o, head_dim, out):
+    """out[o:o + head_dim] <- the sum of a row's LANES_BATCH lane rows (from work[ra]) in _attend_vec's order."""
+    for c in range(0, head_dim, 8):
+        rc = ra + c
+        sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, rc, 0, head_dim), _lane(work, rc, 4, head_dim)),
+                                   f32x8_add(_lane(work, rc, 2, head_dim), _lane(work, rc, 6, head_dim))),
+                         f32x8_add(f32x8_add(_lane(work, rc, 1, head_dim), _lane(work, rc, 5, head_dim)),
+                                   f32x8_add(_lane(work, rc, 3, head_dim), _lane(work, rc, 7, head_dim))))
+        store_f32x8(out, o + c, sum8)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work):
     """_attend_vec (several-row order) for query rows t0 .. t0 + ROWS - 1 of head h together. Returns False, having
     done nothing, where their visible slots do not fit in the ring together (the caller then takes them one by one).
     work: ROWS score rows of `capacity`, ROWS x LANES_BATCH accumulator rows, ROWS query rows, 8 floats."""
     capacity = slot_pos.shape[0]
     n_heads, head_dim = q.shape[1], q.shape[2]
-    lo = np.empty(ROWS, np.int64)
-    p = np.empty(ROWS, np.int64)
-    for r in range(ROWS):
-        p[r] = q_positions[t0 + r]
-        lo[r] = _visible_from(p[r], window, capacity)
-    lo_u, p_u = lo.min(), p.max()
+    p = (q_positions[t0], q_positions[t0 + 1], q_positions[t0 + 2], q_positions[t0 + 3])
+    lo = (_visible_from(p[0], window, capacity), _visible_from(p[1], window, capacity),
+          _visible_from(p[2], window, capacity), _visible_from(p[3], window, capacity))
+    lo_u, p_u = min(min(lo[0], lo[1]), min(lo[2], lo[3])), max(max(p[0], p[1]), max(p[2], p[3]))
     if p_u - lo_u + 1 > capacity:
         return False
     first, last = lo_u % capacity, p_u % capacity + 1
@@ -838,34 +864,21 @@ def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, sca
     for r in range(ROWS):
         for d in range(head_dim):
             q_rows[r * head_dim + d] = like_cache(q[t0 + r, h, d], k_cache)
-    tops = np.full(ROWS, -np.inf, np.float32)
+    inf = np.float32(-np.inf)
+    tops = (inf, inf, inf, inf)
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
-        _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops)
-    for r in range(ROWS):
-        row = work[r * capacity:(r + 1) * capacity]
-        total = 0.0
-        for run in range(n_runs):
-            a, b = _run_bounds(run, first, last, capacity)
-            total += _exp_run_vec(row, a, b, tops[r], e8)
-        inv = np.float32(1.0 / total)
-        for run in range(n_runs):
-            a, b = _run_bounds(run, first, last, capacity)
-            _weights_run_vec(row, a, b, inv, v_cache)
+        tops = _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops)
+    _row_weights(work[0:capacity], first, last, n_runs, tops[0], e8, v_cache)
+    _row_weights(work[capacity:2 * capacity], first, last, n_runs, tops[1], e8, v_cache)
+    _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, tops[2], e8, v_cache)
+    _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, tops[3], e8, v_cache)
     work[acc0: q0] = 0.0
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
         _rows_weigh(v_cache, kv, a, b, work, work, acc0)
     for r in range(ROWS):
-        o = ((t0 + r) * n_heads + h) * head_dim
-        ra = acc0 + r * LANES_BATCH * head_dim
-        for c in range(0, head_dim, 8):
-            rc = ra + c
-            sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, rc, 0, head_dim), _lane(work, rc, 4, head_dim)),
-                                       f32x8_add(_lane(work, rc, 2, head_dim), _lane(work, rc, 6, head_dim))),
-                             f32x8_add(f32x8_add(_lane(work, rc, 1, head_dim), _lane(work, rc, 5, head_dim)),
-                                       f32x8_add(_lane(work, rc, 3, head_dim), _lane(work, rc, 7, head_dim))))
-            store_f32x8(out, o + c, sum8)
+        _rows_out(work, acc0 + r * LANES_BATCH * head_dim, ((t0 + r) * n_heads + h) * head_dim, head_dim, out)
     return True
 
 
@@ -1029,13 +1042,33 @@ def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands
 # Gated feed-forward activations: gate <- act(gate) * up, in place (llama.cpp's LLM_FFN_PAR).
 
 
+# Prompt batches of at least this many rows take the activations in parallel, a row per work item (a decode step's
+# one row is a few microseconds, shorter than waking the other threads).
+ACTIVATION_PARALLEL_MIN_ROWS = 8
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _silu_mul_row(g, u):
+    for i in range(g.shape[0]):
+        x = g[i]
+        g[i] = x / (np.float32(1.0) + fast_exp(np.float32(0.0) - x)) * u[i]
+
+
 @njit(cache=True, error_model="numpy")
+def _silu_mul_serial(gate, up):
+    for t in range(gate.shape[0]):
+        _silu_mul_row(gate[t], up[t])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _silu_mul_parallel(gate, up):
+    for t in prange(gate.shape[0]):
+        _silu_mul_row(gate[t], up[t])
+
+
 def silu_mul(gate, up):
     """SwiGLU. gate, up: [T, n_ff]; result in gate: (g / (1 + exp(0 - g))) * up, llama.cpp's order."""
-    for t in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            g = gate[t, i]
-            gate[t, i] = g / (np.float32(1.0) + fast_exp(np.float32(0.0) - g)) * up[t, i]
+    (_silu_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _silu_mul_serial)(gate, up)
 
 
 def silu_mul_ref(gate, up):
@@ -1067,22 +1100,34 @@ def gelu_table() -> np.ndarray:
     return _GELU_TABLE[0]
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _gelu_tanh_mul_row(g, u, table):
+    for i in range(g.shape[0]):
+        x = g[i]
+        if x <= np.float32(-10.0):
+            g[i] = np.float32(0.0)
+        elif x >= np.float32(10.0):
+            g[i] = x * u[i]
+        else:
+            g[i] = f16_bits_to_f32(table[f32_to_f16(x)]) * u[i]
+
+
 @njit(cache=True, error_model="numpy")
 def _gelu_tanh_mul(gate, up, table):
     for t in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            x = gate[t, i]
-            if x <= np.float32(-10.0):
-                gate[t, i] = np.float32(0.0)
-            elif x >= np.float32(10.0):
-                gate[t, i] = x * up[t, i]
-            else:
-                gate[t, i] = f16_bits_to_f32(table[f32_to_f16(x)]) * up[t, i]
+        _gelu_tanh_mul_row(gate[t], up[t], table)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _gelu_tanh_mul_parallel(gate, up, table):
+    for t in prange(gate.shape[0]):
+        _gelu_tanh_mul_row(gate[t], up[t], table)
 
 
 def gelu_tanh_mul(gate, up):
     """GeGLU with the tanh approximation of GELU (Gemma). gate, up: [T, n_ff]; result in gate."""
-    _gelu_tanh_mul(gate, up, gelu_table())
+    kernel = _gelu_tanh_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _gelu_tanh_mul
+    kernel(gate, up, gelu_table())
 
 
 def gelu_tanh_mul_ref(gate, up):
