@@ -232,6 +232,31 @@ def test_serial_parallel_scalar_and_vector_attention_agree(rng, kernels, n_new):
 
 
 
+def _f16_ring(rng, S, H_kv, hd, capacity):
+    """S positions of random keys and values (float16 values) stored through an f16 ring of `capacity` slots."""
+    k = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
+    v = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
+    positions = np.arange(S, dtype=np.int32)
+    k_cache = np.zeros((H_kv, capacity, hd), np.uint16)
+    v_cache = np.zeros((H_kv, capacity, hd), np.uint16)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    return k, v, positions, k_cache, v_cache, slot_pos
+
+
+def _scalar_and_vector_attention_agree(q, k_cache, v_cache, slot_pos, rows, scale):
+    """The scalar kernel's output, after checking that the serial and parallel vector kernels give its bits."""
+    outs = []
+    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
+        out = np.empty_like(q)
+        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, rows, 0, scale, out,
+               scores_for(q, slot_pos.shape[0]))
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1].view(np.int32), outs[0].view(np.int32))
+    np.testing.assert_array_equal(outs[2].view(np.int32), outs[0].view(np.int32))
+    return outs[0]
+
+
 @pytest.mark.parametrize("holes", [False, True])
 @pytest.mark.parametrize("capacity,S", [(100, 163), (700, 1000)])
 def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes, capacity, S):
@@ -240,28 +265,16 @@ def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes, capacity, S):
     are llama.cpp's; empty slots inside the run (holes) are masked. The larger ring's runs span several of the
     value pass's blocks (ops.WEIGH_BLOCK_SLOTS), starting and ending off their boundaries."""
     H, H_kv, hd = 9, 3, 64
-    k = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
-    v = rng.standard_normal((S, H_kv, hd)).astype(np.float16).astype(np.float32)
-    positions = np.arange(S, dtype=np.int32)
-    k_cache = np.zeros((H_kv, capacity, hd), np.uint16)
-    v_cache = np.zeros((H_kv, capacity, hd), np.uint16)
-    slot_pos = np.full(capacity, -1, np.int32)
-    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    k, v, positions, k_cache, v_cache, slot_pos = _f16_ring(rng, S, H_kv, hd, capacity)
     if holes:
         slot_pos[[5, 17, 18, 90]] = -1
     q = rng.standard_normal((1, H, hd)).astype(np.float32)
     last = positions[-1:]
-    outs = []
-    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
-        out = np.empty_like(q)
-        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, last, 0, 0.125, out,
-               scores_for(q, capacity))
-        outs.append(out)
-    np.testing.assert_array_equal(outs[1].view(np.int32), outs[0].view(np.int32))
-    np.testing.assert_array_equal(outs[2].view(np.int32), outs[0].view(np.int32))
+    out = _scalar_and_vector_attention_agree(q, k_cache, v_cache, slot_pos, last, 0.125)
     visible = np.sort(slot_pos[slot_pos >= 0])
     want = ops.attention_ref(q, k[visible], v[visible], last, visible, 0, 0.125, f16_operands=True)
-    assert nmse(outs[0], want) < NMSE_ATTENTION
+    assert nmse(out, want) < NMSE_ATTENTION
+
 
 @pytest.mark.parametrize("head_dim,n_new", [(256, 1), (64, 6), (256, 6)])
 def test_vector_attention_over_many_value_blocks_keeps_the_bits(rng, head_dim, n_new):
@@ -270,23 +283,9 @@ def test_vector_attention_over_many_value_blocks_keeps_the_bits(rng, head_dim, n
     must give the scalar path's bits."""
     H, H_kv, capacity, S = 4, 1, 700, 1000
     assert capacity > 2 * ops.WEIGH_BLOCK_SLOTS
-    k = rng.standard_normal((S, H_kv, head_dim)).astype(np.float16).astype(np.float32)
-    v = rng.standard_normal((S, H_kv, head_dim)).astype(np.float16).astype(np.float32)
-    positions = np.arange(S, dtype=np.int32)
-    k_cache = np.zeros((H_kv, capacity, head_dim), np.uint16)
-    v_cache = np.zeros((H_kv, capacity, head_dim), np.uint16)
-    slot_pos = np.full(capacity, -1, np.int32)
-    ops.kv_store(k, v, positions, k_cache, v_cache, slot_pos)
+    _, _, positions, k_cache, v_cache, slot_pos = _f16_ring(rng, S, H_kv, head_dim, capacity)
     q = rng.standard_normal((n_new, H, head_dim)).astype(np.float32)
-    rows = positions[-n_new:]
-    outs = []
-    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
-        out = np.empty_like(q)
-        kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, rows, 0, 0.0625, out,
-               scores_for(q, capacity))
-        outs.append(out)
-    np.testing.assert_array_equal(outs[1].view(np.int32), outs[0].view(np.int32))
-    np.testing.assert_array_equal(outs[2].view(np.int32), outs[0].view(np.int32))
+    _scalar_and_vector_attention_agree(q, k_cache, v_cache, slot_pos, positions[-n_new:], 0.0625)
 
 
 @pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
