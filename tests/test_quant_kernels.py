@@ -390,6 +390,26 @@ def test_eight_token_tile_intrinsics_match_numpy():
         assert np.float32(split[1]).view(np.int32) == np.float32(hsum(buf, 8)).view(np.int32)
 
 
+def test_dot_with_starting_lanes_matches_numpy():
+    """simd.dot_u8x32_plus (the Q4_0/Q5_0 tiles' dot, vpdpbusd's accumulator where the CPU has VNNI): eight int32
+    starting values plus each lane's four unsigned x signed products, as numpy sums them in int64."""
+    from quant.simd import dot_u8x32_plus, f32x8_from_i32, load_i8x32, store_f32x8
+
+    @njit
+    def lanes(w, x, base, out):  # the lanes as float32: exact below 2**24
+        store_f32x8(out, 0, f32x8_from_i32(dot_u8x32_plus(load_i8x32(w, 0), load_i8x32(x, 0), base, 0)))
+
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        w = rng.integers(0, 128, 32).astype(np.int8)
+        x = rng.integers(-127, 128, 32).astype(np.int8)
+        base = rng.integers(-(1 << 20), 1 << 20, 8).astype(np.int32)
+        want = base.astype(np.int64) + (w.astype(np.int64) * x).reshape(8, 4).sum(axis=1)
+        got = np.zeros(8, np.float32)
+        lanes(w, x, base.view(np.int8), got)
+        np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
 def test_two_row_dot_intrinsics_match_numpy():
     """The pieces of the two-row Q4_1/Q5_1 dots: both nibble loaders give every byte's low then high nibbles; an F32x4
     of two rows' (d, m) times the token's (d, s) twice, summed, is the scalar products and sums lane by lane."""
