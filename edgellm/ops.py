@@ -639,6 +639,32 @@ def _run_bounds(r, first, last, capacity):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _row_weights(row, first, last, n_runs, top, e8, v_cache):
+    """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them."""
+    capacity = row.shape[0]
+    total = 0.0
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        total += _exp_run_vec(row, a, b, top, e8)
+    inv = np.float32(1.0 / total)
+    for run in range(n_runs):
+        a, b = _run_bounds(run, first, last, capacity)
+        _weights_run_vec(row, a, b, inv, v_cache)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _sum_batch_lanes(work, ra, o, head_dim, out):
+    """out[o:o + head_dim] <- the sum of a row's LANES_BATCH lane rows (from work[ra]) in _attend_vec's order."""
+    for c in range(0, head_dim, 8):
+        rc = ra + c
+        sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, rc, 0, head_dim), _lane(work, rc, 4, head_dim)),
+                                   f32x8_add(_lane(work, rc, 2, head_dim), _lane(work, rc, 6, head_dim))),
+                         f32x8_add(f32x8_add(_lane(work, rc, 1, head_dim), _lane(work, rc, 5, head_dim)),
+                                   f32x8_add(_lane(work, rc, 3, head_dim), _lane(work, rc, 7, head_dim))))
+        store_f32x8(out, o + c, sum8)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single):
     """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors. work: as _attend's."""
     capacity = slot_pos.shape[0]
@@ -653,8 +679,7 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     e8 = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + 8]
     for d in range(head_dim):
         q_row[d] = like_cache(q[t, h, d], k_cache)
-    # the keys as one or two runs of slots (see _run_bounds). Each helper has one call site, in a loop over the
-    # runs, so each is compiled once.
+    # the keys as one or two runs of slots (see _run_bounds)
     n_runs = 2 if wrapped else 1
     top = np.float32(-np.inf)
     for r in range(n_runs):
@@ -663,33 +688,23 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
             top = _score_run_single64(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, work, top)
         else:
             top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
-    total = 0.0
-    for r in range(n_runs):
-        a, b = _run_bounds(r, first, last, capacity)
-        total += _exp_run_vec(work, a, b, top, e8)
-    inv = np.float32(1.0 / total)
+    _row_weights(work[:capacity], first, last, n_runs, top, e8, v_cache)
     work[acc0: acc0 + lanes * head_dim] = 0.0
-    for r in range(n_runs):
-        a, b = _run_bounds(r, first, last, capacity)
-        _weights_run_vec(work, a, b, inv, v_cache)
     for r in range(n_runs):
         a, b = _run_bounds(r, first, last, capacity)
         _weigh_run_vec(v_cache, kv, a, b, lanes, work, work, acc0)
     o = (t * n_heads + h) * head_dim
+    if not single:
+        _sum_batch_lanes(work, acc0, o, head_dim, out)
+        return
     for c in range(0, head_dim, 8):
         r = acc0 + c
-        if single:
-            a0, a1 = _lane_pair(work, r, 0, head_dim), _lane_pair(work, r, 1, head_dim)
-            a2, a3 = _lane_pair(work, r, 2, head_dim), _lane_pair(work, r, 3, head_dim)
-            a4, a5 = _lane_pair(work, r, 4, head_dim), _lane_pair(work, r, 5, head_dim)
-            a6, a7 = _lane_pair(work, r, 6, head_dim), _lane_pair(work, r, 7, head_dim)
-            sum8 = f32x8_add(f32x8_add(f32x8_add(a0, a4), f32x8_add(a1, a5)),
-                             f32x8_add(f32x8_add(a2, a6), f32x8_add(a3, a7)))
-        else:
-            sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, r, 0, head_dim), _lane(work, r, 4, head_dim)),
-                                       f32x8_add(_lane(work, r, 2, head_dim), _lane(work, r, 6, head_dim))),
-                             f32x8_add(f32x8_add(_lane(work, r, 1, head_dim), _lane(work, r, 5, head_dim)),
-                                       f32x8_add(_lane(work, r, 3, head_dim), _lane(work, r, 7, head_dim))))
+        a0, a1 = _lane_pair(work, r, 0, head_dim), _lane_pair(work, r, 1, head_dim)
+        a2, a3 = _lane_pair(work, r, 2, head_dim), _lane_pair(work, r, 3, head_dim)
+        a4, a5 = _lane_pair(work, r, 4, head_dim), _lane_pair(work, r, 5, head_dim)
+        a6, a7 = _lane_pair(work, r, 6, head_dim), _lane_pair(work, r, 7, head_dim)
+        sum8 = f32x8_add(f32x8_add(f32x8_add(a0, a4), f32x8_add(a1, a5)),
+                         f32x8_add(f32x8_add(a2, a6), f32x8_add(a3, a7)))
         store_f32x8(out, o + c, sum8)
 
 
@@ -817,32 +832,6 @@ def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_weights(row, first, last, n_runs, top, e8, v_cache):
-    """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them."""
-    capacity = row.shape[0]
-    total = 0.0
-    for run in range(n_runs):
-        a, b = _run_bounds(run, first, last, capacity)
-        total += _exp_run_vec(row, a, b, top, e8)
-    inv = np.float32(1.0 / total)
-    for run in range(n_runs):
-        a, b = _run_bounds(run, first, last, capacity)
-        _weights_run_vec(row, a, b, inv, v_cache)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _rows_out(work, ra, o, head_dim, out):
-    """out[o:o + head_dim] <- the sum of a row's LANES_BATCH lane rows (from work[ra]) in _attend_vec's order."""
-    for c in range(0, head_dim, 8):
-        rc = ra + c
-        sum8 = f32x8_add(f32x8_add(f32x8_add(_lane(work, rc, 0, head_dim), _lane(work, rc, 4, head_dim)),
-                                   f32x8_add(_lane(work, rc, 2, head_dim), _lane(work, rc, 6, head_dim))),
-                         f32x8_add(f32x8_add(_lane(work, rc, 1, head_dim), _lane(work, rc, 5, head_dim)),
-                                   f32x8_add(_lane(work, rc, 3, head_dim), _lane(work, rc, 7, head_dim))))
-        store_f32x8(out, o + c, sum8)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
 def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work):
     """_attend_vec (several-row order) for query rows t0 .. t0 + ROWS - 1 of head h together. Returns False, having
     done nothing, where their visible slots do not fit in the ring together (the caller then takes them one by one).
@@ -878,7 +867,8 @@ def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, sca
         a, b = _run_bounds(run, first, last, capacity)
         _rows_weigh(v_cache, kv, a, b, work, work, acc0)
     for r in range(ROWS):
-        _rows_out(work, acc0 + r * LANES_BATCH * head_dim, ((t0 + r) * n_heads + h) * head_dim, head_dim, out)
+        _sum_batch_lanes(work, acc0 + r * LANES_BATCH * head_dim, ((t0 + r) * n_heads + h) * head_dim, head_dim,
+                         out)
     return True
 
 

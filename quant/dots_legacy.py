@@ -19,9 +19,9 @@ from numba import njit
 
 from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero,
                    f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
-                   f32x8_splat, f32x8_zero, i32x8_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub,
-                   load_bits32, load_f16, load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice,
-                   load_f32x8, load_i32x8, load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
+                   f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32,
+                   load_f16, load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i8x32,
+                   load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
 
 # Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
@@ -43,7 +43,7 @@ def _dot(w, x, signed):
 
 # How a tile's quants meet the activations (a constant at every call site): unsigned 0..127, signed (the sign flip
 # of dot_i8x32), or unsigned with an offset taken out through the activations' lane sums (dot_u8x32_plus; xl holds
-# them at xp's byte offsets, kernels_legacy._pack_tile_lane_sums).
+# them at xp's byte offsets, kernels_legacy._prepare).
 TILE_UNSIGNED, TILE_SIGNED, TILE_OFFSET = 0, 1, 2
 
 
@@ -106,8 +106,14 @@ def _tile8_sums_mins(acc, mins):
 
 
 @njit(cache=True)
+def _quants_q4_0_unsigned(w, o):
+    """Q4_0's quants + 8 (0..15), for the eight-token tiles (dot_u8x32_plus takes the offset out)."""
+    return load_nibbles_lo_hi(w, o + 2)
+
+
+@njit(cache=True)
 def _quants_q4_0(w, o):
-    return i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8)
+    return i8x32_sub(_quants_q4_0_unsigned(w, o), 8)
 
 
 @njit(cache=True)
@@ -122,13 +128,19 @@ def _quants_q4_1_bcast(w, o):
 
 
 @njit(cache=True)
-def _quants_q5_0(w, o):
-    return i8x32_sub(i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4)), 16)
+def _quants_q5_0_unsigned(w, o):
+    """Q5_0's quants + 16 (0..31), for the eight-token tiles (dot_u8x32_plus takes the offset out)."""
+    return i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4))
 
 
 @njit(cache=True)
-def _quants_q5_0_unsigned(w, o):
-    """Q5_0's quants + 16 (0..31), for the two-row dot (simd.load_nibbles_lo_hi_bcast)."""
+def _quants_q5_0(w, o):
+    return i8x32_sub(_quants_q5_0_unsigned(w, o), 16)
+
+
+@njit(cache=True)
+def _quants_q5_0_unsigned_bcast(w, o):
+    """_quants_q5_0_unsigned for the two-row dot (simd.load_nibbles_lo_hi_bcast)."""
     return i8x32_or(load_nibbles_lo_hi_bcast(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4))
 
 
@@ -193,7 +205,7 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
-        q = load_nibbles_lo_hi(w, o + 2)
+        q = _quants_q4_0_unsigned(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, TILE_OFFSET, xl)
         o += 18
@@ -279,17 +291,18 @@ def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
 
 @njit(cache=True)
 def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
-    """Two rows with the quants kept unsigned (0..31): each block's lanes are dot_u8x32(q, x) plus
-    lane_sums[lo + 8b ...], the token's -16 x (sum of each lane's four activations) (kernels_legacy._pack_lane_sums),
-    the exact integers dot_i8x32(q - 16, x) gives, without the sign flip and the subtraction per row."""
+    """Two rows with the quants kept unsigned (0..31): each block's lanes start from lane_sums[lo + 8b ...], the
+    token's -16 x (sum of each lane's four activations) (kernels_legacy._pack_lane_sums; dot_u8x32_plus): the
+    exact integers dot_i8x32(q - 16, x) gives, without the sign flip and the subtraction per row."""
     a, a2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
-        x, dx, minus16 = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b), load_i32x8(lane_sums, lo + 8 * b)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
         d, d2 = load_f16_pair(w, o, o2)
-        a = f32x8_fma_i32(a, i32x8_add(dot_u8x32(_quants_q5_0_unsigned(w, o), x), minus16), d * dx)
-        a2 = f32x8_fma_i32(a2, i32x8_add(dot_u8x32(_quants_q5_0_unsigned(w, o2), x), minus16), d2 * dx)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o), x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o2), x, lane_sums, lo + 8 * b),
+                           d2 * dx)
         o += 22
         o2 += 22
     return f32x8_hsum(a), f32x8_hsum(a2)
@@ -313,7 +326,7 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
-        q = i8x32_or(load_nibbles_lo_hi(w, o + 6), i8x32_shl(load_bits32(w, o + 2), 4))
+        q = _quants_q5_0_unsigned(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, TILE_OFFSET, xl)
         o += 22

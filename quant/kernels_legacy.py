@@ -13,7 +13,7 @@ quant.dots_legacy; here, per format:
       xq int8[3*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles, and for Q4_1/Q5_1 the single
       tokens' scales and sums in pairs (_pack_pairs), for Q5_0 their lane sums (_pack_lane_sums); from 2*T*n_in,
-      for Q4_0 and Q5_0, the tiles' lane sums (_pack_tile_lane_sums).
+      for Q4_0 and Q5_0, the tiles' lane sums (_lane_sums).
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
   matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
       the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
@@ -108,6 +108,15 @@ def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
 
 
 @njit(cache=True)
+def _lane_sums(src, mult, dst):
+    """dst[k] = mult x (src[4k] + ... + src[4k + 3]) for each int32 lane k of the int8 activations src: the starting
+    lanes of a dot whose quants carry an offset -mult (simd.dot_u8x32_plus)."""
+    for k in range(src.shape[0] // 4):
+        e = 4 * k
+        dst[k] = mult * (np.int32(src[e]) + np.int32(src[e + 1]) + np.int32(src[e + 2]) + np.int32(src[e + 3]))
+
+
+@njit(cache=True)
 def _pack_lane_sums(xq, nb, n8, n4, n_tokens):
     """For the two-row Q5_0 dot: -16 x the sum of each int32 lane's four activations, for each block of each single
     token (t >= n4), as int32 in the tiles' part of xq, which the tiles leave free from token n8 on (32 bytes a block,
@@ -115,23 +124,8 @@ def _pack_lane_sums(xq, nb, n8, n4, n_tokens):
     n_in = nb * 32
     n = n_tokens * n_in
     sums = xq[n + n4 * n_in:2 * n].view(np.int32)
-    for t in range(n4, n_tokens):
-        for k in range(8 * nb):  # lane k: activations 4k .. 4k + 3 of the token
-            e = t * n_in + 4 * k
-            sums[8 * nb * (t - n4) + k] = -16 * (np.int32(xq[e]) + np.int32(xq[e + 1]) + np.int32(xq[e + 2])
-                                                 + np.int32(xq[e + 3]))
+    _lane_sums(xq[n4 * n_in:n], -16, sums)
     return sums
-
-
-@njit(cache=True)
-def _pack_tile_lane_sums(xp, n, mult, xl):
-    """For the tiles of the formats whose quants go in unsigned with an offset c (Q4_0 8, Q5_0 16;
-    simd.dot_u8x32_plus): mult = -c times the sum of each int32 lane's four activations in xp's first n
-    bytes, as int32 at the same byte offsets of xl."""
-    sums = xl[:n].view(np.int32)
-    for k in range(n // 4):
-        e = 4 * k
-        sums[k] = mult * (np.int32(xp[e]) + np.int32(xp[e + 1]) + np.int32(xp[e + 2]) + np.int32(xp[e + 3]))
 
 
 @njit(cache=True)
@@ -154,8 +148,8 @@ def _prepare(x, xq, xd, xs, offset):
     xp, xl, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
-    if offset:
-        _pack_tile_lane_sums(xp, n8 * n_in, -offset, xl)
+    if offset:  # the tiles' lane sums, at xp's byte offsets in xl
+        _lane_sums(xp[:n8 * n_in], -offset, xl[:n8 * n_in].view(np.int32))
     return nb, n8, n4, xp, xt, xl
 
 

@@ -387,28 +387,31 @@ def _x86(builder, name, ret, *args):
     return _call_intrinsic(builder, f"llvm.x86.avx2.{name}", ret, list(args))
 
 
-def _dot_lanes(builder, w, x, signed, pair_scales=None):
-    """<8 x i32> lane m = sum over e in 4m..4m+3 of w[e] * x[e] * scale(e), scale from the <16 x i16>
-    pair_scales (one per pair of elements; None means 1)."""
+def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
+    """<8 x i32> lane m = base[m] + sum over e in 4m..4m+3 of w[e] * x[e] * scale(e), scale from the <16 x i16>
+    pair_scales (one per pair of elements; None means 1), base an <8 x i32> (None means 0)."""
+    i32x8 = _vec(_I32, 8)
     if HAS_AVX2:
         if signed:
             x = _x86(builder, "psign.b", w.type, x, w)
             w = _call_intrinsic(builder, "llvm.abs.v32i8", w.type, [w, ir.Constant(_I1, 0)])
-        if HAS_VNNI and pair_scales is None:
-            i32x8 = _vec(_I32, 8)
+        if HAS_VNNI and pair_scales is None:  # the starting lanes are vpdpbusd's accumulator
             return _call_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
-                                   [ir.Constant(i32x8, None), builder.bitcast(w, i32x8), builder.bitcast(x, i32x8)])
+                                   [base if base is not None else ir.Constant(i32x8, None),
+                                    builder.bitcast(w, i32x8), builder.bitcast(x, i32x8)])
         pairs = _x86(builder, "pmadd.ub.sw", _vec(_I16, 16), w, x)
         if pair_scales is None:
             pair_scales = ir.Constant(_vec(_I16, 16), [1] * 16)
-        return _x86(builder, "pmadd.wd", _vec(_I32, 8), pairs, pair_scales)
-    wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
-    p = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
-    pairs = builder.add(_shuffle(builder, p, p, range(0, 32, 2)), _shuffle(builder, p, p, range(1, 32, 2)))
-    if pair_scales is not None:
-        pairs = builder.mul(pairs, builder.sext(pair_scales, _vec(_I32, 16)))
-    even, odd = _shuffle(builder, pairs, pairs, range(0, 16, 2)), _shuffle(builder, pairs, pairs, range(1, 16, 2))
-    return builder.add(even, odd)
+        lanes = _x86(builder, "pmadd.wd", i32x8, pairs, pair_scales)
+    else:
+        wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
+        p = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
+        pairs = builder.add(_shuffle(builder, p, p, range(0, 32, 2)), _shuffle(builder, p, p, range(1, 32, 2)))
+        if pair_scales is not None:
+            pairs = builder.mul(pairs, builder.sext(pair_scales, _vec(_I32, 16)))
+        even = _shuffle(builder, pairs, pairs, range(0, 16, 2))
+        lanes = builder.add(even, _shuffle(builder, pairs, pairs, range(1, 16, 2)))
+    return lanes if base is None else builder.add(base, lanes)
 
 
 def _half_scales(builder, lo, hi):
@@ -440,20 +443,16 @@ def _make_dot(name, signed, scaled, doc):
 
 @intrinsic
 def dot_u8x32_plus(typingctx, w, x, buf, offset):
-    """The 8 int32 at byte offset `offset` of buf plus the lanes of w . x, w unsigned: 0..127, or any byte where
-    HAS_VNNI (vpdpbusd adds the products to its accumulator without an int16 step; vpmaddubsw would saturate). A
-    format whose quants carry an offset (q = u - c) takes u unsigned and starts each lane at -c x the sum of its four
-    activations: the same integers as the signed dot, without flipping the activations' signs per dot."""
+    """The 8 int32 at buf[offset] (an element offset: bytes for an int8 buffer, lanes for an int32 one) plus the
+    lanes of w . x, w 0..127 (vpdpbusd's accumulator where HAS_VNNI). A format whose quants carry an offset
+    (q = u - c) takes u unsigned and starts each lane at -c x the sum of its four activations: the same integers as
+    the signed dot, without flipping the activations' signs per dot."""
     if w is not I8x32 or x is not I8x32 or not isinstance(offset, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        i32x8 = _vec(_I32, 8)
-        base = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), i32x8)
-        if HAS_VNNI:
-            return _call_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
-                                   [base, builder.bitcast(args[0], i32x8), builder.bitcast(args[1], i32x8)])
-        return builder.add(base, _dot_lanes(builder, args[0], args[1], False))
+        base = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I32, 8))
+        return _dot_lanes(builder, args[0], args[1], False, base=base)
     return I32x8(w, x, buf, offset), codegen
 
 

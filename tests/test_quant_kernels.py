@@ -741,10 +741,10 @@ def test_k_quant_scale_intrinsics_match_numpy():
     @njit
     def pieces(w, x, word, ints, dots, pairs, sbuf, lanes):
         a, b = load_i32x8(ints, 0), load_i32x8(ints, 8)
-        for k, v in enumerate((dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 0),
+        for i, v in enumerate((dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 0),
                                dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 5),
                                dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 7))):
-            dots[k] = i32x8_hsum_two(v, v)[0]
+            dots[i] = i32x8_hsum_two(v, v)[0]
         pairs[0], pairs[1] = i32x8_hsum_two(i32x8_byte_pairs(word, 0), i32x8_byte_pairs(word, 1))
         # (lanes through float32: exact below 2**24, and these are below 2**23)
         store_f32x8(lanes, 0, f32x8_from_i32(dot_u8x32_scale_pair(load_i8x32(w, 0), load_i8x32(x, 0), sbuf, 3, 0)))
@@ -763,9 +763,9 @@ def test_k_quant_scale_intrinsics_match_numpy():
     sums = pieces(w, x, word, ints, dots, pairs, sbuf, lanes)
     products = (w.astype(np.int64) * x).reshape(8, 4).sum(axis=1)  # lane l: elements 4l .. 4l + 3
     scales = sbuf.view(np.int8)[3:19].astype(np.int64)
-    for k, g in enumerate((0, 6)):
+    for i, g in enumerate((0, 6)):
         want = products * np.repeat(scales[[2 * g, 2 * g + 1]], 4)
-        np.testing.assert_array_equal(lanes[8 * k:8 * k + 8], want)
+        np.testing.assert_array_equal(lanes[8 * i:8 * i + 8], want)
     base = int((w.astype(np.int64) * x).sum())
     assert list(dots) == [base * int(scale_bytes[g]) for g in (0, 5, 7)]
     assert list(pairs) == [2 * int(scale_bytes[:4].sum()), 2 * int(scale_bytes[4:].sum())]
