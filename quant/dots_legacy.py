@@ -27,9 +27,13 @@ from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, 
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
 # its FMA's latency (in cache: Q8_0 1.4x). Two rows read as two interleaved streams, which the hardware prefetcher
 # serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
-# prefetches each row PREFETCH_BYTES ahead. Distances of 512-3072 bytes measured on 2 threads: Q8_0 did best at
-# 512-1024 (65536x640: 27-28 GB/s), Q4_1 at 1024-2048 (16384x576: 19 GB/s against 15 row by row).
-PREFETCH_BYTES = 1024
+# prefetches each row PREFETCH_BYTES ahead. The four- and eight-token kernels (vec_dot4, tile8) hint their one row
+# the same way: a small batch (batched decoding, T = 4..16) streams each weight once, and without the hint the
+# stream's latency added to the tiles' compute (SmolLM2's matrices at T = 8: 19.6 -> 13.5 ms, T = 4: 17.8 -> 9.8).
+# Distance, measured on each machine kind with 2 threads: on the AVX2 kind Q8_0 did best at 512-1024 bytes and Q4_1
+# at 1024-2048; on the AVX-512 kind 1024 left decode slow and 3072-6144 were alike (SmolLM2's matrices for one
+# token, alternating processes: 6.9-7.4 ms at 1024, 5.0-5.7 at 3072, 4.7-5.4 at 6144; tg64 169 -> 198 t/s).
+PREFETCH_BYTES = 3072
 
 
 @njit(cache=True)
@@ -191,6 +195,7 @@ def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
 def vec_dot4_q4_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q, d, k = _quants_q4_0(w, o), load_f16(w, o), xo + b * 32
         a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
         a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
@@ -205,6 +210,7 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q = _quants_q4_0_unsigned(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, TILE_OFFSET, xl)
@@ -250,6 +256,7 @@ def vec_dot4_q4_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
     a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     m0 = m1 = m2 = m3 = np.float32(0)
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q, d, m, k = _quants_q4_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
         a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
         a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
@@ -268,6 +275,7 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
     acc = _tile8_zero()
     mins = f32x8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q = _quants_q4_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
@@ -312,6 +320,7 @@ def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
 def vec_dot4_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q, d, k = _quants_q5_0(w, o), load_f16(w, o), xo + b * 32
         a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
         a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
@@ -326,6 +335,7 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
     acc = _tile8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q = _quants_q5_0_unsigned(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, TILE_OFFSET, xl)
@@ -369,6 +379,7 @@ def vec_dot4_q5_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
     a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     m0 = m1 = m2 = m3 = np.float32(0)
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q, d, m, k = _quants_q5_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
         a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
         a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
@@ -387,6 +398,7 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
     acc = _tile8_zero()
     mins = f32x8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q = _quants_q5_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
@@ -427,6 +439,7 @@ def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
 def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q, d, k = _quants_q8_0(w, o), load_f16(w, o), xo + b * 32
         a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
         a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
@@ -440,6 +453,7 @@ def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 def tile8_q8_0(w, o, nb, xp, xo, xt, so):
     acc = _tile8_zero()
     for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
         q = _quants_q8_0(w, o)
         acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
                            so + 32 * b, TILE_SIGNED, xp)

@@ -15,15 +15,23 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q4_k,
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
+from .dots_legacy import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
                    f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_byte_pairs,
                    i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_two, i32x8_madd, i32x8_mul, i32x8_splat, i32x8_zero,
                    load_f16, load_f32, load_f32x8, load_i8x32, load_i32, load_i32x8, pair_dot_i8_i32,
-                   store_i8x32)
+                   prefetch, store_i8x32)
 
 _F32 = np.float32
+
+
+@njit(cache=True, inline="always")
+def _prefetch_block(w, o, nbytes):
+    """Hint the cache lines of the nbytes-long super-block PREFETCH_BYTES past byte o (see dots_legacy)."""
+    for k in range(0, nbytes, 64):
+        prefetch(w, o + PREFETCH_BYTES + k)
 
 # --- Q2_K ---------------------------------------------------------------------------------------------------
 
@@ -326,6 +334,7 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     one FMA of its exact integer total into A and one of its mins total into Mn; the result is A - Mn."""
     acc, mins = _F32(0), _F32(0)
     for b in range(nsb):
+        _prefetch_block(w, o + 144 * b, 144)
         isum, msum = _superblock_q4_k(w, o + 144 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
         d, dmin = _scales_q45_k(w, o + 144 * b)
         dx = load_f32(xd, xo // 256 + b)
@@ -345,6 +354,7 @@ def _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in):
     for i in range(n_rows * nsb):
         qo = (i // nsb) * n_in + 256 * (i % nsb)
         o = (r0 + i // nsb) * row_bytes + 144 * (i % nsb)
+        _prefetch_block(w, o, 144)
         dd[i], dmins[i] = _decode_q4_k(w, o, qbuf, qo, scales, mins, qo // 16)
     return r0, n_rows, qbuf, scales, mins, dd, dmins
 
@@ -500,6 +510,7 @@ def vec_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     d_w * d_x, FMA'd into 8 float lanes; the lanes summed at the end as hsum_float_8."""
     acc = f32x8_zero()
     for b in range(nsb):
+        _prefetch_block(w, o + 210 * b, 210)
         lanes = _lanes_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
         acc = f32x8_fma_i32(acc, lanes, load_f16(w, o + 210 * b + 208) * load_f32(xd, xo // 256 + b))
     return f32x8_hsum(acc)
@@ -562,6 +573,7 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         n_rows = min(ROW_CHUNK, n_out - r0)
         for i in range(n_rows * nsb):
             qo = (i // nsb) * n_in + 256 * (i % nsb)
+            _prefetch_block(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), 210)
             dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
                                            scales, mins, qo // 16)
         for i in range(n_rows):
