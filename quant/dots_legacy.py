@@ -17,11 +17,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero,
-                   f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
-                   f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, load_bits32,
-                   load_f16, load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i8x32,
-                   load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, prefetch)
+from .simd import (HAS_WIDE_TILES, dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x16_halves, f32x16_pair_scales,
+                   f32x16_tile_step, f32x16_zero, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add,
+                   f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
+                   f32x8_pair_splats, f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl,
+                   i8x32_sub, i8x32_xor, i8x64_tile_quants, load_bits32, load_f16, load_f16_pair, load_f16x2_rows,
+                   load_f32, load_f32x2_twice, load_f32x8, load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast,
+                   load_nibbles_tile64, load_q5_tile64, prefetch)
 
 # Single tokens (decode) go two rows at a time (vec_dot2_<fmt>): each row keeps its one accumulator and its block
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
@@ -59,39 +61,74 @@ def _tile_dot(w, xp, xo, kind, xl):
 
 
 @njit(cache=True)
-def _tile8_pairs(acc, lo, hi, d, xp, xo, xt, so, kind, xl):
-    """One weight block (lo = its quants 0-15 twice, hi = 16-31 twice, d = its scale in 8 lanes) into the eight
-    accumulators of a tile: acc[2k] holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7."""
+def _tile8_pairs_256(acc, q, d, xp, xo, xt, so, kind, xl):
+    """One weight block (q = its quants, d = its scale in 8 lanes) into the eight accumulators of a tile: acc[2k]
+    holds pair k's lanes 0-3, acc[2k+1] its lanes 4-7, from [quants 0-15 twice] and [16-31 twice]. The eight tokens'
+    scales d_w*d_x are one multiply, spread to each pair's [A x4 | B x4] by lane copies (a shuffle port, where the
+    multiplies would take the FMA ports the dots and FMAs need)."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    s = f32x8_mul(d, load_f32x8(xt, so))
-    a0 = f32x8_fma_lanes(a0, _tile_dot(lo, xp, xo, kind, xl), s)
-    a1 = f32x8_fma_lanes(a1, _tile_dot(hi, xp, xo + 32, kind, xl), s)
-    s = f32x8_mul(d, load_f32x8(xt, so + 8))
-    a2 = f32x8_fma_lanes(a2, _tile_dot(lo, xp, xo + 64, kind, xl), s)
-    a3 = f32x8_fma_lanes(a3, _tile_dot(hi, xp, xo + 96, kind, xl), s)
-    s = f32x8_mul(d, load_f32x8(xt, so + 16))
-    a4 = f32x8_fma_lanes(a4, _tile_dot(lo, xp, xo + 128, kind, xl), s)
-    a5 = f32x8_fma_lanes(a5, _tile_dot(hi, xp, xo + 160, kind, xl), s)
-    s = f32x8_mul(d, load_f32x8(xt, so + 24))
-    a6 = f32x8_fma_lanes(a6, _tile_dot(lo, xp, xo + 192, kind, xl), s)
-    a7 = f32x8_fma_lanes(a7, _tile_dot(hi, xp, xo + 224, kind, xl), s)
+    lo, hi = i8x32_dup_lo(q), i8x32_dup_hi(q)
+    s0, s1, s2, s3 = f32x8_pair_splats(f32x8_mul(d, load_f32x8(xt, so)))
+    a0 = f32x8_fma_lanes(a0, _tile_dot(lo, xp, xo, kind, xl), s0)
+    a1 = f32x8_fma_lanes(a1, _tile_dot(hi, xp, xo + 32, kind, xl), s0)
+    a2 = f32x8_fma_lanes(a2, _tile_dot(lo, xp, xo + 64, kind, xl), s1)
+    a3 = f32x8_fma_lanes(a3, _tile_dot(hi, xp, xo + 96, kind, xl), s1)
+    a4 = f32x8_fma_lanes(a4, _tile_dot(lo, xp, xo + 128, kind, xl), s2)
+    a5 = f32x8_fma_lanes(a5, _tile_dot(hi, xp, xo + 160, kind, xl), s2)
+    a6 = f32x8_fma_lanes(a6, _tile_dot(lo, xp, xo + 192, kind, xl), s3)
+    a7 = f32x8_fma_lanes(a7, _tile_dot(hi, xp, xo + 224, kind, xl), s3)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @njit(cache=True)
-def _tile8_zero():
+def _tile8_zero_256():
     z = f32x8_zero()
     return z, z, z, z, z, z, z, z
 
 
 @njit(cache=True)
-def _tile8_sums(acc):
+def _tile8_sums_256(acc):
     """The eight tokens' row sums, each in f32x8_hsum's order (what vec_dot returns for a format without mins)."""
     r0, r1 = f32x8_hsum_split(acc[0], acc[1])
     r2, r3 = f32x8_hsum_split(acc[2], acc[3])
     r4, r5 = f32x8_hsum_split(acc[4], acc[5])
     r6, r7 = f32x8_hsum_split(acc[6], acc[7])
     return r0, r1, r2, r3, r4, r5, r6, r7
+
+
+# The 512-bit form (simd.HAS_WIDE_TILES): accumulator k holds the 256-bit acc[2k] and acc[2k+1] side by side, fed
+# [quants 0-15 twice | 16-31 twice] against the pair's 64 activation bytes in one step. Same lanes, same arithmetic.
+
+
+@njit(cache=True)
+def _tile_step_wide(acc, w, xp, xo, s, kind, xl):
+    if kind == TILE_OFFSET:
+        return f32x16_tile_step(acc, w, xp, xo, xl, xo, s)
+    return f32x16_tile_step(acc, w, xp, xo, None, 0, s)
+
+
+@njit(cache=True)
+def _tile8_pairs_wide(acc, q, d, xp, xo, xt, so, kind, xl):
+    a0, a1, a2, a3 = acc
+    w = i8x64_tile_quants(q)
+    s0, s1, s2, s3 = f32x16_pair_scales(f32x8_mul(d, load_f32x8(xt, so)))
+    return (_tile_step_wide(a0, w, xp, xo, s0, kind, xl), _tile_step_wide(a1, w, xp, xo + 64, s1, kind, xl),
+            _tile_step_wide(a2, w, xp, xo + 128, s2, kind, xl), _tile_step_wide(a3, w, xp, xo + 192, s3, kind, xl))
+
+
+@njit(cache=True)
+def _tile8_zero_wide():
+    z = f32x16_zero()
+    return z, z, z, z
+
+
+@njit(cache=True)
+def _tile8_sums_wide(acc):
+    a0, a1 = f32x16_halves(acc[0])
+    a2, a3 = f32x16_halves(acc[1])
+    a4, a5 = f32x16_halves(acc[2])
+    a6, a7 = f32x16_halves(acc[3])
+    return _tile8_sums_256((a0, a1, a2, a3, a4, a5, a6, a7))
 
 
 @njit(cache=True)
@@ -163,6 +200,40 @@ def _quants_q8_0(w, o):
     return load_i8x32(w, o + 2)
 
 
+# The tiles' quants, unsigned: for the 256-bit tiles the 32 of a block (_tile8_pairs_256 doubles each half); for the
+# 512-bit ones already as [0-15 twice | 16-31 twice], built by broadcast loads, shifts and masks without shuffles.
+
+
+@njit(cache=True)
+def _tile64_q4_0(w, o):
+    return load_nibbles_tile64(w, o + 2)
+
+
+@njit(cache=True)
+def _tile64_q4_1(w, o):
+    return load_nibbles_tile64(w, o + 4)
+
+
+@njit(cache=True)
+def _tile64_q5_0(w, o):
+    return load_q5_tile64(w, o + 6, o + 2)
+
+
+@njit(cache=True)
+def _tile64_q5_1(w, o):
+    return load_q5_tile64(w, o + 8, o + 4)
+
+
+if HAS_WIDE_TILES:
+    _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_wide, _tile8_pairs_wide, _tile8_sums_wide
+    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1 = (
+        _tile64_q4_0, _tile64_q4_1, _tile64_q5_0, _tile64_q5_1)
+else:
+    _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_256, _tile8_pairs_256, _tile8_sums_256
+    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1 = (
+        _quants_q4_0_unsigned, _quants_q4_1, _quants_q5_0_unsigned, _quants_q5_1)
+
+
 # --- Q4_0 -------------------------------------------------------------------------------------------------
 
 
@@ -211,9 +282,9 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
     acc = _tile8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q = _quants_q4_0_unsigned(w, o)
-        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, TILE_OFFSET, xl)
+        q = _tile_quants_q4_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 8 * b, TILE_OFFSET, xl)
         o += 18
     return _tile8_sums(acc)
 
@@ -276,10 +347,10 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
     mins = f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q = _quants_q4_1(w, o)
+        q = _tile_quants_q4_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
-        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, TILE_UNSIGNED, xp)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 8 * b, TILE_UNSIGNED, xp)
         o += 20
     return _tile8_sums_mins(acc, mins)
 
@@ -336,9 +407,9 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     acc = _tile8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q = _quants_q5_0_unsigned(w, o)
-        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, TILE_OFFSET, xl)
+        q = _tile_quants_q5_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 8 * b, TILE_OFFSET, xl)
         o += 22
     return _tile8_sums(acc)
 
@@ -399,10 +470,10 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
     mins = f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q = _quants_q5_1(w, o)
+        q = _tile_quants_q5_1(w, o)
         mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
-        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, TILE_UNSIGNED, xp)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 8 * b, TILE_UNSIGNED, xp)
         o += 24
     return _tile8_sums_mins(acc, mins)
 
@@ -450,12 +521,17 @@ def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 
 
 @njit(cache=True)
-def tile8_q8_0(w, o, nb, xp, xo, xt, so):
+def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
+    """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 (0..255) from the lane sums
+    times -128 (kernels_legacy.Q8_0_TILE_OFFSET), as vpdpbusd takes its weights unsigned."""
     acc = _tile8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q = _quants_q8_0(w, o)
-        acc = _tile8_pairs(acc, i8x32_dup_lo(q), i8x32_dup_hi(q), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                           so + 32 * b, TILE_SIGNED, xp)
+        if HAS_WIDE_TILES:
+            acc = _tile8_pairs(acc, i8x32_xor(_quants_q8_0(w, o), -128), f32x8_splat(load_f16(w, o)), xp,
+                               xo + 256 * b, xt, so + 8 * b, TILE_OFFSET, xl)
+        else:
+            acc = _tile8_pairs(acc, _quants_q8_0(w, o), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                               so + 8 * b, TILE_SIGNED, xl)
         o += 34
     return _tile8_sums(acc)

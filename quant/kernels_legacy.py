@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
+from .simd import HAS_WIDE_TILES
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 from .dots_legacy import (vec_dot_q4_0_q8_0, vec_dot2_q4_0_q8_0, vec_dot4_q4_0_q8_0, tile8_q4_0, vec_dot_q4_1_q8_0,
                           vec_dot2_q4_1_q8_0, vec_dot4_q4_1_q8_0, tile8_q4_1, vec_dot_q5_0_q8_0, vec_dot2_q5_0_q8_0,
@@ -69,14 +70,15 @@ def _quantize_tokens_parallel(x, xq, xd, xs):
 # _pack_tiles8 lays the quantized activations of each group g of eight tokens out as the tiles read them, pair k =
 # tokens (A, B) = (8g+2k, 8g+2k+1), block b:
 #   xp[((g*nb + b)*4 + k)*64 ...]   A 0-15 | B 0-15 | A 16-31 | B 16-31     (64 int8)
-#   xt[((g*nb + b)*4 + k)*8 ...]    d_A x4 | d_B x4                         (8 float32, the tiles' scales)
-#   xt[n8*nb*4 + (g*nb + b)*8 + j]  s of token 8g+j                         (8 float32, the min terms' sums)
+#   xt[(g*nb + b)*8 + j]            d of token 8g+j                         (8 float32, the tiles' scales)
+#   xt[n8*nb + (g*nb + b)*8 + j]    s of token 8g+j                         (8 float32, the min terms' sums)
+# (a tile multiplies the eight d by d_w at once and spreads them to the pairs' [d_A x4 | d_B x4] by lane copies).
 
 
 @njit(cache=True)
 def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
     nb = n_in // 32
-    sums = n8 * nb * 4
+    sums = n8 * nb
     for g in range(n8 // 8):
         for b in range(nb):
             for k in range(4):
@@ -87,11 +89,8 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
                     xp[dst + 16 + e] = xq[qb + e]
                     xp[dst + 32 + e] = xq[qa + 16 + e]
                     xp[dst + 48 + e] = xq[qb + 16 + e]
-                so = ((g * nb + b) * 4 + k) * 8
-                for e in range(4):
-                    xt[so + e] = xd[ta * nb + b]
-                    xt[so + 4 + e] = xd[tb * nb + b]
             for j in range(8):
+                xt[(g * nb + b) * 8 + j] = xd[(8 * g + j) * nb + b]
                 xt[sums + (g * nb + b) * 8 + j] = xs[(8 * g + j) * nb + b]
 
 
@@ -99,7 +98,7 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
 def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
     """For the two-row dots of the formats with mins (Q4_1, Q5_1): each single token's (d, s) per block side by side,
     token t >= n4 from xt[base + 2 (t - n4) nb], after the eight-token tiles' part of xt. Returns base."""
-    base = 5 * n8 * nb
+    base = 2 * n8 * nb
     for t in range(n4, n_tokens):
         for b in range(nb):
             xt[base + 2 * ((t - n4) * nb + b)] = xd[t * nb + b]
@@ -171,7 +170,7 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, xl)
+             out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
@@ -220,7 +219,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
+             out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
@@ -271,7 +270,7 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, xl)
+             out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
@@ -322,7 +321,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, pairs, out
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4, n8 * nb * 4 + t * nb)
+             out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
@@ -361,10 +360,12 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------
+# The 512-bit tiles take Q8_0's quants + 128 and start from the lane sums times -128 (see dots_legacy.tile8_q8_0).
+Q8_0_TILE_OFFSET = 128 if HAS_WIDE_TILES else 0
 
 
 @njit(cache=True, inline="always")
-def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
+def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
     n_tokens, n_out = out.shape
@@ -373,7 +374,7 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb * 4)
+             out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
     for r in range(r0, r1):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
@@ -389,24 +390,24 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out):
 
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
-    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, Q8_0_TILE_OFFSET)
     for rb in prange(_row_blocks(out)):
-        _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, out)
+        _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 
 
 @njit(parallel=True, cache=True)
 def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     """matmul_q8_0 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
     no columns): one activation quantization and one parallel region for all their rows."""
-    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, Q8_0_TILE_OFFSET)
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q8_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, out0)
+            _row_block_q8_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
         elif k < b0 + b1:
-            _row_block_q8_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, out1)
+            _row_block_q8_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:
-            _row_block_q8_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, out2)
+            _row_block_q8_0(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, xl, out2)
 
 
 MATMUL = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q5_0": matmul_q5_0, "Q5_1": matmul_q5_1, "Q8_0": matmul_q8_0}

@@ -277,7 +277,8 @@ import platform
 import numpy as np, quant
 from quant import simd
 from quant.testing import random_matrix_bytes
-assert simd.HAS_AVX2 == WANT_AVX2 and not simd.HAS_VNNI, "the dot product asked for was not selected"
+assert simd.HAS_AVX2 == WANT_AVX2 and simd.HAS_VNNI == WANT_VNNI, "the dot product asked for was not selected"
+assert not simd.HAS_WIDE_TILES, "the 512-bit tiles were selected"
 assert WANT_AVX2 or platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C is on"
 rng = np.random.default_rng(0)
 for name in FORMATS:
@@ -291,14 +292,15 @@ for name in FORMATS:
 """
 
 
-PORTABLE_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q6_K", "F16")
+PORTABLE_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "F16")
 
 
-def _kernels_for_cpu_match(tmp_path, cpu_name, cpu_features, want_avx2, exact):
+def _kernels_for_cpu_match(tmp_path, cpu_name, cpu_features, want_avx2, exact, want_vnni=False):
     """Run PORTABLE_CHECK compiled for another CPU in a subprocess and compare its products with this process's."""
     env = dict(os.environ, NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features,
                NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    code = f"OUT = {str(tmp_path)!r}\nWANT_AVX2 = {want_avx2}\nFORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK
+    code = (f"OUT = {str(tmp_path)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
+            f"FORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
     rng = np.random.default_rng(0)
     for name in PORTABLE_FORMATS:
@@ -325,6 +327,15 @@ def test_avx2_without_vnni_gives_the_same_bits(tmp_path):
     """On AVX2 CPUs without AVX-VNNI (Haswell to Ice Lake clients, Zen 1-3) the dots are vpmaddubsw + vpmaddwd
     instead of vpdpbusd: the same integer lanes, so the same bits. Compiled for such a CPU in a subprocess."""
     _kernels_for_cpu_match(tmp_path, "haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, exact=True)
+
+
+@pytest.mark.skipif(not simd._host_has("avxvnni"), reason="needs a host with AVX-VNNI")
+def test_vnni_without_avx512_gives_the_same_bits(tmp_path):
+    """On AVX-VNNI CPUs without AVX-512 (Alder Lake and later clients) the tiles are the 256-bit ones with vpdpbusd,
+    where this machine kind may take the 512-bit tiles (simd.HAS_WIDE_TILES): the same lanes, so the same bits.
+    Compiled for such a CPU in a subprocess."""
+    _kernels_for_cpu_match(tmp_path, "alderlake", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2,+avxvnni", True,
+                           exact=True, want_vnni=True)
 
 
 def test_i32x8_hsum4_matches_numpy_row_sums():
@@ -358,9 +369,9 @@ def test_eight_token_tile_intrinsics_match_numpy():
         a, c = load_f32x8(f, 0), load_f32x8(f, 8)
         store_f32x8(prod, 0, f32x8_mul(a, c))
         store_f32x8(fma, 0, f32x8_fma_lanes(load_f32x8(f, 16), load_i32x8(i, 0), c))
-        for k in range(8):
-            lanes[k] = (f32x8_lane(a, 0), f32x8_lane(a, 1), f32x8_lane(a, 2), f32x8_lane(a, 3), f32x8_lane(a, 4),
-                        f32x8_lane(a, 5), f32x8_lane(a, 6), f32x8_lane(a, 7))[k]
+        for j in range(8):
+            lanes[j] = (f32x8_lane(a, 0), f32x8_lane(a, 1), f32x8_lane(a, 2), f32x8_lane(a, 3), f32x8_lane(a, 4),
+                        f32x8_lane(a, 5), f32x8_lane(a, 6), f32x8_lane(a, 7))[j]
         p, q = load_f32x8(f, 24), load_f32x8(f, 32)
         return f32x8_hsum_split(p, q)
 
@@ -388,6 +399,83 @@ def test_eight_token_tile_intrinsics_match_numpy():
         buf = np.concatenate([a_vec, b_vec]).astype(np.float32)
         assert np.float32(split[0]).view(np.int32) == np.float32(hsum(buf, 0)).view(np.int32)
         assert np.float32(split[1]).view(np.int32) == np.float32(hsum(buf, 8)).view(np.int32)
+
+
+def test_pair_splats_copy_lanes():
+    """f32x8_pair_splats (the 256-bit tiles' scales): vector k is [v[2k] x4 | v[2k+1] x4], lane copies only."""
+    from quant.simd import f32x8_pair_splats, load_f32x8, store_f32x8
+
+    @njit
+    def splats(v, out):
+        s = f32x8_pair_splats(load_f32x8(v, 0))
+        for j in range(4):
+            store_f32x8(out, 8 * j, s[j])
+
+    v = np.random.default_rng(8).standard_normal(8).astype(np.float32)
+    out = np.empty(32, np.float32)
+    splats(v, out)
+    np.testing.assert_array_equal(out.reshape(4, 8), np.repeat(v.reshape(4, 2), 4, axis=1))
+
+
+@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI")
+def test_512_bit_tile_intrinsics_match_numpy():
+    """The 512-bit tiles' pieces against numpy: quants in tile order from Q4 nibbles and Q5 nibbles plus high bits,
+    the pairs' scales, and one step (unsigned x signed four-byte lane sums from zero or from starting lanes, to
+    float, times the scales plus the accumulator with one rounding), and the halves."""
+    from quant.simd import (f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero, i8x64_tile_quants,
+                            load_f32x8, load_i8x32, load_nibbles_tile64, load_q5_tile64, store_f32x8)
+
+    @njit
+    def step(w, x, base, scales8, acc8, out, with_base, pair):
+        s = f32x16_pair_scales(load_f32x8(scales8, 0))[pair]
+        acc = f32x16_pair_scales(load_f32x8(acc8, 0))[pair]
+        wv = i8x64_tile_quants(load_i8x32(w, 0))
+        r = f32x16_tile_step(acc, wv, x, 0, base, 0, s) if with_base else f32x16_tile_step(acc, wv, x, 0, None, 0, s)
+        lo, hi = f32x16_halves(r)
+        store_f32x8(out, 0, lo)
+        store_f32x8(out, 8, hi)
+
+    @njit
+    def tile_bytes(raw, qo, bo, x, out):  # each quant vector dotted with unit activations in one lane each
+        one = f32x16_pair_scales(load_f32x8(np.ones(8, np.float32), 0))[0]
+        for j, v in enumerate((load_nibbles_tile64(raw, qo), load_q5_tile64(raw, qo, bo))):
+            for e in range(4):  # x selects byte e of every four-byte group
+                lo, hi = f32x16_halves(f32x16_tile_step(f32x16_zero(), v, x, 64 * e, None, 0, one))
+                store_f32x8(out, (4 * j + e) * 16, lo)
+                store_f32x8(out, (4 * j + e) * 16 + 8, hi)
+
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        raw = rng.integers(0, 256, 24).astype(np.uint8)
+        qs, bits = raw[4:20], int(raw[:4].view("<u4")[0])
+        nib = np.concatenate([qs & 15, qs >> 4]).astype(np.int64)  # quant j: low nibbles 0-15, high 16-31
+        q5 = nib + 16 * ((bits >> np.arange(32)) & 1)
+        order = np.r_[0:16, 0:16, 16:32, 16:32]
+        sel = np.zeros(256, np.int8)
+        for e in range(4):
+            sel[64 * e + e:64 * e + 64:4] = 1
+        out = np.empty(128, np.float32)
+        tile_bytes(raw, 4, 0, sel, out)
+        got = out.reshape(2, 4, 16)  # [vector, e, lane]: byte 4 * lane + e
+        for j, want in enumerate((nib[order], q5[order])):
+            np.testing.assert_array_equal(got[j].T.reshape(64), want.astype(np.float32))
+
+        w = rng.integers(0, 256, 32).astype(np.uint8).view(np.int8)
+        x = rng.integers(-127, 128, 64).astype(np.int8)
+        base = rng.integers(-(1 << 16), 1 << 16, 16).astype(np.int32)
+        scales8 = (rng.standard_normal(8) * 1e-3).astype(np.float32)
+        acc8 = rng.standard_normal(8).astype(np.float32)
+        wt = w.view(np.uint8)[order].astype(np.int64)
+        lanes = (wt * x.astype(np.int64)).reshape(16, 4).sum(axis=1)
+        for pair in range(4):
+            s16 = np.tile(np.repeat(scales8[2 * pair:2 * pair + 2], 4), 2)
+            a16 = np.tile(np.repeat(acc8[2 * pair:2 * pair + 2], 4), 2)
+            for with_base in (False, True):
+                total = lanes + (base if with_base else 0)
+                out = np.empty(16, np.float32)
+                step(w, x, base, scales8, acc8, out, with_base, pair)
+                want = (total.astype(np.float32).astype(np.float64) * s16 + a16).astype(np.float32)
+                np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
 
 
 def test_dot_with_starting_lanes_matches_numpy():
@@ -461,8 +549,7 @@ def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
     nb, n8 = n_in // 32, n_tokens - n_tokens % 8
     q = xq[:n8 * n_in].reshape(n8 // 8, 4, 2, nb, 2, 16)       # group, pair, token of pair, block, half, 16
     xp = q.transpose(0, 3, 1, 4, 2, 5).reshape(-1)            # group, block, pair, half, token of pair, 16
-    d = xd[:n8 * nb].reshape(n8 // 8, 4, 2, nb)
-    scales = np.repeat(d.transpose(0, 3, 1, 2)[..., None], 4, axis=-1).reshape(-1)  # group, block, pair, token, x4
+    scales = xd[:n8 * nb].reshape(n8 // 8, 8, nb).transpose(0, 2, 1).reshape(-1)    # group, block, token
     sums = xs[:n8 * nb].reshape(n8 // 8, 8, nb).transpose(0, 2, 1).reshape(-1)      # group, block, token
     return xp, np.concatenate([scales, sums])
 
@@ -479,7 +566,7 @@ def test_pack_tiles8_matches_numpy(n_tokens):
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
     want_xp, want_xt = pack_tiles8_reference(xq, xd, xs, n_tokens, n_in)
     np.testing.assert_array_equal(xp[:n8 * n_in], want_xp)
-    np.testing.assert_array_equal(xt[:5 * n8 * n_in // 32], want_xt)
+    np.testing.assert_array_equal(xt[:2 * n8 * n_in // 32], want_xt)
 
 
 def test_i32x8_hsum8_and_lane_conversions_match_numpy():
