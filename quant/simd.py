@@ -526,17 +526,23 @@ def f32x16_zero(typingctx):
     return F32x16(), codegen
 
 
-@intrinsic
-def f32x16_pair_scales(typingctx, v):
-    """Four vectors from the 8 lanes of v: the k-th is [v[2k] x4 | v[2k+1] x4] twice."""
-    if v is not F32x8:
-        return None
+def _pair_splats(name, vector_type, times, doc):
+    """An intrinsic taking an F32x8 v to four vectors, the k-th [v[2k] x4 | v[2k+1] x4] `times` times over."""
+    def typer(typingctx, v):
+        if v is not F32x8:
+            return None
 
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        return context.make_tuple(builder, sig.return_type,
-                                  [_shuffle(builder, v, v, ([2 * k] * 4 + [2 * k + 1] * 4) * 2) for k in range(4)])
-    return types.UniTuple(F32x16, 4)(v), codegen
+        def codegen(context, builder, sig, args):
+            v = args[0]
+            return context.make_tuple(builder, sig.return_type, [
+                _shuffle(builder, v, v, ([2 * k] * 4 + [2 * k + 1] * 4) * times) for k in range(4)])
+        return types.UniTuple(vector_type, 4)(v), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+f32x16_pair_scales = _pair_splats("f32x16_pair_scales", F32x16, 2, "Four vectors from the 8 lanes of v: the k-th is "
+                                  "[v[2k] x4 | v[2k+1] x4] twice (a 512-bit tile pair's scales).")
 
 
 @intrinsic
@@ -887,17 +893,8 @@ def f32x8_splat(typingctx, x):
     return F32x8(x), codegen
 
 
-@intrinsic
-def f32x8_pair_splats(typingctx, v):
-    """Four vectors from the 8 lanes of v: the k-th is [v[2k] x4 | v[2k+1] x4] (lane copies, no arithmetic)."""
-    if v is not F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        return context.make_tuple(builder, sig.return_type,
-                                  [_shuffle(builder, v, v, [2 * k] * 4 + [2 * k + 1] * 4) for k in range(4)])
-    return types.UniTuple(F32x8, 4)(v), codegen
+f32x8_pair_splats = _pair_splats("f32x8_pair_splats", F32x8, 1, "Four vectors from the 8 lanes of v: the k-th is "
+                                 "[v[2k] x4 | v[2k+1] x4] (a 256-bit tile pair's scales).")
 
 
 @intrinsic
