@@ -13,7 +13,7 @@ quant.dots_legacy; here, per format:
       xq int8[3*T*n_in], xd f32[6*T*n_in/32], xs f32[T*n_in/32]: the quantized activations token by token, then
       (from T*n_in and T*n_in/32) their copy laid out for the eight-token tiles, and for Q4_1/Q5_1 the single
       tokens' scales and sums in pairs (_pack_pairs), for Q5_0 their lane sums (_pack_lane_sums); from 2*T*n_in,
-      for Q4_0 and Q5_0, the tiles' lane sums (_lane_sums).
+      for Q4_0 and Q5_0 (and Q8_0 with the 512-bit tiles), the tiles' lane sums (_lane_sums).
       One parallel region over blocks of rows (plus one over tokens when T >= PARALLEL_QUANTIZE_TOKENS).
   matmul3_<fmt>(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2)
       the same for two or three matrices on one input (Q, K and V; gate and up): one quantization, one region.
