@@ -281,6 +281,16 @@ def _lanes8(v):
 
 
 @njit(cache=True)
+def _any_set(kinds):
+    """kinds.any() as a loop: the array method would make a cached kernel load Numba's array-math registry at
+    start-up (a third of a second, see quant.cache_load)."""
+    for j in range(kinds.shape[0]):
+        if kinds[j]:
+            return True
+    return False
+
+
+@njit(cache=True)
 def _all_eight(kinds, t):
     """kinds[t..t+7] all set (a loop: an array slice's .all() costs seconds more to compile)."""
     for j in range(t, t + 8):
@@ -382,7 +392,7 @@ def matmul_q4_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
-    if not kinds.any():  # (gemm rows come in groups of 4 tokens)
+    if not _any_set(kinds):  # (gemm rows come in groups of 4 tokens)
         for r in prange(n_out):
             for t in range(n_tokens):
                 out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)

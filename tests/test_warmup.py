@@ -1,5 +1,6 @@
-"""`edgellm warmup` on SmolLM2 into an empty Numba cache, then a fresh process that must compile nothing: every
-kernel comes from the cache through quant.cache_load's light path (no registry refresh), and its logits are still
+"""`edgellm warmup` on each real model into an empty Numba cache, then a fresh process that must compile nothing:
+every kernel comes from the cache through quant.cache_load's light path (no registry refresh: a cached kernel that
+used an array method such as .any() would pull Numba's array-math registry in at load), and its logits are still
 llama.cpp's."""
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REFERENCE_FILES, SMOLLM2
+from conftest import FIXTURES, REFERENCE_FILES
 
 # Runs in a fresh process after the warm-up: load, the warm-up's paths, then the reference prompt's logits.
 CHILD = r"""
@@ -49,15 +50,16 @@ def _warmup(path, env):
     return float(match.group(1)), int(match.group(2)), match.group(3)
 
 
-def test_warmup_fills_the_cache_and_later_processes_compile_nothing(smollm2_path, cold_cache_env):
-    seconds, compiled, cache_dir = _warmup(smollm2_path, cold_cache_env)
-    assert compiled > 10  # an empty cache: the model's kernels were compiled here
+def test_warmup_fills_the_cache_and_later_processes_compile_nothing(real_model, cold_cache_env):
+    name, path = real_model
+    seconds, compiled, cache_dir = _warmup(path, cold_cache_env)
+    assert compiled > 10  # an empty cache (or one with only the other model's): its kernels were compiled here
     assert cache_dir == cold_cache_env["NUMBA_CACHE_DIR"]
-    assert any(name.endswith(".nbi") for _, _, files in os.walk(cache_dir) for name in files)
-    print(f"cold warm-up of SmolLM2: {seconds:.1f} s, {compiled} kernels")
+    assert any(f.endswith(".nbi") for _, _, files in os.walk(cache_dir) for f in files)
+    print(f"cold warm-up of {name}: {seconds:.1f} s, {compiled} kernels")
 
-    ref = str(FIXTURES / f"{REFERENCE_FILES[SMOLLM2]}.npz")
-    out = subprocess.run([sys.executable, "-c", CHILD, smollm2_path, ref], env=cold_cache_env,
+    ref = str(FIXTURES / f"{REFERENCE_FILES[name]}.npz")
+    out = subprocess.run([sys.executable, "-c", CHILD, path, ref], env=cold_cache_env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr  # a kernel missing a runtime symbol would have crashed the process
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -68,4 +70,4 @@ def test_warmup_fills_the_cache_and_later_processes_compile_nothing(smollm2_path
     else:
         assert report["max_diff"] < 1e-2, report
 
-    assert _warmup(smollm2_path, cold_cache_env)[1] == 0  # a second warm-up finds everything cached
+    assert _warmup(path, cold_cache_env)[1] == 0  # a second warm-up finds everything cached
