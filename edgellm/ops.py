@@ -403,14 +403,20 @@ def _weigh_run(v_cache, v_scale, kv, first, last, inv, lanes, work, acc_rows):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _visible_from(p, window, capacity):
+    """The oldest position a query at p sees: the window's start, or the oldest one the ring still holds."""
+    lo = max(0, p - window + 1) if window > 0 else 0
+    return max(lo, p - capacity + 1)  # older positions have been overwritten
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t, h, kv, out, work, single):
     """out[t, h] = sum over visible keys of softmax(q[t, h] . k * scale) v. work: this thread's scratch row:
     capacity scores, then LANES_SINGLE accumulator rows, the query rounded as the cache, and LANES_SINGLE more."""
     capacity = slot_pos.shape[0]
     head_dim = q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH
-    lo = max(0, p - window + 1) if window > 0 else 0
-    lo = max(lo, p - capacity + 1)  # older positions have been overwritten
+    lo = _visible_from(p, window, capacity)
     first, last = lo % capacity, p % capacity + 1
     wrapped = first >= last  # the visible positions wrap around the end of the ring
     acc_rows = work[capacity: capacity + LANES_SINGLE * head_dim].reshape(LANES_SINGLE, head_dim)[:lanes]
@@ -670,8 +676,7 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
     capacity = slot_pos.shape[0]
     n_heads, head_dim = q.shape[1], q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH
-    lo = max(0, p - window + 1) if window > 0 else 0
-    lo = max(lo, p - capacity + 1)
+    lo = _visible_from(p, window, capacity)
     first, last = lo % capacity, p % capacity + 1
     wrapped = first >= last
     acc0 = capacity  # work[acc0 + L * head_dim + d]: lane L's running sum for dimension d
@@ -717,12 +722,6 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
 # Measured alone (64 rows at depth 448): SmolLM2's shape 1.4x, Gemma's 1.6x; pp512 1.05x and 1.12x. The loops below
 # are written out for four rows.
 ROWS = 4
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _visible_from(p, window, capacity):
-    lo = max(0, p - window + 1) if window > 0 else 0
-    return max(lo, p - capacity + 1)
 
 
 @njit(cache=True, error_model="numpy", inline="always")

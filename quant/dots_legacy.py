@@ -224,14 +224,23 @@ def _tile64_q5_1(w, o):
     return load_q5_tile64(w, o + 8, o + 4)
 
 
+@njit(cache=True)
+def _quants_q8_0_plus128(w, o):
+    """Q8_0's quants + 128 (0..255) for the 512-bit tiles: vpdpbusd takes its weights unsigned, and AVX-512 has no
+    vpsignb for the 256-bit tiles' sign flip; the lane sums times -128 take the offset out."""
+    return i8x32_xor(_quants_q8_0(w, o), -128)
+
+
 if HAS_WIDE_TILES:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_wide, _tile8_pairs_wide, _tile8_sums_wide
-    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1 = (
-        _tile64_q4_0, _tile64_q4_1, _tile64_q5_0, _tile64_q5_1)
+    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
+        _tile64_q4_0, _tile64_q4_1, _tile64_q5_0, _tile64_q5_1, _quants_q8_0_plus128)
+    Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_OFFSET, 128  # (the offset: kernels_legacy._prepare's lane sums)
 else:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_256, _tile8_pairs_256, _tile8_sums_256
-    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1 = (
-        _quants_q4_0_unsigned, _quants_q4_1, _quants_q5_0_unsigned, _quants_q5_1)
+    _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
+        _quants_q4_0_unsigned, _quants_q4_1, _quants_q5_0_unsigned, _quants_q5_1, _quants_q8_0)
+    Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_SIGNED, 0
 
 
 # --- Q4_0 -------------------------------------------------------------------------------------------------
@@ -522,16 +531,13 @@ def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
 
 @njit(cache=True)
 def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
-    """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 (0..255) from the lane sums
-    times -128 (kernels_legacy.Q8_0_TILE_OFFSET), as vpdpbusd takes its weights unsigned."""
+    """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 from the lane sums times -128
+    (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""
     acc = _tile8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        if HAS_WIDE_TILES:
-            acc = _tile8_pairs(acc, i8x32_xor(_quants_q8_0(w, o), -128), f32x8_splat(load_f16(w, o)), xp,
-                               xo + 256 * b, xt, so + 8 * b, TILE_OFFSET, xl)
-        else:
-            acc = _tile8_pairs(acc, _quants_q8_0(w, o), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
-                               so + 8 * b, TILE_SIGNED, xl)
+        q = _tile_quants_q8_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt,
+                           so + 8 * b, Q8_0_TILE_KIND, xl)
         o += 34
     return _tile8_sums(acc)

@@ -26,12 +26,12 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .simd import HAS_WIDE_TILES
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
-from .dots_legacy import (vec_dot_q4_0_q8_0, vec_dot2_q4_0_q8_0, vec_dot4_q4_0_q8_0, tile8_q4_0, vec_dot_q4_1_q8_0,
-                          vec_dot2_q4_1_q8_0, vec_dot4_q4_1_q8_0, tile8_q4_1, vec_dot_q5_0_q8_0, vec_dot2_q5_0_q8_0,
-                          vec_dot4_q5_0_q8_0, tile8_q5_0, vec_dot_q5_1_q8_0, vec_dot2_q5_1_q8_0, vec_dot4_q5_1_q8_0,
-                          tile8_q5_1, vec_dot_q8_0_q8_0, vec_dot2_q8_0_q8_0, vec_dot4_q8_0_q8_0, tile8_q8_0)
+from .dots_legacy import (Q8_0_TILE_OFFSET, vec_dot_q4_0_q8_0, vec_dot2_q4_0_q8_0, vec_dot4_q4_0_q8_0, tile8_q4_0,
+                          vec_dot_q4_1_q8_0, vec_dot2_q4_1_q8_0, vec_dot4_q4_1_q8_0, tile8_q4_1, vec_dot_q5_0_q8_0,
+                          vec_dot2_q5_0_q8_0, vec_dot4_q5_0_q8_0, tile8_q5_0, vec_dot_q5_1_q8_0, vec_dot2_q5_1_q8_0,
+                          vec_dot4_q5_1_q8_0, tile8_q5_1, vec_dot_q8_0_q8_0, vec_dot2_q8_0_q8_0, vec_dot4_q8_0_q8_0,
+                          tile8_q8_0)
 
 TOKEN_TILE = 4
 # Batches go eight tokens at a time through blocks of ROW_BLOCK rows, so the eight tokens' activations stay in L1
@@ -360,8 +360,7 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------
-# The 512-bit tiles take Q8_0's quants + 128 and start from the lane sums times -128 (see dots_legacy.tile8_q8_0).
-Q8_0_TILE_OFFSET = 128 if HAS_WIDE_TILES else 0
+# (the 512-bit tiles take Q8_0's quants + 128 and start from the lane sums times -128: dots_legacy.Q8_0_TILE_OFFSET)
 
 
 @njit(cache=True, inline="always")

@@ -583,9 +583,9 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
         n_rows = min(ROW_CHUNK, n_out - r0)
         for i in range(n_rows * nsb):
             qo = (i // nsb) * n_in + 256 * (i % nsb)
-            _prefetch_block(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), 210)
-            dd[i], dmins[i] = _decode_q6_k(w, (r0 + i // nsb) * row_bytes + 210 * (i % nsb), qbuf, qo,
-                                           scales, mins, qo // 16)
+            o = (r0 + i // nsb) * row_bytes + 210 * (i % nsb)
+            _prefetch_block(w, o, 210)
+            dd[i], dmins[i] = _decode_q6_k(w, o, qbuf, qo, scales, mins, qo // 16)
         for i in range(n_rows):
             t = 0
             while t < n_tokens:

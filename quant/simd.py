@@ -314,11 +314,18 @@ def load_nibbles_lo_hi_bcast(typingctx, buf, offset):
     instructions against four). Faster where the vector is used whole (the two-row Q4_1 dot); the eight-token tiles,
     which split it into halves again, compile better from load_nibbles_lo_hi (measured: pp512 10% slower)."""
     def codegen(context, builder, sig, args):
-        q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
-        words = builder.bitcast(_shuffle(builder, q, q, list(range(16)) * 2), _vec(_I32, 8))
-        words = builder.lshr(words, ir.Constant(_vec(_I32, 8), [0] * 4 + [4] * 4))
-        return builder.and_(builder.bitcast(words, _vec(_I8, 32)), ir.Constant(_vec(_I8, 32), [0x0F] * 32))
+        return _nibbles_broadcast(context, builder, sig, args, 2)
     return I8x32(buf, offset), codegen
+
+
+def _nibbles_broadcast(context, builder, sig, args, copies):
+    """The 16 bytes at args[0][args[1]] in each of `copies` 128-bit lanes, the upper half of the lanes' 32-bit words
+    shifted right by 4, the bytes masked to their low nibble: low nibbles (x copies / 2), then high nibbles."""
+    q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+    n = 4 * copies  # 32-bit words
+    words = builder.bitcast(_shuffle(builder, q, q, list(range(16)) * copies), _vec(_I32, n))
+    words = builder.lshr(words, ir.Constant(_vec(_I32, n), [0] * (n // 2) + [4] * (n // 2)))
+    return builder.and_(builder.bitcast(words, _vec(_I8, 4 * n)), ir.Constant(_vec(_I8, 4 * n), [0x0F] * (4 * n)))
 
 
 @intrinsic
@@ -489,10 +496,7 @@ def i8x64_tile_quants(typingctx, q):
 
 
 def _nibbles_tile64(context, builder, sig, args):
-    q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
-    words = builder.bitcast(_shuffle(builder, q, q, list(range(16)) * 4), _vec(_I32, 16))
-    words = builder.lshr(words, ir.Constant(_vec(_I32, 16), [0] * 8 + [4] * 8))
-    return builder.and_(builder.bitcast(words, _vec(_I8, 64)), ir.Constant(_vec(_I8, 64), [0x0F] * 64))
+    return _nibbles_broadcast(context, builder, sig, args, 4)
 
 
 @intrinsic
