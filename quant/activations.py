@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from .simd import round_f16
+from .simd import absmax_f32x32, quantize_f32x16_clamped, quantize_f32x32, round_f16
 
 _F32 = np.float32
 
@@ -24,16 +24,10 @@ def quantize_act_q8_0(x, xq, xd, xs):
     """x f32[n] -> xq int8[n], xd f32[n/32] (scale), xs f32[n/32] (scale * sum of the block's quants); xd and xs
     hold float16 values."""
     for b in range(x.shape[0] // 32):
-        amax = _F32(0)
-        for j in range(b * 32, b * 32 + 32):
-            amax = max(amax, abs(x[j]))
+        amax = absmax_f32x32(x, b * 32)
         d = amax / _F32(127)
         inv = _F32(127) / amax if amax != 0 else _F32(0)
-        total = 0
-        for j in range(b * 32, b * 32 + 32):
-            q = np.int32(np.rint(x[j] * inv))
-            xq[j] = q
-            total += q
+        total = quantize_f32x32(x, b * 32, inv, xq, b * 32)
         xd[b] = round_f16(d)  # llama.cpp's block_q8_0 / block_q8_1 store d and s as float16
         xs[b] = round_f16(d * _F32(total))
 
@@ -45,27 +39,26 @@ def quantize_act_q8_k(x, xq, xd, bsums, positive_wins=False):
     positive_wins that of +max|x| whenever it occurs (its 4-row quantize_mat_q8_K_4x8, which feeds the repacked
     Q4_K gemm); the two differ only when +max|x| and -max|x| both occur."""
     for b in range(x.shape[0] // 256):
-        amax = _F32(0)
+        o = b * 256
+        amax = absmax_f32x32(x, o)
+        for k in range(o + 32, o + 256, 32):
+            amax = max(amax, absmax_f32x32(x, k))
         vmax = _F32(0)
-        for j in range(b * 256, b * 256 + 256):
-            if abs(x[j]) > amax:
-                amax = abs(x[j])
+        for j in range(o, o + 256):  # the first value of that magnitude gives the sign
+            if abs(x[j]) == amax:
                 vmax = x[j]
+                break
         if amax == 0:
             xd[b] = 0
-            xq[b * 256:b * 256 + 256] = 0
+            xq[o:o + 256] = 0
             bsums[b * 16:b * 16 + 16] = 0
             continue
         if positive_wins:
-            for j in range(b * 256, b * 256 + 256):
+            for j in range(o, o + 256):
                 if x[j] == amax:
                     vmax = amax
+                    break
         iscale = _F32(-127) / vmax
         for g in range(16):
-            total = 0
-            for j in range(b * 256 + g * 16, b * 256 + g * 16 + 16):
-                q = max(np.int32(-128), min(np.int32(127), np.int32(np.rint(x[j] * iscale))))
-                xq[j] = q
-                total += q
-            bsums[b * 16 + g] = total
+            bsums[b * 16 + g] = quantize_f32x16_clamped(x, o + 16 * g, iscale, xq, o + 16 * g)
         xd[b] = _F32(1) / iscale

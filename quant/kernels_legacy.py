@@ -27,6 +27,7 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
+from .simd import store_lane_sums, store_pair64
 from .dots_legacy import (Q8_0_TILE_OFFSET, vec_dot_q4_0_q8_0, vec_dot2_q4_0_q8_0, vec_dot4_q4_0_q8_0, tile8_q4_0,
                           vec_dot_q4_1_q8_0, vec_dot2_q4_1_q8_0, vec_dot4_q4_1_q8_0, tile8_q4_1, vec_dot_q5_0_q8_0,
                           vec_dot2_q5_0_q8_0, vec_dot4_q5_0_q8_0, tile8_q5_0, vec_dot_q5_1_q8_0, vec_dot2_q5_1_q8_0,
@@ -83,12 +84,7 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
         for b in range(nb):
             for k in range(4):
                 ta, tb = 8 * g + 2 * k, 8 * g + 2 * k + 1
-                dst, qa, qb = ((g * nb + b) * 4 + k) * 64, ta * n_in + b * 32, tb * n_in + b * 32
-                for e in range(16):
-                    xp[dst + e] = xq[qa + e]
-                    xp[dst + 16 + e] = xq[qb + e]
-                    xp[dst + 32 + e] = xq[qa + 16 + e]
-                    xp[dst + 48 + e] = xq[qb + 16 + e]
+                store_pair64(xp, ((g * nb + b) * 4 + k) * 64, xq, ta * n_in + b * 32, tb * n_in + b * 32)
             for j in range(8):
                 xt[(g * nb + b) * 8 + j] = xd[(8 * g + j) * nb + b]
                 xt[sums + (g * nb + b) * 8 + j] = xs[(8 * g + j) * nb + b]
@@ -108,11 +104,11 @@ def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
 
 @njit(cache=True)
 def _lane_sums(src, mult, dst):
-    """dst[k] = mult x (src[4k] + ... + src[4k + 3]) for each int32 lane k of the int8 activations src: the starting
-    lanes of a dot whose quants carry an offset -mult (simd.dot_u8x32_plus)."""
-    for k in range(src.shape[0] // 4):
-        e = 4 * k
-        dst[k] = mult * (np.int32(src[e]) + np.int32(src[e + 1]) + np.int32(src[e + 2]) + np.int32(src[e + 3]))
+    """dst[k] = mult x (src[4k] + ... + src[4k + 3]) for each int32 lane k of the int8 activations src (whole blocks
+    of 32, eight lanes at a time): the starting lanes of a dot whose quants carry an offset -mult
+    (simd.dot_u8x32_plus)."""
+    for k in range(0, src.shape[0] // 4, 8):
+        store_lane_sums(dst, k, src, 4 * k, mult)
 
 
 @njit(cache=True)

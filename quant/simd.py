@@ -297,6 +297,36 @@ def store_i8x32(typingctx, buf, offset, v):
 
 
 @intrinsic
+def store_pair64(typingctx, dst, d_offset, src, a_offset, b_offset):
+    """dst[d_offset:d_offset + 64] <- [a 0-15 | b 0-15 | a 16-31 | b 16-31] for the 32 bytes a at src[a_offset] and
+    b at src[b_offset] (an eight-token tile's pair layout, kernels_legacy._pack_tiles8)."""
+    def codegen(context, builder, sig, args):
+        a = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32))
+        b = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[4]), _vec(_I8, 32))
+        v = _shuffle(builder, a, b, list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64)))
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(v, _cast_ptr(builder, ptr, v.type), align=1)
+        return context.get_dummy_value()
+    return types.none(dst, d_offset, src, a_offset, b_offset), codegen
+
+
+@intrinsic
+def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult):
+    """dst[d_offset + k] <- mult x (src[s_offset + 4k] + ... + src[s_offset + 4k + 3]) for k = 0..7: the int32 lane
+    sums of 32 signed bytes (dst an int32 array, element offset; mult an int32, the products within int32)."""
+    def codegen(context, builder, sig, args):
+        i32x32 = _vec(_I32, 32)
+        v = builder.sext(_load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32)), i32x32)
+        parts = [_shuffle(builder, v, v, range(e, 32, 4)) for e in range(4)]
+        total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+        total = builder.mul(total, _splat(builder, args[4], 8))
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(total, _cast_ptr(builder, ptr, total.type), align=4)
+        return context.get_dummy_value()
+    return types.none(dst, d_offset, src, s_offset, types.int32), codegen
+
+
+@intrinsic
 def load_nibbles_lo_hi(typingctx, buf, offset):
     """16 bytes at buf[offset] -> 32 values 0..15: low nibbles first, then high nibbles (Q4_0/Q4_1/Q5_x)."""
     def codegen(context, builder, sig, args):
@@ -933,6 +963,63 @@ def load_f32x8(typingctx, buf, offset):
     def codegen(context, builder, sig, args):
         return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, 8))
     return F32x8(buf, offset), codegen
+
+
+@intrinsic
+def absmax_f32x32(typingctx, buf, offset):
+    """max |x| over the 32 float32 at buf[offset] (a quantization block): four 8-lane vectors, their lane-wise
+    maxima, then the 8 lanes folded. The maximum of finite values is the same whatever the order, so this equals
+    the scalar loop's; the scalar loop carried one max through 32 dependent steps (4 cycles each). buf: a
+    C-contiguous float32 array (anything else does not type)."""
+    if not (isinstance(buf, types.Array) and buf.layout == "C" and buf.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32x8 = _vec(_F32, 8)
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        v = [_call_intrinsic(builder, "llvm.fabs.v8f32", f32x8,
+                             [_load(builder, builder.gep(ptr, [ir.Constant(_I64, 8 * k)],
+                                                         source_etype=_F32), f32x8)]) for k in range(4)]
+
+        def vmax(a, b):
+            return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+        m = vmax(vmax(v[0], v[1]), vmax(v[2], v[3]))
+        for width in (4, 2, 1):
+            m = vmax(m, _shuffle(builder, m, m, list(range(width, 2 * width)) + list(range(8 - width))))
+        return builder.extract_element(m, ir.Constant(_I32, 0))
+    return types.float32(buf, offset), codegen
+
+
+def _quantize_values(name, n, clamp, doc):
+    """An intrinsic (x, offset, scale, q, q_offset) -> int32: q[q_offset:q_offset + n] <- the int8 of
+    rint(x[offset + j] * scale) (round half to even, as np.rint), clamped to [-128, 127] if `clamp`; returns the sum
+    of the n quants. One float32 multiply and rounding per value, as the scalar loops do, in vectors. x:
+    C-contiguous float32 (anything else does not type); q: int8 or uint8."""
+    def typer(typingctx, x, offset, scale, q, q_offset):
+        if not (isinstance(x, types.Array) and x.layout == "C" and x.dtype == types.float32):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f32n, i32n = _vec(_F32, n), _vec(_I32, n)
+            v = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), f32n)
+            scaled = builder.fmul(v, _splat(builder, args[2], n))
+            ints = builder.fptosi(_call_intrinsic(builder, f"llvm.rint.v{n}f32", f32n, [scaled]), i32n)
+            if clamp:
+                hi, lo = ir.Constant(i32n, [127] * n), ir.Constant(i32n, [-128] * n)
+                ints = builder.select(builder.icmp_signed(">", ints, hi), hi, ints)
+                ints = builder.select(builder.icmp_signed("<", ints, lo), lo, ints)
+            qp = _ptr(context, builder, sig.args[3], args[3], args[4])
+            builder.store(builder.trunc(ints, _vec(_I8, n)), _cast_ptr(builder, qp, _vec(_I8, n)), align=1)
+            return _call_intrinsic(builder, f"llvm.vector.reduce.add.v{n}i32", _I32, [ints])
+        return types.int32(x, offset, types.float32, q, q_offset), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+quantize_f32x32 = _quantize_values("quantize_f32x32", 32, False, "A Q8_0 activation block's 32 quants and their sum "
+                                   "(the products within +-127.5: scale = 127 / max|x|, or 0).")
+quantize_f32x16_clamped = _quantize_values("quantize_f32x16_clamped", 16, True, "Sixteen of a Q8_K activation "
+                                           "block's quants, clamped to [-128, 127], and their sum.")
 
 
 @intrinsic

@@ -108,6 +108,31 @@ def test_numba_act_q8_k_equals_reference():
         np.testing.assert_array_equal(got, want)
 
 
+def test_numba_act_q8_k_sign_of_the_largest_magnitude():
+    """Where +max|x| and -max|x| both occur in a block, the scale's sign follows the first of them (llama.cpp's
+    quantize_row_q8_K), or +max|x| with positive_wins (its 4-row quantizer). Block 0 has -5 first, then +5: there
+    the two rules give opposite scales, so every quant, the scale and the sums change sign. Block 1 has +5 first,
+    block 2 only -5, block 3 only +5 (twice): there both rules agree with the reference."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(1024) * 0.5).astype(np.float32)
+    x[10], x[20] = -5.0, 5.0
+    x[256 + 30], x[256 + 31] = 5.0, -5.0
+    x[512 + 7] = -5.0
+    x[768 + 3] = x[768 + 200] = 5.0
+    q_ref, d_ref, sums_ref = reference.quantize_act_q8_k(x)
+    assert d_ref[0] > 0 > d_ref[1]  # d = -vmax / 127
+    for positive_wins in (False, True):
+        xq, xd, bsums = np.empty(1024, np.int8), np.empty(4, np.float32), np.empty(64, np.int32)
+        quantize_act_q8_k(x, xq, xd, bsums, positive_wins)
+        flip = -1 if positive_wins else 1
+        np.testing.assert_array_equal(xq[:256], flip * q_ref[:256])
+        np.testing.assert_array_equal(xd[0], flip * d_ref[0])
+        np.testing.assert_array_equal(bsums[:16], flip * sums_ref[:16])
+        np.testing.assert_array_equal(xq[256:], q_ref[256:])
+        np.testing.assert_array_equal(xd[1:], d_ref[1:])
+        np.testing.assert_array_equal(bsums[16:], sums_ref[16:])
+
+
 # --- QuantLinear ---------------------------------------------------------------------------------------------
 
 
@@ -567,6 +592,21 @@ def test_pack_tiles8_matches_numpy(n_tokens):
     want_xp, want_xt = pack_tiles8_reference(xq, xd, xs, n_tokens, n_in)
     np.testing.assert_array_equal(xp[:n8 * n_in], want_xp)
     np.testing.assert_array_equal(xt[:2 * n8 * n_in // 32], want_xt)
+
+
+@pytest.mark.parametrize("mult", [-16, -8, -128, 3])
+def test_lane_sums_match_numpy(mult):
+    """kernels_legacy._lane_sums (eight lanes at a time): mult x the sum of each four activation bytes, including
+    the extremes (-128 x 4 x -128 needs more than 16 bits)."""
+    from quant.kernels_legacy import _lane_sums
+    rng = np.random.default_rng(abs(mult))
+    src = rng.integers(-128, 128, 3 * 32 * 5).astype(np.int8)
+    src[:32] = -128
+    src[32:64] = 127
+    dst = np.full(src.size // 4 + 3, 7, np.int32)  # past the lanes: left as it was
+    _lane_sums(src, mult, dst[:src.size // 4])
+    np.testing.assert_array_equal(dst[:-3], mult * src.astype(np.int64).reshape(-1, 4).sum(axis=1))
+    np.testing.assert_array_equal(dst[-3:], 7)
 
 
 def test_i32x8_hsum8_and_lane_conversions_match_numpy():
