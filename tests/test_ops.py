@@ -62,6 +62,45 @@ def test_add_post_norm_is_gemma_sandwich(rng):
     assert nmse(x, want) < NMSE_F32
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 31, 32, 37, 64, 130])
+def test_norms_give_each_row_its_own_bits_however_rows_are_split(rng, rows):
+    """The norms sum four rows' squares side by side and split rows across threads from NORM_PARALLEL_MIN_ROWS on;
+    every row must still get the bits of the row-by-row loop (its float64 sum in order, then llama.cpp's float32
+    steps), for all three kinds, including the leftover rows past a multiple of four and out aliasing delta."""
+    from numba import njit
+
+    @njit(error_model="numpy")
+    def row_by_row(x, weight, eps, out, delta, mode):
+        for r in range(x.shape[0]):
+            if mode == ops.NORM_ADD:
+                for i in range(x.shape[1]):
+                    x[r, i] += delta[r, i]
+            src = delta[r] if mode == ops.NORM_POST else x[r]
+            total = 0.0
+            for i in range(src.shape[0]):
+                total += np.float64(src[i] * src[i])
+            scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(total / src.shape[0]) + np.float32(eps)))
+            for i in range(x.shape[1]):
+                if mode == ops.NORM_POST:
+                    x[r, i] += delta[r, i] * scale * weight[i]
+                else:
+                    out[r, i] = x[r, i] * scale * weight[i]
+
+    d = 576
+    x = (rng.standard_normal((rows, d)) * 3).astype(np.float32)
+    delta = (rng.standard_normal((rows, d)) * 5).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    for mode, call in ((ops.NORM_PLAIN, lambda a, b, o: ops.rms_norm(a, w, 1e-6, o)),
+                       (ops.NORM_ADD, lambda a, b, o: ops.add_rms_norm(a, b, w, 1e-6, b)),
+                       (ops.NORM_POST, lambda a, b, o: ops.add_post_norm(a, b, w, 1e-6))):
+        got_x, got_d, got_o = x.copy(), delta.copy(), np.zeros_like(x)
+        want_x, want_d, want_o = x.copy(), delta.copy(), np.zeros_like(x)
+        call(got_x, got_d, got_o)
+        row_by_row(want_x, w, 1e-6, want_d if mode == ops.NORM_ADD else want_o, want_d, mode)
+        for got, want in ((got_x, want_x), (got_d, want_d), (got_o, want_o)):
+            np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
 @pytest.mark.parametrize("with_bias,with_norm,neox", [(False, False, False), (True, False, True), (False, True, True)])
 def test_finish_qkv_is_bias_norm_rope_store(rng, with_bias, with_norm, neox):
     T, H, H_kv, hd, capacity = 3, 4, 2, 16, 8
