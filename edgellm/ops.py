@@ -332,7 +332,7 @@ def _rms_norm_heads(x, weight, eps):
 
 
 @njit(cache=True, error_model="numpy")
-def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
     if q_bias.size:
         q_flat, k_flat, v_flat = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
@@ -347,33 +347,40 @@ def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, 
         _rms_norm_heads(k, k_norm, eps)
     apply_rope(q, cos, sin, neox)
     apply_rope(k, cos, sin, neox)
+    if q_scale != np.float32(1.0):  # in float32 before attention rounds q to f16, as llama.cpp's Gemma graph
+        for t in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                for i in range(q.shape[2]):
+                    q[t, h, i] = q[t, h, i] * q_scale
     _kv_store(k, v, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
 def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
-               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES):
+               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES, q_scale=1.0):
     """Everything between the q/k/v projections and attention, in one call:
     add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
-    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step."""
-    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step.
+    q_scale: a factor on q after rope, for graphs that scale q rather than the scores (Gemma)."""
+    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
 @njit(cache=True, error_model="numpy")
-def _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+def _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
                      positions, seqs, k_all, v_all, ks_all, vs_all, sp_all):
     for t in range(q.shape[0]):
         s = seqs[t]
         _finish_qkv(q[t:t + 1], k[t:t + 1], v[t:t + 1], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos[t:t + 1],
-                    sin[t:t + 1], neox, positions[t:t + 1], k_all[s], v_all[s], ks_all[s], vs_all[s], sp_all[s])
+                    sin[t:t + 1], neox, q_scale, positions[t:t + 1], k_all[s], v_all[s], ks_all[s], vs_all[s], sp_all[s])
 
 
-def finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs, stacked):
+def finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs, stacked,
+                    q_scale=1.0):
     """finish_qkv for T independent sequences of one token each: row t goes to sequence seqs[t] of `stacked`
     (a KVPool layer: arrays with a leading sequence axis). Row t gets exactly finish_qkv's arithmetic alone."""
     _check_rows(seqs, positions, stacked, q.shape[0])
-    _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs,
-                     stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos)
+    _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                     positions, seqs, stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos)
 
 
 def _check_rows(seqs, positions, stacked, n_rows):

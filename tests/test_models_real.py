@@ -2,15 +2,15 @@
 sliding-window layers against the numpy reference on a prompt longer than the window.
 
 Our kernels compute what llama.cpp's x86 build computes, rounding for rounding (edgellm.ops, quant.matmul_kquant;
-op by op in test_ops_llama_exact.py), so on Linux the teacher-forced logits equal llama.cpp's bit for bit and the
+op by op in test_ops_llama_exact.py), so on the checked hosts (tests/exact_host.py) the teacher-forced logits equal llama.cpp's bit for bit and the
 greedy continuations are identical. The looser checks (top-1 share, near-ties, log-prob tolerance) stay as the
 contract on hosts whose C library rounds cos/sin/tanh differently.
 """
-import sys
 
 import numpy as np
 import pytest
 from conftest import GEMMA, load_reference
+from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
 import edgellm.gguf
 from edgellm.models import build_model
@@ -25,7 +25,6 @@ TOP1_AGREEMENT = 0.99
 # with an f32 KV cache agrees with its default (f16 KV) run at 98.4% (SmolLM2) and 96.1% (Gemma) of positions,
 # its flash-attention run at 98.4% / 97.8%: only llama.cpp's rounding, bit for bit, gets to 99%.
 TOP1_ALL_POSITIONS = {"smollm2-135m": 0.99, "gemma-3-270m": 0.99}
-EXACT_HOST = sys.platform == "linux"  # glibc's libm, as the recorded llama.cpp run
 # |our log-prob - llama.cpp's| over llama.cpp's top-40 tokens at every teacher-forced position (llama.cpp's own
 # f32-KV run against its default: mean 0.12 / 0.16, max 0.94 / 1.51).
 LOGPROB_MEAN_TOL = 0.25
@@ -95,7 +94,7 @@ def test_teacher_forced_logits_match_llama_cpp(real_model, model_for):
     assert diffs.max() < LOGPROB_MAX_TOL
 
 
-@pytest.mark.skipif(not EXACT_HOST, reason="llama.cpp's recorded logits come from glibc's libm")
+@pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 def test_teacher_forced_logits_are_llama_cpp_bits(real_model, model_for):
     """Every position's top-40 logits equal llama.cpp's exactly (float32 bits), over all four sequences."""
     name, path = real_model

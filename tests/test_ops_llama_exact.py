@@ -7,18 +7,18 @@ the models amplify a last-bit difference into tenths of a logit within a few doz
 enough to give llama.cpp's answers. Our kernels use no CPU-specific rounding (explicit FMAs, exact integer
 lanes), but cos/sin/tanh/pow come from the C library: the comparison is exact on Linux (glibc), as llama.cpp's.
 """
-import sys
 
 import numpy as np
 import pytest
 from conftest import FIXTURES, GEMMA, REFERENCE_FILES, SMOLLM2
+from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
 import edgellm.gguf
 from edgellm import ops
 from edgellm.kvcache import KVCache
 from edgellm.models import build_model
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="llama.cpp's recorded values come from glibc's libm")
+pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 
 N_CTX = 64
 
@@ -119,6 +119,7 @@ def _check_attention(model, dump, layer, window, scale):
         k = np.ascontiguousarray(dump[f"Kcur@{layer}/{step}#2"]).reshape(len(positions), cfg.n_head_kv, -1)
         v = np.ascontiguousarray(dump[f"Vcur@{layer}/{step}#1"]).reshape(len(positions), cfg.n_head_kv, -1)
         q = np.ascontiguousarray(dump[f"Qcur@{layer}/{step}#2"]).reshape(len(positions), cfg.n_head, -1)
+        q = q * np.float32(cfg.q_scale)  # Gemma's graph scales q in float32 before attention; llama's by 1
         ops.kv_store(k, v, positions, cache.k, cache.v, cache.slot_pos)
         out = np.empty_like(q)
         ops.attention(q, cache.k, cache.v, cache.slot_pos, positions, window, scale, out)

@@ -184,7 +184,7 @@ class CudaLlamaModel(CudaDecoderModel):
             k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
             dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
                                    eps, kv)
-            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale, s.attn)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
             layer.attn_output.matmul(s.attn_flat, s.x, accumulate=True)
             # feed-forward block
             dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
@@ -233,7 +233,7 @@ class CudaGemma3Model(CudaDecoderModel):
             layer.attn_v.matmul(s.xn, s.v_flat)
             dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, True, layer.attn_q_norm, layer.attn_k_norm, True,
                                    eps, kv)
-            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale, s.attn)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
             layer.attn_output.matmul(s.attn_flat, s.xn)
             dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
             # feed-forward block

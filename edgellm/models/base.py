@@ -171,14 +171,14 @@ class DecoderModel:
     def attend(self, il, s, positions, cos, sin, neox, biases, norms, groups):
         """Layer il's steps between the q/k/v projections and W_o, for each group of rows in its own cache:
         biases, QK norms, rope, the cache store (ops.finish_qkv), then attention into s.attn_heads."""
-        eps, scale = self.config.norm_eps, self.config.attn_scale
+        eps, scale, q_scale = self.config.norm_eps, self.config.attn_scale, self.config.q_scale
         rows = self._pool_rows
         if rows is not None and len(groups) == len(positions) > 1:  # forward_multi over one KVPool's caches
             pool, seqs = rows
             stacked = pool.stacked[il]
             if ops.attention_rows_supported(stacked, self.config.head_dim):
                 ops.finish_qkv_rows(s.q_heads, s.k_heads, s.v_heads, *biases, *norms, eps, cos, sin, neox, positions,
-                                    seqs, stacked)
+                                    seqs, stacked, q_scale)
                 ops.attention_rows(s.q_heads, stacked, seqs, positions, scale, s.attn_heads,
                                    self.attn_scratch(groups[0][2].layers[il]))
                 return
@@ -190,7 +190,7 @@ class DecoderModel:
                 q, k, v, c, sn, pos, out = (a[b0:b1] for a in (s.q_heads, s.k_heads, s.v_heads, cos, sin,
                                                                positions, s.attn_heads))
             ops.finish_qkv(q, k, v, *biases, *norms, eps, c, sn, neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
-                           kv.v_scale)
+                           kv.v_scale, q_scale)
             ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, scale, out, self.attn_scratch(kv), kv.k_scale,
                           kv.v_scale)
 

@@ -46,7 +46,8 @@ class Gemma3Config:
     n_rot: int
     sliding_window: int
     swa_period: int  # layer il is global when il % swa_period == swa_period - 1
-    attn_scale: float
+    attn_scale: float  # on the scores: 1, since llama.cpp's Gemma graph scales q instead
+    q_scale: float  # on q after rope, in float32, before attention rounds q to f16
 
     def is_sliding(self, il: int) -> bool:
         return il % self.swa_period < self.swa_period - 1
@@ -87,7 +88,8 @@ class Gemma3Config:
             n_rot=head_dim,
             sliding_window=window,
             swa_period=read_key(meta, f"{arch}.attention.sliding_window_pattern", default=SWA_PERIOD_DEFAULT),
-            attn_scale=1.0 / math.sqrt(scale_dim),
+            attn_scale=1.0,
+            q_scale=1.0 / math.sqrt(scale_dim),
         )
 
 

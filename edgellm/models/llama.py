@@ -39,6 +39,8 @@ class LlamaConfig:
     qkv_bias: bool  # qwen2
     qk_norm: bool  # qwen3
 
+    q_scale = 1.0  # not a field: llama.cpp's llama graph scales the scores (attn_scale), never q
+
     ROPE_NEOX = False
     QKV_BIAS = False
     QK_NORM = False

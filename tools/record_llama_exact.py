@@ -1,0 +1,180 @@
+"""Record llama.cpp's logits over the broad prompt set as compact fixtures for tests/test_exact_llama_cpp.py.
+
+Run with the python that has llama-cpp-python (tests never need it):
+
+    /path/to/llama-venv/bin/python tools/record_llama_exact.py MODEL.gguf tests/fixtures/exact_<stem>.npz \\
+        --prompts tests/fixtures/exact_prompts.json.gz --ppl-text tests/fixtures/ppl_text.txt --ppl-text OTHER.txt
+
+For every prompt (its text tokenized by llama.cpp with special tokens parsed, BOS where the file asks; a chat
+rendered with the file's own template first), it records:
+- the greedy continuation (argmax, up to --gen tokens, stopping at an end-of-generation token);
+- teacher-forced rows: the prompt and continuation evaluated as one sequence (llama-cpp-python's `eval`, batches
+  of n_batch, every row's logits), a sha256 of each row's full float32 logits;
+- decode-path rows: the prompt evaluated alone, then the continuation fed one token at a time, a sha256 of the
+  prompt's last row and of each step's row (llama.cpp computes a single token with other kernels);
+- the top 8 logits of each prompt's last teacher-forced row, for readable failure messages.
+And, for each --ppl-text, the perplexity llama-perplexity computes (chunks of --ppl-ctx tokens evaluated one
+chunk at a time, BOS swapped into each chunk's first position, the second half of each chunk scored).
+"""
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import time
+
+import numpy as np
+
+TOP_K = 8
+
+
+def row_hash(row) -> bytes:
+    return hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).digest()
+
+
+def render_chat(llama_cpp, llm, messages):
+    meta = llm.metadata
+    vocab_tok = lambda i: llm.detokenize([i], special=True).decode("utf-8", errors="replace")  # noqa: E731
+    formatter = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+        template=meta["tokenizer.chat_template"], eos_token=vocab_tok(llm.token_eos()),
+        bos_token=vocab_tok(llm.token_bos()), add_generation_prompt=True)
+    return formatter(messages=messages).prompt
+
+
+def tokenize(llm, text):
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+    bos = llm.token_bos()
+    if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:  # a template that writes BOS itself
+        ids = ids[1:]
+    return ids
+
+
+def eog_ids(llama_cpp, llm):
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    return {i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+
+
+def rows_of(llm, start, count):
+    return np.asarray(llm.scores[start:start + count], dtype=np.float32)
+
+
+def record_prompt(llm, ids, n_gen, eog):
+    # decode path: the prompt as one evaluation, then one token at a time (which is also the greedy run)
+    llm.reset()
+    llm.eval(ids)
+    row = rows_of(llm, len(ids) - 1, 1)[0]
+    decode_hashes = [row_hash(row)]
+    generated = []
+    while True:
+        token = int(np.argmax(row))
+        generated.append(token)
+        if token in eog or len(generated) == n_gen:
+            break
+        llm.eval([token])
+        row = rows_of(llm, llm.n_tokens - 1, 1)[0]
+        decode_hashes.append(row_hash(row))
+    # teacher-forced: prompt and continuation in one evaluation, every row
+    seq = list(ids) + generated
+    llm.reset()
+    llm.eval(seq)
+    rows = rows_of(llm, 0, len(seq))
+    forced_hashes = [row_hash(r) for r in rows]
+    last = rows[len(ids) - 1]
+    top = np.argsort(-last, kind="stable")[:TOP_K]
+    return seq, len(ids), forced_hashes, decode_hashes, top.astype(np.int32), last[top]
+
+
+def perplexity(llm, text, n_ctx):
+    """llama-perplexity's loop, one chunk at a time, in double precision as it scores."""
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    add_bos = tokens[:1] == [llm.token_bos()]
+    n_chunks = len(tokens) // n_ctx
+    nll, nll2, count = 0.0, 0.0, 0
+    first = n_ctx // 2
+    for c in range(n_chunks):
+        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+        if add_bos:
+            chunk[0] = llm.token_bos()
+        llm.reset()
+        llm.eval(chunk)
+        logits = rows_of(llm, 0, n_ctx).astype(np.float64)
+        for pos in range(first, n_ctx - 1):
+            row = logits[pos]
+            top = row.max()
+            lse = top + math.log(np.exp(row - top).sum())
+            v = lse - row[chunk[pos + 1]]
+            nll += v
+            nll2 += v * v
+            count += 1
+    return math.exp(nll / count), n_chunks, len(tokens)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--gen", type=int, default=16)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ppl-text", action="append", default=[])
+    ap.add_argument("--ppl-ctx", type=int, default=512)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (for a quick look)")
+    args = ap.parse_args()
+    import llama_cpp
+
+    with gzip.open(args.prompts, "rt", encoding="utf-8") as f:
+        prompts = json.load(f)["prompts"]
+    if args.limit:
+        prompts = prompts[:args.limit]
+    llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                          n_threads=args.threads, logits_all=True, verbose=False)
+    eog = eog_ids(llama_cpp, llm)
+    seqs, prompt_lens, forced, decode, top_ids, top_logits, ids_of = [], [], [], [], [], [], []
+    t0 = time.time()
+    for p in prompts:
+        text = render_chat(llama_cpp, llm, p["messages"]) if p["kind"] == "chat" else p["text"]
+        ids = tokenize(llm, text)
+        budget = args.n_ctx - args.gen
+        if len(ids) > budget:
+            ids = ids[:budget]
+        seq, n_prompt, f_hashes, d_hashes, tids, tlogits = record_prompt(llm, ids, args.gen, eog)
+        seqs.append(np.asarray(seq, np.int32))
+        prompt_lens.append(n_prompt)
+        forced.extend(f_hashes)
+        decode.extend(d_hashes)
+        top_ids.append(tids)
+        top_logits.append(tlogits)
+        ids_of.append(p["id"])
+    elapsed = time.time() - t0
+    out = {
+        "prompt_id": np.asarray(ids_of, np.int32),
+        "seq_offsets": np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
+        "seq_tokens": np.concatenate(seqs),
+        "prompt_len": np.asarray(prompt_lens, np.int32),
+        "forced_sha256": np.frombuffer(b"".join(forced), np.uint8).reshape(-1, 32),
+        "decode_sha256": np.frombuffer(b"".join(decode), np.uint8).reshape(-1, 32),
+        "last_prompt_top_ids": np.stack(top_ids),
+        "last_prompt_top_logits": np.stack(top_logits),
+        "settings": np.asarray(json.dumps({"n_ctx": args.n_ctx, "n_batch": args.n_batch, "gen": args.gen,
+                                           "threads": args.threads, "llama_cpp_python": llama_cpp.__version__})),
+    }
+    ppl = {}
+    if args.ppl_text:  # llama-perplexity's own context: n_ctx = the chunk length
+        del llm
+        llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ppl_ctx, n_batch=args.ppl_ctx,
+                              n_ubatch=args.ppl_ctx, n_threads=args.threads, logits_all=True, verbose=False)
+    for path in args.ppl_text:
+        with open(path, encoding="utf-8") as f:
+            value, n_chunks, n_tokens = perplexity(llm, f.read(), args.ppl_ctx)
+        ppl[path.rsplit("/", 1)[-1]] = {"ppl": value, "n_ctx": args.ppl_ctx, "chunks": n_chunks, "tokens": n_tokens}
+        print(f"perplexity {path}: {value:.4f} ({n_chunks} chunks of {args.ppl_ctx}, {n_tokens} tokens)")
+    out["perplexity"] = np.asarray(json.dumps(ppl))
+    np.savez_compressed(args.out, **out)
+    print(f"{len(prompts)} prompts, {len(forced)} teacher-forced rows, {len(decode)} decode rows, "
+          f"{sum(len(s) for s in seqs)} tokens, {elapsed:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
