@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from . import catalog
+from . import prefix
 from . import gguf as gguf_reader
 from . import validate
 from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError, PromptError,
@@ -125,6 +126,7 @@ class Model:
         self._cancel_requested = threading.Event()
         forward_model.should_stop = self._cancel_requested.is_set  # DecoderModel checks it between prompt batches
         self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
+        self._cached_kinds: list[int] = []  # how each of those rows was computed (edgellm.prefix)
         self._chat_format = None
         self._batch_pool = self._batch_pool_key = None  # KV caches of the last batch shape (edgellm/batch.py)
         self.last_batch: list | None = None
@@ -163,16 +165,18 @@ class Model:
             raise PromptError(f"{arr.size} tokens do not fit in the context of {self.n_ctx}")
         self._acquire("logits")
         try:
-            self._cached_tokens = []
+            self._set_cached([], [])
             self.model.reset()
+            kinds = self._kinds(prefix.fresh_batches(arr.size, self._step()))
             try:
                 out = self.model.forward(arr, all_logits=True)
             except Cancelled:
                 # the batches that ran are whole (and logits() fits the context: nothing shifted)
-                self._cached_tokens = arr[:self.model.n_past].tolist()
+                n = self.model.n_past
+                self._set_cached(arr[:n].tolist(), kinds[:n])
                 raise
-            self._check_finite(out, "for the given ids")  # raises with _cached_tokens empty: no reuse of it
-            self._cached_tokens = arr.tolist()
+            self._check_finite(out, "for the given ids")  # raises with the record empty: no reuse of it
+            self._set_cached(arr.tolist(), kinds)
             return out
         finally:
             self._release()
@@ -207,48 +211,73 @@ class Model:
 
     def reset(self) -> None:
         """Empty the KV cache: the next prompt is evaluated from its first token (as llama-cpp-python's reset()).
-        A prompt that shares a prefix with what the cache holds reuses it and evaluates only the rest, in a
-        batch of other size; llama.cpp's kernels round batches of other sizes differently, so such a run
-        equals llama.cpp's own prefix reuse, and may differ in the last bits from a fresh evaluation."""
+        Without it, a prompt that shares a prefix with what the cache holds reuses the part of it whose rows were
+        computed as a fresh run would compute them (edgellm.prefix), so its logits are a fresh run's bit for bit."""
         self._acquire("reset")
         try:
-            self._cached_tokens = []
+            self._set_cached([], [])
             self.model.reset()
         finally:
             self._release()
 
+    def _step(self) -> int:
+        step = getattr(self.model, "prompt_step", None)
+        return step() if step is not None else getattr(self.model, "n_batch", 512)
+
+    def _kinds(self, batches) -> list[int]:
+        from .models.base import DecoderModel
+        return prefix.kinds_of(batches, getattr(self.model, "row_kinds", DecoderModel.row_kinds)).tolist()
+
+    def _set_cached(self, tokens: list, kinds: list) -> None:
+        self._cached_tokens, self._cached_kinds = tokens, list(kinds)
+
     def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Bring the cache to hold exactly `ids`, reusing the longest cached prefix; return the last logits row."""
-        common = 0
-        for a, b in zip(self._cached_tokens, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # at least one token must run to produce logits
-        self._cached_tokens = []  # until the forward pass below has succeeded
+        """Bring the cache to hold exactly `ids`, reusing the cached rows a fresh run would compute alike
+        (edgellm.prefix); return the last logits row, bit for bit a fresh run's."""
+        from .models.base import DecoderModel
+        step = self._step()
+        row_kinds = getattr(self.model, "row_kinds", DecoderModel.row_kinds)
+        if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
+            common, batches = 0, prefix.fresh_batches(len(ids), step)
+        else:
+            common, batches = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
+        kinds = self._cached_kinds[:common]
+        self._set_cached([], [])  # until the forward passes below have succeeded
         if common == 0 or not self._rewind_cache(common):
             self.model.reset()
-            common = 0
+            common, kinds, batches = 0, [], prefix.fresh_batches(len(ids), step)
+        kinds = kinds + prefix.kinds_of(batches, row_kinds).tolist()
         try:
-            out = self.model.forward(np.asarray(ids[common:], dtype=np.int32), all_logits=False)
+            if common == 0:  # forward() splits into the fresh batches itself (and shifts a too long prompt)
+                out = self.model.forward(np.asarray(ids, dtype=np.int32), all_logits=False)
+            else:
+                for b0, b1 in batches:
+                    out = self.model.forward(np.asarray(ids[b0:b1], dtype=np.int32), all_logits=False)
         except Cancelled:
             # the batches that ran are whole, so reusable, unless the context shifted on the way
-            self._cached_tokens = [] if self._shift_log() else list(ids[:self.model.n_past])
+            if not self._shift_log():
+                n = self.model.n_past
+                self._set_cached(list(ids[:n]), kinds[:n])
             raise
-        self._cached_tokens = self._apply_shifts(list(ids))
+        self._cached_tokens, self._cached_kinds = list(ids), kinds
+        self._apply_shifts()
+        self.timings.reused_tokens = common
         return out[-1]
 
     def _shift_log(self) -> list:
         return getattr(getattr(self.model, "cache", None), "shift_log", None) or []
 
-    def _apply_shifts(self, tokens: list) -> list:
-        """The tokens the cache holds, given those fed to it: each context shift since the last call dropped
-        tokens[n_keep : n_keep + n_discard] of what the cache held then."""
+    def _apply_shifts(self) -> None:
+        """Make the record match what the cache holds: each context shift since the last call dropped
+        tokens[n_keep : n_keep + n_discard] of what the cache held then, and re-rotated the keys after them,
+        which no fresh run computes so."""
         log = self._shift_log()
+        tokens, kinds = self._cached_tokens, self._cached_kinds
         for n_keep, n_discard in log:
             del tokens[n_keep:n_keep + n_discard]
+            del kinds[n_keep:n_keep + n_discard]
+            kinds[n_keep:] = [prefix.TAINTED] * (len(kinds) - n_keep)
         log.clear()
-        return tokens
 
     # -- session state -------------------------------------------------------------------------------------------
     def save_state(self):
@@ -256,7 +285,8 @@ class Model:
         from .state import ModelState
         self._acquire("save_state")
         try:
-            return ModelState(self.name, self.n_ctx, list(self._cached_tokens), self.model.cache.export_state())
+            return ModelState(self.name, self.n_ctx, list(self._cached_tokens), self.model.cache.export_state(),
+                              list(self._cached_kinds))
         finally:
             self._release()
 
@@ -272,9 +302,11 @@ class Model:
             raise ModelError(f"the state was saved with n_ctx {state.n_ctx}, this model has {self.n_ctx}")
         self._acquire("load_state")
         try:
-            self._cached_tokens = []
+            self._set_cached([], [])
             self.model.cache.import_state(state.cache)  # checks kv_type and layout; resets on success
-            self._cached_tokens = list(state.tokens)
+            kinds = state.row_kinds if state.row_kinds is not None and len(state.row_kinds) == len(state.tokens) \
+                else [prefix.TAINTED] * len(state.tokens)  # unknown: continued from, never reused
+            self._set_cached(list(state.tokens), kinds)
         finally:
             self._release()
 
@@ -355,7 +387,7 @@ class Model:
         except GeneratorExit:
             raise  # the consumer stopped: the cache bookkeeping is consistent at every yield
         except BaseException:
-            self._cached_tokens = []  # an error or Ctrl-C mid-step: trust nothing the cache holds
+            self._set_cached([], [])  # an error or Ctrl-C mid-step: trust nothing the cache holds
             raise
         finally:
             self._release()
@@ -366,6 +398,7 @@ class Model:
         seq = SequenceState(self, ids, opts, budget, bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
         t0 = time.perf_counter()
+        decode_kind = self._kinds([(0, 1)])[0]
         if not seq.done:
             try:
                 logits = self._prefill(ids)
@@ -391,8 +424,9 @@ class Model:
                     logits = None  # the token was generated but not fed: the cache does not hold it
                     continue
                 self._cached_tokens.append(token)
+                self._cached_kinds.append(decode_kind)  # (after a tainted row it is never reused: see prefix.plan)
                 if self._shift_log():
-                    self._cached_tokens = self._apply_shifts(self._cached_tokens)
+                    self._apply_shifts()
             t.generated_tokens = len(seq.generated)
             t.generate_s = time.perf_counter() - t1
             t.sample_s = seq.sample_s

@@ -204,8 +204,9 @@ def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,
         profile_rows = profile_decode(m) if profile else None
         load_s = m.timings.load_s
         del m, model
+    from quant.threading_layer import chosen_layer
     return {"results": results, "bandwidth": bandwidths, "peak_rss": peak_rss_bytes(), "load_s": load_s,
-            "profile": profile_rows, "batch_turn": batch_turn(results) if batches else None}
+            "threading_layer": chosen_layer(), "profile": profile_rows, "batch_turn": batch_turn(results) if batches else None}
 
 
 def profile_decode(m, n_tokens: int = 16) -> list:
@@ -247,7 +248,7 @@ def to_markdown(report: dict) -> str:
     bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in report["bandwidth"].items())
     lines.append("")
     lines.append(f"memory bandwidth (same run): {bw}; peak RSS {report['peak_rss'] / 1e6:.0f} MB; "
-                 f"load {report['load_s']:.2f} s")
+                 f"load {report['load_s']:.2f} s; threading layer {report.get('threading_layer', '-')}")
     if report.get("profile"):
         per_op, per_layer = profile_totals(report["profile"])
         total = sum(per_op.values())

@@ -150,6 +150,10 @@ def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None
             total = sum(row[name] * counts[name] for name in kinds if name == "full attention")
             lines.append(f"  {t:<8}" + "".join(f"{row[name]:>22,}" for name in kinds) + f"{total:>14,}")
         lines.append("  (whole model: one more token of context; sliding-window rings are fixed-size)")
+        from quant import threading_layer
+        layer = threading_layer.chosen_layer()
+        lines += ["", f"threading layer: {layer}" + ("" if layer == "omp" or not threading_layer.OPENMP_MISSING else
+                                                     f" (OpenMP unavailable: {threading_layer.OPENMP_FIX})")]
         try:
             from .validate import fit_context
             fit = fit_context(f, kv_type)

@@ -12,6 +12,7 @@ class Timings:
     load_s: float = 0.0
     prompt_tokens: int = 0
     prompt_s: float = 0.0
+    reused_tokens: int = 0  # of prompt_tokens, taken from the KV cache rather than evaluated
     generated_tokens: int = 0
     generate_s: float = 0.0
     sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw

@@ -22,6 +22,7 @@ class ModelState:
     n_ctx: int
     tokens: list          # the token ids the cache holds, in order
     cache: dict           # KVCache.export_state()
+    row_kinds: list | None = None  # how each cached row was computed (edgellm.prefix); None: unknown, never reused
 
     @property
     def n_tokens(self) -> int:
@@ -38,6 +39,7 @@ class ModelState:
             for name, a in zip(("slots", "pos", "k", "v", "k_scale", "v_scale"), layer):
                 arrays[f"l{il}_{name}"] = a
         header = {"format": _FORMAT, "model_name": self.model_name, "n_ctx": self.n_ctx, "tokens": list(self.tokens),
+                  "row_kinds": None if self.row_kinds is None else [int(k) for k in self.row_kinds],
                   **{k: self.cache[k] for k in ("n_past", "n_shifted", "kv_type")},
                   "capacities": list(self.cache["capacities"]), "n_layers": len(self.cache["layers"])}
         with open(path, "wb") as f:
@@ -58,4 +60,6 @@ class ModelState:
             raise ModelError(f"cannot read state file {path}: {e}") from e
         cache = {k: header[k] for k in ("n_past", "n_shifted", "kv_type")}
         cache.update(capacities=tuple(header["capacities"]), layers=layers)
-        return cls(header["model_name"], int(header["n_ctx"]), [int(t) for t in header["tokens"]], cache)
+        kinds = header.get("row_kinds")
+        return cls(header["model_name"], int(header["n_ctx"]), [int(t) for t in header["tokens"]], cache,
+                   None if kinds is None else [int(k) for k in kinds])

@@ -43,15 +43,52 @@ def busy_wait_settings(environ, busy: bool) -> dict:
     return {"GOMP_SPINCOUNT": BUSY_SPIN_COUNT}
 
 
+class SlowThreadingWarning(UserWarning):
+    """Numba's OpenMP layer could not load: parallel kernels run on a slower threading layer."""
+
+
+# How to get OpenMP's runtime (libgomp.so.1), which Numba's omp layer links against.
+OPENMP_FIX = ("install the OpenMP runtime: `apt install libgomp1` (Debian/Ubuntu), `apk add libgomp` (Alpine), "
+              "`dnf install libgomp` (Fedora)")
+
+# Set at import: the layer chosen and, when OpenMP was wanted but missing, why ("" otherwise).
+CHOSEN = "default"
+OPENMP_MISSING = ""
+
+
+def chosen_layer() -> str:
+    """The threading layer parallel kernels use (or will use): numba's own answer once one has run."""
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        return CHOSEN
+
+
+def _fallback() -> str:
+    try:
+        from numba.np.ufunc import tbbpool  # noqa: F401
+        return "tbb"
+    except ImportError:
+        return "workqueue"
+
+
 def _prefer_openmp() -> None:
+    global CHOSEN, OPENMP_MISSING
     if os.environ.get("NUMBA_THREADING_LAYER") or numba.config.THREADING_LAYER not in ("default", ""):
+        CHOSEN = os.environ.get("NUMBA_THREADING_LAYER") or numba.config.THREADING_LAYER
         return
     os.environ.update(busy_wait_settings(os.environ, _machine_is_busy()))  # read once, when OpenMP loads (below)
     try:
         from numba.np.ufunc import omppool  # noqa: F401  (import fails where the layer is missing)
-    except ImportError:
+    except ImportError as e:
+        CHOSEN, OPENMP_MISSING = _fallback(), str(e)
+        import warnings
+        warnings.warn(f"Numba's OpenMP threading layer is unavailable ({e}); using {CHOSEN!r}, whose parallel "
+                      "regions cost about 60 us each instead of a few (a large share of a decode step on small "
+                      f"models). To fix it, {OPENMP_FIX}; or set NUMBA_THREADING_LAYER to silence this.",
+                      SlowThreadingWarning, stacklevel=2)
         return
-    numba.config.THREADING_LAYER = "omp"
+    numba.config.THREADING_LAYER = CHOSEN = "omp"
 
 
 _prefer_openmp()

@@ -25,6 +25,8 @@ def test_sweep_results_and_markdown(tiny_model):
     assert tg_d8.bytes_per_token > tg_d0.bytes_per_token   # the deeper run also reads its KV cache
     md = bench.to_markdown(report)
     assert md.count("\n| ") >= 5 and "memory bandwidth (same run)" in md and "peak RSS" in md
+    from quant.threading_layer import chosen_layer
+    assert report["threading_layer"] == chosen_layer() and f"threading layer {chosen_layer()}" in md
 
 
 def test_cli_json_output(tiny_model, capsys):

@@ -31,6 +31,8 @@ def test_info_summarises_metadata_tensors_and_memory(real_model, capsys):
         assert expected in out
     if name == "gemma-3-270m":
         assert "KV sliding window 512" in out and "262144" in out
+    from quant.threading_layer import chosen_layer
+    assert f"threading layer: {chosen_layer()}" in out
 
 
 def test_memory_plan_matches_the_allocated_cache(gemma_path):

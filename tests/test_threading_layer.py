@@ -34,3 +34,25 @@ def test_the_choice_is_made_at_import_from_the_load_average():
     assert _policy_at_import(busy) == (BUSY_SPIN_COUNT, None)
     assert _policy_at_import(0.0) == (None, None)
     assert _policy_at_import(busy, OMP_WAIT_POLICY="PASSIVE") == (None, "PASSIVE")
+
+
+def test_a_missing_openmp_runtime_warns_once_with_the_fix(tmp_path):
+    """The real omp extension module, copied with its libgomp dependency renamed, so the loader cannot find it."""
+    import numba.np.ufunc
+    ufunc_dir = Path(numba.np.ufunc.__path__[0])
+    original = next(ufunc_dir.glob("omppool*.so"))
+    data = original.read_bytes()
+    names = [n for n in (b"libgomp.so.1.0.0", b"libgomp.so.1") if n in data]
+    assert names, "omppool does not name libgomp"
+    (tmp_path / original.name).write_bytes(data.replace(names[0], b"libgomx" + names[0][len(b"libgomp"):]))
+    code = ("import warnings, numba.np.ufunc as u; u.__path__.insert(0, %r); warnings.simplefilter('always'); "
+            "import quant.threading_layer as t; import quant.linear; print('CHOSEN', t.CHOSEN)" % str(tmp_path))
+    clean = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True,
+                         check=True)
+    assert run.stderr.count("SlowThreadingWarning") == 1, run.stderr
+    assert "libgomx" in run.stderr and "apt install libgomp1" in run.stderr and "apk add libgomp" in run.stderr
+    assert "CHOSEN omp" not in run.stdout and "CHOSEN " in run.stdout
+    ok = subprocess.run([sys.executable, "-W", "always", "-c", "import quant.threading_layer as t; print(t.CHOSEN)"],
+                        cwd=ROOT, env=clean, capture_output=True, text=True, check=True)
+    assert ok.stdout.strip() == "omp" and "SlowThreadingWarning" not in ok.stderr

@@ -118,6 +118,12 @@ class CudaDecoderModel(DecoderModel):
         self._positions = cuda.device_array(self.n_batch, dtype=np.int32)
         self._logits = cuda.device_array((1, self.n_vocab), dtype=np.float32)  # grown when more rows are asked
 
+    @staticmethod
+    def row_kinds(offsets, n):
+        """The GPU kernels' arithmetic is not mapped row by row: a row's code is its batch's shape and its place in
+        it, so only rows of an identically split prompt are reused."""
+        return (np.asarray(offsets, np.int64) << 32) | n
+
     def activation_nbytes(self) -> int:
         c = self.config
         per_token = 2 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff

@@ -106,10 +106,8 @@ class DecoderModel:
             bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
             raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
         n_ctx = cache.n_ctx
-        if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
-            step = max(1, min(self.n_batch, n_ctx - self._n_keep(cache)))
-        else:
-            step = self.n_batch
+        step = self.prompt_step(cache)
+        if not self.context_shift:
             if cache.n_past + n_tokens > n_ctx:
                 raise ModelError(f"context full: {cache.n_past} cached + {n_tokens} new tokens > n_ctx "
                                  f"{n_ctx} (context_shift is off)")
@@ -134,6 +132,22 @@ class DecoderModel:
                 self.forward_batch(tokens[begin:end], positions, logits_out)
             cache.n_past = start_pos + end - begin
         return result
+
+    def prompt_step(self, cache=None) -> int:
+        """The tokens per batch forward() splits a prompt into."""
+        cache = self.cache if cache is None else cache
+        if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
+            return max(1, min(self.n_batch, cache.n_ctx - self._n_keep(cache)))
+        return self.n_batch
+
+    @staticmethod
+    def row_kinds(offsets: np.ndarray, n: int) -> np.ndarray:
+        """How forward_batch computes the rows at these offsets of a batch of n rows, as a code: rows of equal code,
+        token and earlier keys give equal bits. Bit 0: attention's several-row order (one row: the decode order);
+        bit 1: Q4_K's four-token gemm (all but the batch's last n % 4 rows); bit 2: Q6_K's tiled kernel (n >= 8).
+        Every other kernel computes a row the same whatever its batch (quant.linear, edgellm.ops)."""
+        offsets = np.asarray(offsets, np.int64)
+        return ((n > 1) | ((offsets < n - n % 4) << 1) | ((n >= 8) << 2)).astype(np.int64)
 
     def profile_step(self, tokens, n_steps: int = 1) -> dict:
         """forward(tokens) n_steps times, timed per operation and layer: {(op, layer): seconds per step}

@@ -1,0 +1,44 @@
+"""Which cached rows a new prompt may reuse so that its logits equal a fresh run's bit for bit.
+
+A fresh run splits a prompt of N tokens into batches of `step` tokens: [0, step), [step, 2 step), ... The kernels'
+arithmetic for a row depends on its batch (DecoderModel.row_kinds): one token decodes with other kernels than a
+batch, Q4_K rows run the four-token gemm except a batch's last len % 4, Q6_K rows the tiled kernel from eight tokens
+on. Every cached row carries the kind it was computed with. A prefix [0, c) is reused only where each of its rows has
+the kind the fresh run would give it, and the rest is run so that each of its rows gets its fresh kind too: the part
+of c's fresh batch from c on, then the fresh batches. Then, row by row, every input of the arithmetic is the fresh
+run's (the same token, kind and keys of earlier positions), so every output is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TAINTED = -1  # a row no fresh run computes so (its keys re-rotated by a context shift; a state without kinds)
+
+
+def fresh_batches(n_tokens: int, step: int) -> list[tuple[int, int]]:
+    return [(b, min(b + step, n_tokens)) for b in range(0, n_tokens, step)]
+
+
+def kinds_of(batches, row_kinds) -> np.ndarray:
+    """The kind of every row of these consecutive batches."""
+    parts = [row_kinds(np.arange(b1 - b0), b1 - b0) for b0, b1 in batches]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def plan(cached_tokens, cached_kinds, ids, step: int, row_kinds):
+    """(c, batches): reuse the cache's first c rows and run these batches of ids after them. c <= len(ids) - 1."""
+    n = len(ids)
+    batches = fresh_batches(n, step)
+    fresh = kinds_of(batches, row_kinds)
+    m = min(len(cached_tokens), n - 1)
+    if m <= 0:
+        return 0, batches
+    same = (np.asarray(cached_tokens[:m]) == np.asarray(ids[:m])) & (np.asarray(cached_kinds[:m]) == fresh[:m])
+    c = m if same.all() else int(np.argmin(same))
+    while c > 0:
+        b0 = c - c % step
+        b1 = min(b0 + step, n)
+        if c == b0 or np.array_equal(row_kinds(np.arange(b1 - c), b1 - c), fresh[c:b1]):
+            return c, [(c, b1)] + [b for b in batches if b[0] >= b1]
+        c -= 1
+    return 0, batches
