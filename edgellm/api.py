@@ -277,11 +277,13 @@ class Model:
             raise ModelError(f"the state was saved from {state.model_name!r}, not {self.name!r}")
         if state.n_ctx != self.n_ctx:
             raise ModelError(f"the state was saved with n_ctx {state.n_ctx}, this model has {self.n_ctx}")
+        tokens = list(state.tokens)
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab for t in tokens):
+            raise ModelError(f"the state's tokens must be ids in [0, {self.n_vocab})")
         self._acquire("load_state")
         try:
-            self._cached_tokens = []
-            self.model.cache.import_state(state.cache)  # checks kv_type and layout; resets on success
-            self._cached_tokens = list(state.tokens)
+            self.model.cache.import_state(state.cache)  # refuses a misfit before changing anything
+            self._cached_tokens = tokens
         finally:
             self._release()
 
