@@ -10,7 +10,6 @@ from edgellm import gguf, load
 from edgellm.errors import EdgeLLMError, ModelError
 from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer.vocab import SpecialTokenMatcher
-from edgellm.tokenizer.wordcache import WordCache
 
 # one split per token over every fragment took minutes on this text; one pass takes well under a second
 SPLIT_DEADLINE_S = 20
@@ -78,6 +77,7 @@ def test_long_words_are_not_cached(smollm2_path, gemma_tokenizer):
 
 
 def test_word_cache_stays_within_its_byte_budget():
+    from edgellm.tokenizer.wordcache import WordCache
     cache = WordCache(budget_bytes=100_000)
     for i in range(5_000):
         cache.put(f"word{i:05d}" * 20, list(range(40)))
