@@ -104,7 +104,7 @@ def run_case(path, kind, kw, spec):
                         "n_head": "attention.head_count", "n_head_kv": "attention.head_count_kv",
                         "context_length": "context_length"}[key]
             hardening_tiny.patch_uint32_key(path, f"llama.{gguf_key}", value)
-    except (ValueError, OverflowError, TypeError, AssertionError, MemoryError) as e:
+    except Exception as e:  # noqa: BLE001 - gguf-py could not write this case (e.g. a width its quantizer refuses)
         return "unwritable", type(e).__name__
     try:
         model = load(str(path), n_ctx=64, n_threads=1)
