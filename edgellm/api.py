@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 import time
+import traceback
+import warnings
 
 import numpy as np
 
@@ -86,10 +87,16 @@ class Model:
             raise
         from .models import build_model
         from .tokenizer import Tokenizer
-        tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
         n_threads = n_threads or default_threads()
-        forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device,
-                                    kv_type=kv_type if device == "cuda" else kv_name)
+        try:
+            tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
+            forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device,
+                                        kv_type=kv_type if device == "cuda" else kv_name)
+            _check_vocabulary(tokenizer, forward_model)
+        except BaseException as e:
+            tokenizer = forward_model = None  # noqa: F841  (their views into the map must go before it closes)
+            _release_failed_load(gguf_file, e)
+            raise
         if n_keep is not None:
             forward_model.n_keep = n_keep
         forward_model.context_shift = forward_model.context_shift and bool(context_shift)
@@ -300,13 +307,15 @@ class Model:
             raise ModelError(f"the state was saved from {state.model_name!r}, not {self.name!r}")
         if state.n_ctx != self.n_ctx:
             raise ModelError(f"the state was saved with n_ctx {state.n_ctx}, this model has {self.n_ctx}")
+        tokens = list(state.tokens)
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab for t in tokens):
+            raise ModelError(f"the state's tokens must be ids in [0, {self.n_vocab})")
         self._acquire("load_state")
         try:
-            self._set_cached([], [])
-            self.model.cache.import_state(state.cache)  # checks kv_type and layout; resets on success
-            kinds = state.row_kinds if state.row_kinds is not None and len(state.row_kinds) == len(state.tokens) \
-                else [prefix.TAINTED] * len(state.tokens)  # unknown: continued from, never reused
-            self._set_cached(list(state.tokens), kinds)
+            self.model.cache.import_state(state.cache)  # refuses a misfit before changing anything
+            kinds = state.row_kinds if state.row_kinds is not None and len(state.row_kinds) == len(tokens) \
+                else [prefix.TAINTED] * len(tokens)  # unknown: continued from, never reused
+            self._set_cached(tokens, kinds)
         finally:
             self._release()
 
@@ -563,6 +572,22 @@ class _closing:
     def __exit__(self, *exc):
         self.gen.close()
         return False
+
+
+def _check_vocabulary(tokenizer, forward_model):
+    # every id the tokenizer can emit must have an embedding row, or generation fails at the first such token
+    if tokenizer.n_vocab > forward_model.n_vocab:
+        raise ModelError(f"the tokenizer has {tokenizer.n_vocab} tokens but token_embd.weight has only "
+                         f"{forward_model.n_vocab} rows: ids {forward_model.n_vocab}..{tokenizer.n_vocab - 1} "
+                         "could be produced but not embedded")
+
+
+def _release_failed_load(gguf_file, error):
+    """Unmap a file whose model could not be built. The traceback's frames hold views into the map (token
+    tables, tensors), which would keep it mapped for as long as the exception lives; their locals are dropped."""
+    traceback.clear_frames(error.__traceback__)
+    gguf_file.metadata = {}
+    gguf_file.close()
 
 
 def load(model=None, n_threads: int | None = None, n_ctx: int | None = None, **kwargs) -> Model:

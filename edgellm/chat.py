@@ -91,15 +91,16 @@ class JinjaChatTemplate:
     def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
         import jinja2
         import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from .template_sandbox import BoundedSandboxedEnvironment
 
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError("chat template must be a non-empty string")
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
-        env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols, _generation_tag_extension()])
+        env = BoundedSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+                                          extensions=[jinja2.ext.loopcontrols, _generation_tag_extension()])
         env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)

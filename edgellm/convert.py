@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import replace_synced, unique_temp_path
 from .errors import EdgeLLMError
 
 # ---------------------------------------------------------------------------------------------------------
@@ -415,7 +416,7 @@ def convert_checkpoint(hf_dir, out_path, out_type: str = "F16", pre_tokenizer: s
     hf_dir, out_path, out_type = Path(hf_dir), os.fspath(out_path), str(out_type).upper()
     if out_type not in DIRECT_TYPES:
         file_type_by_name(out_type)  # fail before any work on an unknown name
-        tmp = out_path + ".f32.tmp"
+        tmp = unique_temp_path(out_path)
         try:
             convert_checkpoint(hf_dir, tmp, "F32", pre_tokenizer, progress)
             quantize_file(tmp, out_path, out_type, progress=progress)
@@ -428,7 +429,7 @@ def convert_checkpoint(hf_dir, out_path, out_type: str = "F16", pre_tokenizer: s
 
     spec, cfg = load_config(hf_dir)
     checkpoint = open_checkpoint(hf_dir)
-    tmp_path = out_path + ".tmp"
+    tmp_path = unique_temp_path(out_path)
     writer = GGUFWriter(tmp_path, spec.gguf_arch)
     try:
         writer.add_type("model")
@@ -480,7 +481,7 @@ def convert_checkpoint(hf_dir, out_path, out_type: str = "F16", pre_tokenizer: s
         if progress:
             print(file=sys.stderr)
         writer.close()
-        os.replace(tmp_path, out_path)
+        replace_synced(tmp_path, out_path)
     except BaseException:
         writer.close()
         if os.path.exists(tmp_path):

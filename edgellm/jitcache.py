@@ -3,12 +3,17 @@
 Numba's own cache is keyed by each function's source file, so a change in a helper that a kernel inlines from
 another file leaves the kernel's cache stale; and it writes next to the package, which fails where the package
 directory is read-only. Keying one user-cache directory by a hash of all of edgellm's and quant's source (plus
-the Numba and Python versions) fixes both. Set NUMBA_CACHE_DIR yourself to override.
+the Numba and Python versions) fixes both. Set NUMBA_CACHE_DIR yourself to override. Only edgellm's own functions
+are routed there; a HOME that cannot be written falls back to the temporary directory with a warning.
 """
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +40,89 @@ def cache_root() -> Path:
     return Path(base) / "edgellm" / "numba"
 
 
+PRUNE_AFTER_S = 14 * 24 * 3600  # other source versions' caches unused this long are removed
+
+
+def _writable(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".probe-"):
+            pass
+        return True
+    except OSError:
+        return False
+
+
+def _prune(root: Path, keep: Path) -> None:
+    # one directory per source version accumulates with every upgrade or edit; drop the long-unused ones
+    now = time.time()
+    try:
+        siblings = [p for p in root.iterdir() if p.is_dir() and p != keep]
+    except OSError:
+        return
+    for p in siblings:
+        try:
+            if now - p.stat().st_mtime > PRUNE_AFTER_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def choose_cache_dir() -> Path:
+    """This source version's directory under the user cache, or, where that cannot be written (a read-only or
+    missing HOME), one under the temporary directory, with a warning."""
+    h = source_hash()
+    preferred = cache_root() / h
+    if _writable(preferred):
+        os.utime(preferred)  # marks it in use for pruning
+        _prune(preferred.parent, preferred)
+        return preferred
+    fallback = Path(tempfile.gettempdir()) / f"edgellm-numba-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / h
+    if _writable(fallback):
+        warnings.warn(f"edgellm: cannot write the kernel cache at {preferred}; using {fallback} (set "
+                      "XDG_CACHE_HOME or NUMBA_CACHE_DIR to a writable directory to keep compiled kernels)",
+                      RuntimeWarning, stacklevel=3)
+        return fallback
+    raise OSError(f"edgellm: neither {preferred} nor {fallback} is writable, so Numba cannot cache kernels; "
+                  "set NUMBA_CACHE_DIR to a writable directory")
+
+
+def _owns(py_file: str) -> bool:
+    try:
+        rel = Path(py_file).resolve().relative_to(_ROOT)
+    except (ValueError, OSError):
+        return False
+    return rel.parts[:1] in (("edgellm",), ("quant",))
+
+
+_configured = None
+
+
 def configure() -> str:
-    """Point Numba's cache at this source version's directory (before numba is imported). Returns the directory."""
+    """Cache edgellm's and quant's kernels in this source version's directory. Only their functions are sent
+    there (a Numba cache locator of their own): other Numba users in the process keep their cache locations.
+    NUMBA_CACHE_DIR, when set, is honoured as Numba itself would. Returns the directory."""
+    global _configured
     if os.environ.get("NUMBA_CACHE_DIR"):
         return os.environ["NUMBA_CACHE_DIR"]
-    d = cache_root() / source_hash()
-    os.environ["NUMBA_CACHE_DIR"] = str(d)
-    if "numba" in sys.modules:  # imported first by someone else: tell its config too (before any kernel compiles)
-        import numba
-        numba.config.CACHE_DIR = str(d)
-    return str(d)
+    if _configured is not None:
+        return _configured
+    d = str(choose_cache_dir())
+    from numba.core import caching
+
+    class EdgeLLMCacheLocator(caching.UserProvidedCacheLocator):
+        def __init__(self, py_func, py_file):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = os.path.join(d, self.get_suitable_cache_subpath(py_file))
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if not _owns(py_file):
+                return None
+            return super(caching.UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in Numba 0.61
+    impl._locator_classes.insert(0, EdgeLLMCacheLocator)
+    _configured = d
+    return d

@@ -204,9 +204,9 @@ class KVCache:
         return state
 
     def import_state(self, state: dict) -> None:
-        if state["kv_type"] != self.kv_type.name or tuple(state["capacities"]) != self.capacities:
-            raise ModelError(f"state of a {state['kv_type']} cache with slots {tuple(state['capacities'])} does not "
-                             f"fit this {self.kv_type.name} cache with slots {self.capacities}")
+        """Replace the cache's contents with an export_state() snapshot; a snapshot that does not fit this cache
+        exactly is refused before anything changes."""
+        self.check_state(state)
         self.reset()
         for layer, (held, pos, k, v, k_scale, v_scale) in zip(self.layers, state["layers"]):
             layer.k[:, held], layer.v[:, held] = k, v
@@ -215,6 +215,52 @@ class KVCache:
             layer.slot_pos[held] = pos
         self.n_past, self.n_shifted = int(state["n_past"]), int(state["n_shifted"])
         self.shift_log = []
+
+    def check_state(self, state: dict) -> None:
+        """ModelError unless `state` is a snapshot this cache could have exported: same layout, every layer's slots
+        in range and distinct, each holding the position p % capacity says, below n_past, with values and scales
+        of this cache's shapes and dtypes. A state file is untrusted input: this is what stands between it and
+        fancy-indexed writes (a negative slot wraps, zip() drops missing layers)."""
+        def refuse(why):
+            raise ModelError(f"state does not fit this cache: {why}")
+
+        if state.get("kv_type") != self.kv_type.name or tuple(state.get("capacities", ())) != self.capacities:
+            raise ModelError(f"state of a {state.get('kv_type')} cache with slots {tuple(state.get('capacities', ()))} "
+                             f"does not fit this {self.kv_type.name} cache with slots {self.capacities}")
+        n_past, n_shifted = state.get("n_past"), state.get("n_shifted")
+        for name, value in (("n_past", n_past), ("n_shifted", n_shifted)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                refuse(f"{name} must be a non-negative integer, got {value!r}")
+        if n_past > self.n_ctx:
+            refuse(f"n_past {n_past} exceeds n_ctx {self.n_ctx}")
+        layers = state.get("layers")
+        if not isinstance(layers, (list, tuple)) or len(layers) != len(self.layers):
+            refuse(f"{len(layers) if isinstance(layers, (list, tuple)) else 'no'} layers, this cache has "
+                   f"{len(self.layers)}")
+        for il, (layer, saved) in enumerate(zip(self.layers, layers)):
+            if len(saved) != 6 or not all(isinstance(a, np.ndarray) for a in saved):
+                refuse(f"layer {il} is not six arrays")
+            held, pos, k, v, k_scale, v_scale = saved
+            capacity = layer.slot_pos.shape[0]
+            if held.ndim != 1 or held.dtype.kind not in "iu" or pos.shape != held.shape or pos.dtype.kind not in "iu":
+                refuse(f"layer {il}: slots and positions must be equal-length integer vectors")
+            if held.size:
+                if held.min() < 0 or held.max() >= capacity or np.unique(held).size != held.size:
+                    refuse(f"layer {il}: slots must be distinct and in [0, {capacity})")
+                if pos.min() < 0 or pos.max() >= n_past:
+                    refuse(f"layer {il}: positions must lie in [0, n_past={n_past})")
+                if np.any(pos.astype(np.int64) % capacity != held):
+                    refuse(f"layer {il}: a position is not in the slot its ring puts it in")
+            n = held.size
+            for name, a, like in (("k", k, layer.k), ("v", v, layer.v)):
+                if a.dtype != like.dtype or a.shape != (like.shape[0], n, like.shape[2]):
+                    refuse(f"layer {il}: {name} is {a.dtype}{list(a.shape)}, expected "
+                           f"{like.dtype}{[like.shape[0], n, like.shape[2]]}")
+            if self.kv_type.block:
+                for name, a, like in (("k_scale", k_scale, layer.k_scale), ("v_scale", v_scale, layer.v_scale)):
+                    if a.dtype != like.dtype or a.shape != (like.shape[0], n, like.shape[2]):
+                        refuse(f"layer {il}: {name} is {a.dtype}{list(a.shape)}, expected "
+                               f"{like.dtype}{[like.shape[0], n, like.shape[2]]}")
 
 
 def _scales(scales: np.ndarray, slots: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import gguf as gguf_reader
+from .atomic import replace_synced, unique_temp_path
 from .errors import EdgeLLMError
 
 # ---------------------------------------------------------------------------------------------------------
@@ -401,7 +402,7 @@ def quantize_file(in_path, out_path, type_or_mix, pure: bool = False, output_ten
                 f"quantizing it again to {ft.name} adds a second rounding error on top of the first, so the result "
                 f"is worse than quantizing the original weights. Start from an F32/F16/BF16 file, or pass "
                 f"allow_requantize=True (--allow-requantize) to do it anyway")
-        tmp_path = out_path + ".tmp"
+        tmp_path = unique_temp_path(out_path)  # beside the output; unique, so two runs never share it
         writer = GGUFWriter(tmp_path, src.architecture)
         try:
             copy_metadata(writer, src, ft)
@@ -420,7 +421,7 @@ def quantize_file(in_path, out_path, type_or_mix, pure: bool = False, output_ten
                 bar.update(src.tensors[p.name].nbytes, f"[{i + 1}/{len(plan)}] {p.name} {p.src_type}->{p.dst_type}")
             bar.close()
             writer.close()
-            os.replace(tmp_path, out_path)
+            replace_synced(tmp_path, out_path)
         except BaseException:
             writer.close()
             if os.path.exists(tmp_path):

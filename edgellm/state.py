@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .atomic import atomic_write
 from .errors import ModelError
 
 _FORMAT = "edgellm-state-1"
@@ -42,7 +43,7 @@ class ModelState:
                   "row_kinds": None if self.row_kinds is None else [int(k) for k in self.row_kinds],
                   **{k: self.cache[k] for k in ("n_past", "n_shifted", "kv_type")},
                   "capacities": list(self.cache["capacities"]), "n_layers": len(self.cache["layers"])}
-        with open(path, "wb") as f:
+        with atomic_write(path) as f:  # an interrupted save leaves the previous file, never a truncated one
             np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
 
     @classmethod
@@ -54,12 +55,16 @@ class ModelState:
                     raise ModelError(f"{path} is not an edgellm state file (format {header.get('format')!r})")
                 layers = [tuple(z[f"l{il}_{name}"] for name in ("slots", "pos", "k", "v", "k_scale", "v_scale"))
                           for il in range(int(header["n_layers"]))]
-        except (OSError, KeyError, ValueError) as e:
+            cache = {k: header[k] for k in ("n_past", "n_shifted", "kv_type")}
+            cache.update(capacities=tuple(header["capacities"]), layers=layers)
+            tokens = header["tokens"]
+            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+                raise ModelError(f"{path}: the state's tokens are not a list of integers")
+            kinds = header.get("row_kinds")
+            if kinds is not None and (not isinstance(kinds, list) or not all(type(k) is int for k in kinds)):
+                raise ModelError(f"{path}: the state's row kinds are not a list of integers")
+            return cls(str(header["model_name"]), int(header["n_ctx"]), tokens, cache, kinds)
+        except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
             if isinstance(e, ModelError):
                 raise
-            raise ModelError(f"cannot read state file {path}: {e}") from e
-        cache = {k: header[k] for k in ("n_past", "n_shifted", "kv_type")}
-        cache.update(capacities=tuple(header["capacities"]), layers=layers)
-        kinds = header.get("row_kinds")
-        return cls(header["model_name"], int(header["n_ctx"]), [int(t) for t in header["tokens"]], cache,
-                   None if kinds is None else [int(k) for k in kinds])
+            raise ModelError(f"cannot read state file {path}: {type(e).__name__}: {e}") from e

@@ -6,7 +6,7 @@ every byte range against the file in edgellm/gguf.py, before any kernel sees a b
 `model_memory_needs(gguf_file, n_ctx)` gives the figures without allocating anything: the weights' bytes (they
 stay in the file's map, but a model whose weights cannot stay resident pages them in from disk on every token)
 and the KV cache that loading preallocates for n_ctx. `check_memory(weights, kv)` compares them, with headroom,
-to psutil's available memory and raises MemoryBudgetError with the figures; the override is explicit
+to the available memory (psutil's, or a cgroup's limit less its usage when that is smaller) and raises MemoryBudgetError with the figures; the override is explicit
 (`force=True`, or EDGELLM_SKIP_MEMORY_CHECK=1 in the environment).
 """
 from __future__ import annotations
@@ -22,10 +22,75 @@ SKIP_ENV = "EDGELLM_SKIP_MEMORY_CHECK"
 DEFAULT_HEADROOM_BYTES = 128 << 20
 
 
+CGROUP_ROOT_ENV = "EDGELLM_CGROUP_ROOT"  # where the cgroup hierarchy is mounted (tests point it at fake files)
+
+
 def available_memory() -> int:
-    """Bytes the OS can give without swapping (free plus reclaimable page cache)."""
+    """Bytes this process can get without swapping or being OOM-killed: the host's available memory (free plus
+    reclaimable page cache), or less when a cgroup (a container, a systemd slice) limits it."""
     import psutil
-    return int(psutil.virtual_memory().available)
+    host = int(psutil.virtual_memory().available)
+    limited = cgroup_memory_available()
+    return host if limited is None else min(host, limited)
+
+
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2 unlimited) and unreadable values: no limit
+
+
+def _inactive_file(path, key):
+    # page cache the kernel reclaims before OOM-killing: not counted against the limit (as kubelet's working set)
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cgroup_memory_available(root: str | None = None, proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """limit - usage of the tightest memory cgroup over this process (v2 memory.max, v1 memory.limit_in_bytes),
+    counting its ancestors' limits too; None when no limit applies or no cgroup is visible."""
+    root = root or os.environ.get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup"
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    v2_path = v1_path = None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            v2_path = path
+        elif "memory" in controllers.split(","):
+            v1_path = path
+    if os.path.exists(os.path.join(root, "memory.max")) or v2_path is not None and v1_path is None:
+        base, limit_file, usage_file, stat_key, rel = root, "memory.max", "memory.current", "inactive_file", v2_path
+    else:
+        base, limit_file, usage_file, stat_key, rel = (os.path.join(root, "memory"), "memory.limit_in_bytes",
+                                                        "memory.usage_in_bytes", "total_inactive_file", v1_path)
+    # the process's own cgroup and each ancestor up to the mount; inside a container the mount is usually the
+    # container's own cgroup, so a path that does not exist there is read at the mount itself
+    parts = [p for p in (rel or "/").split("/") if p]
+    dirs = [os.path.join(base, *parts[:k]) for k in range(len(parts), -1, -1)]
+    best = None
+    for d in dirs:
+        limit = _read_int(os.path.join(d, limit_file))
+        if limit is None or limit >= 1 << 60:  # v1 writes "unlimited" as a page-rounded 2^63
+            continue
+        usage = _read_int(os.path.join(d, usage_file)) or 0
+        usage -= min(_inactive_file(os.path.join(d, "memory.stat"), stat_key), usage)
+        room = max(limit - usage, 0)
+        best = room if best is None else min(best, room)
+    return best
 
 
 def _mib(n: int) -> str:

@@ -63,7 +63,8 @@ def warmup(models=None, n_threads=None, log=None) -> list[WarmupResult]:
         with count_compiles() as compiled:
             m = edgellm.load(name, n_threads=n_threads, n_ctx=WARMUP_CTX)
             exercise(m)
-        r = WarmupResult(str(name), time.perf_counter() - t0, compiled[0], str(numba.config.CACHE_DIR))
+        cache_dir = numba.config.CACHE_DIR or edgellm.jitcache.configure()  # edgellm's own locator's directory
+        r = WarmupResult(str(name), time.perf_counter() - t0, compiled[0], str(cache_dir))
         results.append(r)
         if log:
             log(f"edgellm: {r.model} warmed in {r.seconds:.1f} s ({r.compiled} kernels compiled; "

@@ -29,9 +29,10 @@ def _write_tensor(writer, name, value):
         writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
 
 
-def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, drop=()):
+def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, drop=(), tokenizer=None, extra=None):
     """replace: tensor name -> float32 array, or (uint8 blocks, ggml type), written instead of the random one;
-    drop: tensor names left out. Returns path."""
+    drop: tensor names left out; tokenizer: tokenizer metadata overriding fake_model's (same keys); extra: metadata
+    key -> str, int (uint32) or float (float32) added. Returns path."""
     spec = spec or tiny_spec()
     replace = replace or {}
     rng = np.random.default_rng(spec.seed)
@@ -44,11 +45,18 @@ def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, 
         writer.add_uint32(key, value)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", spec.rope_base)
-    md = TOKENIZER
+    for key, value in (extra or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    md = {**TOKENIZER, **(tokenizer or {})}
     writer.add_tokenizer_model(md["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(md["tokenizer.ggml.pre"])
     writer.add_token_list(md["tokenizer.ggml.tokens"])
-    writer.add_token_types(md["tokenizer.ggml.token_type"].tolist())
+    writer.add_token_types([int(t) for t in md["tokenizer.ggml.token_type"]])
     writer.add_token_merges(md["tokenizer.ggml.merges"])
     writer.add_bos_token_id(md["tokenizer.ggml.bos_token_id"])
     writer.add_eos_token_id(md["tokenizer.ggml.eos_token_id"])

@@ -9,8 +9,8 @@ import heapq
 from .pretokenize import PreTokenizer, pre_type_settings
 from .strings import TextIndex
 from .unicode_classes import LATIN1_TO_GPT2
+from .wordcache import WordCache
 
-_CACHE_LIMIT = 200_000  # words; the cache is dropped when it grows past this
 
 
 class BPEModel:
@@ -22,7 +22,7 @@ class BPEModel:
         # symbols never contain a raw space, so the joined text identifies the pair. A TextIndex, not a dict: the
         # merges stay in the file's map (SmolLM2's 48,900 would be ~7 MiB of str and dict).
         self._ranks = TextIndex(merges, unique=False, what="tokenizer.ggml.merges")
-        self._cache = {}
+        self._cache = WordCache()
 
     def encode(self, text: str) -> list:
         cache = self._cache
@@ -30,9 +30,8 @@ class BPEModel:
         for word in self._pre.split(text):
             ids = cache.get(word)
             if ids is None:
-                if len(cache) > _CACHE_LIMIT:
-                    cache.clear()
-                ids = cache[word] = self._encode_word(word.encode("utf-8").decode("latin-1").translate(LATIN1_TO_GPT2))
+                ids = self._encode_word(word.encode("utf-8").decode("latin-1").translate(LATIN1_TO_GPT2))
+                cache.put(word, ids)
             out += ids
         return out
 

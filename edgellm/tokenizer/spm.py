@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import TokenizerError
 from .strings import StringTable
+from .wordcache import WordCache
 
 SPACE = "\u2581"
-_CACHE_LIMIT = 200_000
 
 
 def _chars_before_space(tokens) -> set:
@@ -47,7 +47,7 @@ class SPMModel:
         blocked = "".join(re.escape(c) for c in sorted(_chars_before_space(vocab.tokens) | {SPACE}))
         self._cut = re.compile(f"(?<=[^{blocked}])(?={SPACE})")
         self._byte_ids = [self._byte_token(vocab.token_to_id, b) for b in range(256)]
-        self._cache = {}
+        self._cache = WordCache()
 
     @staticmethod
     def _byte_token(token_to_id, byte):
@@ -63,9 +63,8 @@ class SPMModel:
         for word in self._cut.split(text):
             ids = cache.get(word)
             if ids is None:
-                if len(cache) > _CACHE_LIMIT:
-                    cache.clear()
-                ids = cache[word] = self._encode_word(word)
+                ids = self._encode_word(word)
+                cache.put(word, ids)
             out += ids
         return out
 

@@ -3,6 +3,8 @@
 Sections: token attributes; special-token ids and flags with llama.cpp's per-model-type defaults; the
 end-of-generation set, found by token text as llama.cpp does; special-token partitioning of input text.
 """
+import re
+
 import numpy as np
 
 from ..errors import TokenizerError
@@ -214,37 +216,86 @@ class Vocab:
 
 class SpecialTokenMatcher:
     """llama.cpp's tokenizer_st_partition: special tokens, longest (in bytes) first, each splitting every
-    remaining text fragment at all its non-overlapping occurrences. Only tokens present in the text are tried;
-    a prefix index finds them without scanning all of a large special vocabulary (Gemma has ~6,400)."""
+    remaining text fragment at all its non-overlapping occurrences.
 
-    _KEY = 6  # prefix length of the index
+    Done in one pass over the text rather than one per token: a trie-shaped regex finds, at each position, the
+    longest special token starting there; the shorter ones starting there are that token's special prefixes. The
+    occurrences are then claimed in priority order, each one only if it lies wholly in still-unclaimed text and
+    after the last claimed occurrence of the same token, which is exactly what the fragment-by-fragment split did."""
 
     def __init__(self, specials):
-        ordered = sorted(specials, key=lambda it: (-len(it[1].encode("utf-8")), it[0]))
+        ordered = sorted(((i, t) for i, t in specials if t), key=lambda it: (-len(it[1].encode("utf-8")), it[0]))
         self._priority = {token_id: rank for rank, (token_id, _) in enumerate(ordered)}
-        self._by_prefix = {}
+        self._id_of = {}
         for token_id, text in ordered:
-            self._by_prefix.setdefault(text[:self._KEY], []).append((token_id, text))
+            self._id_of.setdefault(text, token_id)  # a duplicate text: the first by priority claims every match
+        texts = set(self._id_of)
+        # every special that is a proper prefix of another, found by walking the other's prefixes
+        self._prefixes = {t: [t[:k] for k in range(len(t) - 1, 0, -1) if t[:k] in texts] for t in texts}
+        self._text = {i: t for t, i in self._id_of.items()}
+        self._regex = _longest_match_regex(texts) if texts else None
 
     def split(self, text: str) -> list:
         """Text fragments (str) and special token ids (int), in order."""
-        present = [item for prefix, group in self._by_prefix.items() if prefix in text
-                   for item in group if item[1] in text]
-        if not present:
+        if self._regex is None:
             return [text]
-        present.sort(key=lambda it: self._priority[it[0]])
-        fragments = [text]
-        for token_id, token_text in present:
-            out = []
-            for frag in fragments:
-                if isinstance(frag, int) or token_text not in frag:
-                    out.append(frag)
+        starts = {}  # token id -> its (possibly overlapping) start positions, ascending
+        for m in self._regex.finditer(text):
+            longest = m.group(1)
+            for t in (longest, *self._prefixes[longest]):
+                starts.setdefault(self._id_of[t], []).append(m.start())
+        if not starts:
+            return [text]
+        claimed = bytearray(len(text))
+        spans = []
+        for token_id in sorted(starts, key=self._priority.__getitem__):
+            length = len(self._text[token_id])
+            last_end = 0
+            for s in starts[token_id]:
+                e = s + length
+                if s < last_end or claimed.find(1, s, e) != -1:
                     continue
-                parts = frag.split(token_text)
-                for k, part in enumerate(parts):
-                    if k:
-                        out.append(token_id)
-                    if part:
-                        out.append(part)
-            fragments = out
-        return fragments
+                claimed[s:e] = b"\x01" * length
+                last_end = e
+                spans.append((s, e, token_id))
+        spans.sort()
+        out, pos = [], 0
+        for s, e, token_id in spans:
+            if s > pos:
+                out.append(text[pos:s])
+            out.append(token_id)
+            pos = e
+        if pos < len(text):
+            out.append(text[pos:])
+        return out
+
+
+def _trie_pattern(texts) -> str:
+    """A regex matching the longest of `texts` at a position, shaped as their prefix trie so the regex engine
+    follows one branch per character instead of trying every alternative."""
+    root = {}
+    for t in texts:
+        node = root
+        for ch in t:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # end marker
+
+    def pattern(node):
+        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return "(?:" + body + ")?" if "" in node else body  # a token ends here: prefer the longer one
+
+    return pattern(root)
+
+
+def _longest_match_regex(texts):
+    """A zero-width regex whose group 1 is the longest special token starting at each position."""
+    try:
+        return re.compile("(?=(" + _trie_pattern(texts) + "))", re.DOTALL)
+    except (RecursionError, re.error):
+        # prefix chains too deep for the trie's nested groups: a flat longest-first alternation, slower per
+        # position but the same matches
+        flat = "|".join(re.escape(t) for t in sorted(texts, key=lambda t: (-len(t), t)))
+        return re.compile("(?=(" + flat + "))", re.DOTALL)
