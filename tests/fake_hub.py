@@ -2,8 +2,9 @@
 tests run without the internet.
 
   GET  /api/models/{repo}[/revision/{rev}]      model info; with ?blobs=true each sibling's size and LFS sha256
-  HEAD /{repo}/resolve/{rev}/{path}              ETag, X-Repo-Commit, X-Linked-Etag, X-Linked-Size, Content-Length
-  GET  /{repo}/resolve/{rev}/{path}              the bytes, honouring Range (206 + Content-Range)
+  HEAD /{repo}/resolve/{rev}/{path}              302 to the "CDN" (a second server: another origin, as the Hub's
+  GET  /{repo}/resolve/{rev}/{path}              LFS storage is) with ETag, X-Repo-Commit, X-Linked-Etag, X-Linked-Size
+  GET  {cdn}/cdn/{repo}/{path}                   the bytes, honouring Range (206 + Content-Range)
 
 No X-Xet-* header or xet Link is ever sent, so the client downloads over plain HTTP. Per file the server can drop
 the connection part-way through the first GET (a transfer to resume), serve bytes whose sha256 differs from the
@@ -33,17 +34,19 @@ class FakeRepo:
 class FakeHub:
     def __init__(self):
         self.repos: dict[str, FakeRepo] = {}
-        self.log: list[tuple] = []   # (method, path, Range header, Authorization header)
+        # (method, path, Range header, Authorization header); method "BYTES" where file bytes were sent
+        self.log: list[tuple] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self)) for _ in range(2)]
+        self.url, self.cdn_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in self._servers)
+        for s in self._servers:
+            s.daemon_threads = True
+            threading.Thread(target=s.serve_forever, daemon=True).start()
 
     def stop(self):
-        self._server.shutdown()
-        self._server.server_close()
+        for s in self._servers:
+            s.shutdown()
+            s.server_close()
 
     def record(self, *entry):
         with self._lock:
@@ -51,10 +54,11 @@ class FakeHub:
 
     def downloads(self, name=None):
         """Full-file or resumed GETs (not the header's ranged reads from byte 0), optionally of one file name."""
-        return [e for e in self.log if e[0] == "GET" and "/resolve/" in e[1]
-                and not (e[2] or "").startswith("bytes=0-") and (name is None or e[1].endswith("/" + name))]
+        return [e for e in self.log if e[0] == "BYTES" and not (e[2] or "").startswith("bytes=0-")
+                and (name is None or e[1].endswith("/" + name))]
 
 
+_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<path>.+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/(?P<rev>[^/]+))?$")
 
@@ -96,6 +100,9 @@ def _handler(hub: FakeHub):
             m = _RESOLVE.match(path)
             if m:
                 return self._resolve(m["repo"], m["rev"], m["path"], head)
+            m = _CDN.match(path)
+            if m and m["repo"] in hub.repos and m["path"] in hub.repos[m["repo"]].files:
+                return self._bytes(hub.repos[m["repo"]], m["path"], head)
             self._error(404, "NotFound", f"no route {path}", head)
 
         def _info(self, repo_id, rev, blobs):
@@ -128,15 +135,22 @@ def _handler(hub: FakeHub):
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
             if path not in repo.files:
                 return self._error(404, "EntryNotFound", "Entry not found", head, {"X-Repo-Commit": repo.sha})
+            size = len(repo.files[path])
+            etag = f'"{repo.sha256(path)}"'
+            self._send(302, b"", {"Location": f"{hub.cdn_url}/cdn/{repo_id}/{path}", "ETag": etag,
+                                  "X-Linked-Etag": etag, "X-Linked-Size": str(size), "X-Repo-Commit": repo.sha},
+                       head=head)
+
+        def _bytes(self, repo, path, head):
             data = repo.files[path]
             if path in repo.corrupt:
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
-            etag = f'"{repo.sha256(path)}"'
-            common = {"ETag": etag, "X-Linked-Etag": etag, "X-Linked-Size": str(len(data)),
-                      "X-Repo-Commit": repo.sha, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-            rng = self.headers.get("Range")
+            common = {"ETag": f'"{repo.sha256(path)}"', "Accept-Ranges": "bytes",
+                      "Content-Type": "application/octet-stream"}
             if head:
                 return self._send(200, data, common, head=True)
+            rng = self.headers.get("Range")
+            hub.record("BYTES", self.path, rng, self.headers.get("Authorization"))
             if rng:
                 m = re.match(r"bytes=(\d+)-(\d*)$", rng)
                 start, end = int(m[1]), (int(m[2]) + 1 if m[2] else len(data))
