@@ -161,7 +161,7 @@ def test_pull_repo_lists_its_gguf_models_and_quant_types(hub_env, server, capsys
     out = capsys.readouterr().out
     assert "Q8_0" in out and SINGLE in out and f"{SPLIT[0]} (3 parts)" in out and "Q4_0" in out
     assert MMPROJ not in out and SPLIT[1] not in out
-    assert f"* Q8_0" in out  # no Q4_K_M: Q8_0 is what llama.cpp picks next
+    assert "* Q8_0" in out  # no Q4_K_M: Q8_0 is what llama.cpp picks next
     assert server.downloads() == [] and not _cached_gguf(hub_env)
 
 
@@ -268,6 +268,8 @@ def test_unknown_repository_is_a_clear_error(hub_env):
 
 def test_cli_dry_run_models_and_rm(hub_env, server, files, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGELLM_MODELS", str(tmp_path / "models"))
+    assert cli.main(["pull", "--dry-run", "smollm2-135m"]) == 0  # a catalog model: its size, nothing fetched
+    assert "would download 98.4 MB" in capsys.readouterr().out and not (tmp_path / "models").exists()
     assert cli.main(["pull", "--dry-run", f"{REPO}:Q4_0"]) == 0
     out = capsys.readouterr().out
     total = sum(len(server.repos[REPO].files[n]) for n in SPLIT)
