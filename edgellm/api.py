@@ -73,7 +73,7 @@ class Model:
             raise ValueError(f"n_keep must be a non-negative integer, got {n_keep!r}")
         from .kvtypes import kv_type as parse_kv_type
         kv_name = "f32" if device == "cuda" and kv_type is None else parse_kv_type(kv_type).name  # ValueError
-        path = catalog.resolve(model, models_dir)
+        path = catalog.resolve(model, models_dir, n_ctx=n_ctx, kv_type=kv_name, check_memory=check_memory)
         gguf_file = gguf_reader.open(path)
         self.context_fit = None
         try:  # refuse up front, with the figures, what cannot fit (check_memory=False overrides)
@@ -103,6 +103,18 @@ class Model:
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
         self.timings = Timings(load_s=time.perf_counter() - t0)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, revision: str = "main",
+                        cache_dir: str | None = None, **kwargs) -> "Model":
+        """llama-cpp-python's shape: a GGUF from a Hugging Face Hub repository, pulled into the Hub cache on first
+        use. filename: a path in the repository or a glob pattern ("*Q4_K_M.gguf"); None picks as llama.cpp's -hf
+        does. kwargs go to Model()."""
+        from .hub import pull_pretrained
+        path = pull_pretrained(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                               n_ctx=kwargs.get("n_ctx"), kv_type=kwargs.get("kv_type"),
+                               check_memory=kwargs.get("check_memory", True))
+        return cls(path, **kwargs)
 
     @classmethod
     def from_parts(cls, forward_model, tokenizer, metadata: dict, path: str = "<memory>") -> "Model":

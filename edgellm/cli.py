@@ -1,6 +1,6 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
-Subcommands: pull, models, run, chat (an interactive loop over Model.chat), info, warmup, serve (the HTTP server, an
+Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), info, warmup, serve (the HTTP server, an
 optional extra), plus quantize/convert/perplexity from edgellm/cli_prepare.py when that module is present.
 """
 from __future__ import annotations
@@ -60,21 +60,81 @@ def _max_tokens(n_predict: int):
     return None if n_predict < 0 else n_predict  # -1: until end-of-generation or a full context, as llama.cpp
 
 
+def _mb(n) -> str:
+    return f"{n / 1e6:9.1f} MB" if n is not None else "        ? MB"
+
+
 def cmd_pull(args) -> int:
-    from . import catalog
+    from . import catalog, hub
     for name in args.names or [catalog.DEFAULT_MODEL]:
-        path = catalog.pull(name, args.dir)
-        print(path)
+        ref = hub.parse_ref(name)
+        if ref is None:
+            if args.dry_run:
+                entry = catalog.lookup(name)
+                present = dict((e.name, ok) for e, ok in catalog.list_models(args.dir))[entry.name]
+                print(f"{entry.name}: {entry.file} {_mb(entry.size).strip()}, "
+                      + ("cached, nothing to download" if present else f"would download {_mb(entry.size).strip()}"))
+                continue
+            print(catalog.pull(name, args.dir))
+        elif ref.quant is None and ref.filename is None and not args.dry_run:
+            _list_repo(hub.list_files(ref.repo_id, ref.revision))
+        elif args.dry_run:
+            p = hub.plan(ref)
+            for f, cached in zip(p.files, p.cached):
+                print(f"{ref.repo_id}/{f.path} {_mb(f.size)}  {'cached' if cached else 'would download'}")
+            print(f"{len(p.files)} file(s), {p.total_bytes / 1e6:,.1f} MB; to download: "
+                  f"{sum(c is None for c in p.cached)} file(s), {p.download_bytes / 1e6:,.1f} MB")
+        else:
+            print(hub.pull(ref, check_memory=not args.no_check))
     return 0
 
 
+def _list_repo(listing) -> None:
+    from . import hub
+    models = listing.models()
+    try:
+        default = hub.choose(listing)[0].path if models else None
+    except hub.HubError:
+        default = None
+    print(f"{listing.repo_id}: {len(models)} GGUF model(s){' (from the cache: the Hub is not reachable)' if listing.source == 'cache' else ''}")
+    for group in models:
+        size = sum(f.size or 0 for f in group)
+        parts = f" ({len(group)} parts)" if len(group) > 1 else ""
+        mark = "*" if group[0].path == default else " "
+        print(f"{mark} {group[0].quant or '-':<10} {_mb(size)}  {group[0].path}{parts}")
+    if models:
+        print(f"pull one with: edgellm pull {listing.repo_id}:QUANT (* is what {listing.repo_id} alone loads)")
+
+
 def cmd_models(args) -> int:
-    from . import catalog
+    from . import catalog, hub
     for entry, present in catalog.list_models(args.dir):
         mark = "cached" if present else "-"
         default = " (default)" if entry.name == catalog.DEFAULT_MODEL else ""
         print(f"{entry.name:<16} {entry.size / 1e6:7.1f} MB  {mark:<7} {entry.description}{default}")
+    for m in hub.cached_models():
+        parts = f", {m.parts} parts" if m.parts > 1 else ""
+        print(f"{m.name}  {m.size / 1e6:7.1f} MB  hub-cache{parts}")
+    for path, size in catalog.local_files(args.dir):
+        print(f"{path}  {size / 1e6:7.1f} MB  local")
     return 0
+
+
+def cmd_rm(args) -> int:
+    from . import catalog, hub
+    status = 0
+    for name in args.names:
+        if hub.parse_ref(name) is not None:
+            removed = hub.remove(name)
+        else:
+            removed = catalog.remove_any(name, args.dir)
+        if removed:
+            for r in removed:
+                print(f"removed {r}")
+        else:
+            print(f"edgellm: error: {name!r} is not in the cache", file=sys.stderr)
+            status = 1
+    return status
 
 
 def cmd_run(args) -> int:
@@ -227,14 +287,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edgellm", description="CPU-first quantized LLM inference (GGUF models)")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pull", help="fetch catalog models into the cache")
-    p.add_argument("names", nargs="*", help="catalog names (default: the default model)")
-    p.add_argument("--dir", default=None, help="cache directory (default: $EDGELLM_MODELS or ~/.cache/edgellm/models)")
+    p = sub.add_parser("pull", help="fetch catalog or Hugging Face Hub models into the cache")
+    p.add_argument("names", nargs="*", help="catalog names, or Hub names: org/repo (lists its GGUF files), "
+                                            "org/repo:QUANT, org/repo/file.gguf (default: the default model)")
+    p.add_argument("--dir", default=None, help="cache directory of catalog models (default: $EDGELLM_MODELS or "
+                                               "~/.cache/edgellm/models; Hub models go to the Hugging Face cache)")
+    p.add_argument("--dry-run", action="store_true", help="show what would be downloaded and how big, download nothing")
+    p.add_argument("--no-check", action="store_true", help="skip the memory check before a Hub download")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("models", help="list the catalog and what is cached")
+    p = sub.add_parser("models", help="list the catalog, Hub-cached and local models with their sizes")
     p.add_argument("--dir", default=None)
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("rm", help="remove models from the cache (a catalog name, org/repo, org/repo:QUANT, "
+                                  "org/repo/file.gguf, or a file in the models directory)")
+    p.add_argument("names", nargs="+")
+    p.add_argument("--dir", default=None)
+    p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("run", help="generate text from a prompt, streaming it to the terminal")
     _add_model_arg(p)

@@ -1,6 +1,8 @@
 """A fast, memory-mapped, defensive GGUF reader (versions 2 and 3).
 
-Sections: value types and the cursor that reads them; metadata; tensor infos and their checks; the public `open`.
+Sections: value types and the cursor that reads them; metadata; tensor infos and their checks; split models
+(gguf-split's parts, opened together from the first); the header alone, from the first bytes of a remote file;
+the public `open`.
 
 The file is mapped once, read-only. Tensor data are zero-copy uint8 views into the map. Every length, count, offset
 and dimension is checked against the real file size before it is used, so a malformed file raises `GGUFError` with
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat
 import struct
 from array import array
@@ -48,12 +51,23 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 
-class _Cursor:
-    """Reads little-endian values from the map, checking each read against the file's end."""
+class HeaderIncomplete(Exception):
+    """read_header() was given fewer bytes than the header takes: `needed` bytes from the start would do (or more,
+    for a later read)."""
 
-    def __init__(self, buf: mmap.mmap, size: int):
+    def __init__(self, needed: int):
+        super().__init__(f"the header needs at least {needed} bytes")
+        self.needed = needed
+
+
+class _Cursor:
+    """Reads little-endian values from the map, checking each read against the file's end. `avail` (the bytes at
+    hand, when only the file's start is) below `size` turns a read past it into HeaderIncomplete, not an error."""
+
+    def __init__(self, buf, size: int, avail: int | None = None):
         self.buf = buf
         self.size = size
+        self.avail = size if avail is None else min(avail, size)
         self.pos = 0
 
     def need(self, n: int, what: str) -> None:
@@ -62,6 +76,8 @@ class _Cursor:
                 f"file truncated or corrupt: {what} needs {n} bytes at offset {self.pos}, "
                 f"but the file has {self.size} bytes"
             )
+        if self.pos + n > self.avail:
+            raise HeaderIncomplete(self.pos + n)
 
     def u32(self, what: str) -> int:
         self.need(4, what)
@@ -178,16 +194,20 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
     # (up to size/8) must not reserve 8 bytes per claimed element before the walk finds the corruption.
     offsets = array("q")
     add_offset = offsets.append
-    buf, size, pos, unpack = cur.buf, cur.size, cur.pos, _U64.unpack_from
+    buf, size, avail, pos, unpack = cur.buf, cur.size, cur.avail, cur.pos, _U64.unpack_from
     for i in range(count):
         if pos + 8 > size:
             raise GGUFError(f"string array {key!r} truncated at element {i} (offset {pos})")
+        if pos + 8 > avail:
+            raise HeaderIncomplete(pos + 8)
         (n,) = unpack(buf, pos)
         add_offset(pos)
         pos += 8
         if n > size - pos:
             raise GGUFError(f"string {i} of array {key!r} claims length {n} at offset {pos - 8}, past the end of the file")
         pos += n
+    if pos > avail:
+        raise HeaderIncomplete(pos)
     add_offset(pos)
     cur.pos = pos
     bounds = np.frombuffer(offsets, dtype=np.int64)
@@ -202,7 +222,8 @@ class GGUFTensor:
     shape: tuple          # numpy order, outermost first
     offset: int           # absolute byte offset in the file
     nbytes: int
-    data: np.ndarray      # zero-copy uint8 view of the raw bytes
+    data: np.ndarray      # zero-copy uint8 view of the raw bytes (None in a header read without the data)
+    file: str = ""        # the file that holds the data: a split model's tensors each map from their own part
 
     @property
     def n_elements(self) -> int:
@@ -217,6 +238,7 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        self.parts: list[GGUFFile] = []  # a split model's other parts, whose tensors are in self.tensors too
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -247,9 +269,13 @@ class GGUFFile:
             raise
 
     # -- parsing -------------------------------------------------------------------------------------------------
-    def _parse(self) -> None:
-        cur = _Cursor(self._mmap, self.size)
-        magic = self._mmap[0:4]
+    def _parse(self, buf=None, avail: int | None = None) -> None:
+        """Read the header from `buf` (default: the map); with `avail` below the size, only the file's first bytes
+        are at hand and tensors get no data view."""
+        buf = self._mmap if buf is None else buf
+        cur = _Cursor(buf, self.size, avail)
+        cur.need(4, "magic")
+        magic = bytes(buf[0:4])
         if magic != GGUF_MAGIC:
             raise GGUFError(f"bad magic {magic!r}: not a GGUF file (expected {GGUF_MAGIC!r})")
         cur.pos = 4
@@ -279,7 +305,7 @@ class GGUFFile:
 
         infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
         self.data_offset = -(-cur.pos // alignment) * alignment
-        self.tensors = self._check_tensors(infos)
+        self.tensors = self._check_tensors(infos, buf if cur.avail == self.size else None)
 
     def _read_tensor_info(self, cur: _Cursor, i: int):
         name = cur.string(f"name of tensor {i}", MAX_KEY_LENGTH)
@@ -291,7 +317,7 @@ class GGUFFile:
         offset = cur.u64(f"data offset of tensor {name!r}")
         return name, dims, type_id, offset
 
-    def _check_tensors(self, infos) -> dict[str, GGUFTensor]:
+    def _check_tensors(self, infos, buf) -> dict[str, GGUFTensor]:
         from quant.formats import format_by_id
 
         data_size = self.size - self.data_offset
@@ -327,8 +353,9 @@ class GGUFFile:
                 )
             spans.append((offset, offset + nbytes, name))
             start = self.data_offset + offset
-            view = np.frombuffer(self._mmap, dtype=np.uint8, count=nbytes, offset=start)
-            tensors[name] = GGUFTensor(name, fmt.name, tuple(int(d) for d in reversed(dims)), start, nbytes, view)
+            view = None if buf is None else np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=start)
+            tensors[name] = GGUFTensor(name, fmt.name, tuple(int(d) for d in reversed(dims)), start, nbytes, view,
+                                       self.path)
         spans.sort()
         for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
             if s1 < e0:
@@ -346,6 +373,9 @@ class GGUFFile:
     def close(self) -> None:
         # Views into the map keep it alive; drop ours and let the map close once nobody holds a view.
         self.tensors = {}
+        for part in getattr(self, "parts", ()):
+            part.close()
+        self.parts = []
         m = getattr(self, "_mmap", None)
         if m is not None:
             try:
@@ -364,6 +394,93 @@ class GGUFFile:
         return f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)}, metadata={len(self.metadata)})"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Split models: gguf-split writes NAME-00001-of-00003.gguf ...; the first part holds all metadata, every part holds
+# split.no (u16, from 0), split.count (u16) and split.tensors.count (i32, the total), and its own tensors.
+# ---------------------------------------------------------------------------------------------------------------
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
+
+
+def split_part_paths(path: str, count: int) -> list[str]:
+    """The paths of all parts of a split model, given its first part (llama.cpp's llama_split_path layout)."""
+    head, name = os.path.split(path)
+    m = _SPLIT_NAME.match(name)
+    if not m or int(m["no"]) != 1 or int(m["count"]) != count:
+        raise GGUFError(f"{path}: split.count is {count}, but the file name does not end in "
+                        f"-00001-of-{count:05d}.gguf as gguf-split names the first part, so the others cannot be found")
+    return [os.path.join(head, f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def _split_int(f, key: str, path: str) -> int:
+    v = f.metadata.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise GGUFError(f"{path}: split metadata {key!r} is missing or not an integer ({v!r})")
+    return v
+
+
+def _open_split_parts(first: GGUFFile) -> None:
+    """Open a split model's other parts beside `first` and add their tensors (each mapped from its own file)."""
+    count = first.metadata.get(SPLIT_COUNT)
+    if count is None or (isinstance(count, int) and not isinstance(count, bool) and count <= 1):
+        return
+    count = _split_int(first, SPLIT_COUNT, first.path)
+    no = _split_int(first, SPLIT_NO, first.path)
+    if no != 0:
+        raise GGUFError(f"{first.path} is part {no + 1} of a {count}-part split model; open its first part "
+                        f"(-00001-of-{count:05d}.gguf), which opens the others")
+    expected = _split_int(first, SPLIT_TENSORS, first.path)
+    for i, part_path in enumerate(split_part_paths(first.path, count)[1:], start=1):
+        if not os.path.exists(part_path):
+            raise GGUFError(f"{first.path}: part {i + 1} of {count} of this split model is missing ({part_path})")
+        part = GGUFFile(part_path)
+        first.parts.append(part)  # closed with first, also when a check below fails
+        for key, want in ((SPLIT_NO, i), (SPLIT_COUNT, count), (SPLIT_TENSORS, expected)):
+            got = _split_int(part, key, part_path)
+            if got != want:
+                raise GGUFError(f"{part_path}: {key} is {got}, expected {want} for part {i + 1} of {count} of "
+                                f"{os.path.basename(first.path)}: the parts do not belong together")
+        for name, t in part.tensors.items():
+            if name in first.tensors:
+                raise GGUFError(f"{part_path}: tensor {name!r} is also in an earlier part of the split model")
+            first.tensors[name] = t
+    if len(first.tensors) != expected:
+        raise GGUFError(f"{first.path}: split.tensors.count is {expected}, but the {count} parts hold "
+                        f"{len(first.tensors)} tensors")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The header alone: a remote file's metadata and tensor table, read from its first bytes
+# ---------------------------------------------------------------------------------------------------------------
+
+class GGUFHeader(GGUFFile):
+    """Metadata and tensor infos (no data views) from the first bytes of a file of `size` bytes. Raises
+    HeaderIncomplete(needed) when `data` is too short, GGUFError when the header is malformed."""
+
+    def __init__(self, data: bytes, size: int, path: str = "<header>"):
+        self.path, self.size, self.parts, self._mmap = path, int(size), [], None
+        try:
+            self._parse(data, len(data))
+        except GGUFError as e:
+            raise GGUFError(f"{self.path}: {e}") from None
+
+    def add_part(self, part: "GGUFHeader") -> None:
+        """Merge the tensors of another split part's header (for a size estimate before a download)."""
+        self.tensors = {**self.tensors, **part.tensors}
+
+
+def read_header(data: bytes, size: int, path: str = "<header>") -> GGUFHeader:
+    return GGUFHeader(data, size, path)
+
+
 def open(path: str | os.PathLike) -> GGUFFile:  # noqa: A001 - mirrors the builtin on purpose: edgellm.gguf.open
-    """Open and validate a GGUF file. Raises GGUFError on anything malformed."""
-    return GGUFFile(path)
+    """Open and validate a GGUF file; the first part of a split model opens all its parts. Raises GGUFError on
+    anything malformed, missing or mismatched."""
+    f = GGUFFile(path)
+    try:
+        _open_split_parts(f)
+    except BaseException:
+        f.close()
+        raise
+    return f

@@ -29,15 +29,18 @@ def _write_tensor(writer, name, value):
         writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
 
 
-def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, drop=(), tokenizer=None, extra=None):
+def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, drop=(), tokenizer=None, extra=None,
+                              split_max_tensors=0):
     """replace: tensor name -> float32 array, or (uint8 blocks, ggml type), written instead of the random one;
     drop: tensor names left out; tokenizer: tokenizer metadata overriding fake_model's (same keys); extra: metadata
-    key -> str, int (uint32) or float (float32) added. Returns path."""
+    key -> str, int (uint32) or float (float32) added. Returns path; with split_max_tensors, gguf-py writes a split
+    model as gguf-split does (NAME-00001-of-0000N.gguf beside path, split.* keys in every part) and returns the
+    parts' paths."""
     spec = spec or tiny_spec()
     replace = replace or {}
     rng = np.random.default_rng(spec.seed)
     arch = spec.arch
-    writer = GGUFWriter(str(path), arch)
+    writer = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     for key, value in ((f"{arch}.block_count", spec.n_layer), (f"{arch}.context_length", spec.context_length),
                        (f"{arch}.embedding_length", spec.n_embd), (f"{arch}.feed_forward_length", spec.n_ff),
                        (f"{arch}.attention.head_count", spec.n_head),
@@ -74,8 +77,9 @@ def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
+    parts = [str(p) for p in writer.format_shard_names(writer.path)] if split_max_tensors else None
     writer.close()
-    return path
+    return parts if split_max_tensors else path
 
 
 def patch_uint32_key(path, key: str, value: int):
