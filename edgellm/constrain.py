@@ -128,6 +128,20 @@ class LlamaGrammar:
         return f"LlamaGrammar({self._spec.kind}, {len(self._grammar)} chars)"
 
 
+def closed_objects(schema):
+    """The schema with additionalProperties false wherever an object lists properties and says nothing else:
+    OpenAI's strict mode, which keeps a small model from inventing keys."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) if k not in ("enum", "const", "default", "examples") else v
+           for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def response_format_spec(value) -> ConstraintSpec | None:
     """OpenAI's and llama-cpp-python's response_format: text, json_object (optionally with "schema"), json_schema."""
     if value is None:
@@ -146,6 +160,8 @@ def response_format_spec(value) -> ConstraintSpec | None:
         if not isinstance(body, dict):
             raise GrammarError("response_format.json_schema must be an object with 'name' and 'schema'")
         schema = body.get("schema")
+        if body.get("strict") and isinstance(schema, dict):
+            schema = closed_objects(schema)
         return ConstraintSpec.json_schema({"type": "object"} if schema is None else schema,
                                           "response_format.json_schema.schema")
     raise GrammarError(f"response_format type {kind!r} is not supported (accepted: 'text', 'json_object', "
