@@ -14,6 +14,7 @@ more can follow, generation ends with finish_reason "stop".
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass
 
@@ -69,10 +70,15 @@ class ConstraintSpec:
         """A llama.cpp GBNF grammar (its start rule is `root`); llguidance also reads Lark syntax here."""
         if not isinstance(text, str) or not text.strip():
             raise GrammarError(f"{what} must be a non-empty GBNF grammar string")
+        llg = _llg()
+        from llguidance.gbnf_to_lark import any_to_lark
         try:
-            grammar = _llg().grammar_from("gbnf", text)
-        except ValueError as e:
+            lark = any_to_lark(text)
+        except Exception as e:  # the converter raises plain exceptions for syntax errors
             raise GrammarError(f"{what} is not a valid GBNF grammar: {e}") from None
+        # the converter writes GBNF's \U0010FFFF as \U10FFFF, which the regex engine refuses; \u{10FFFF} it reads
+        lark = re.sub(r"(?<!\\)\\U([0-9A-Fa-f]{1,8})", lambda m: "\\u{%X}" % int(m.group(1), 16), lark)
+        grammar = llg.LLMatcher.grammar_from_lark(lark)
         return cls._checked("gbnf", text, grammar, what)
 
     @classmethod

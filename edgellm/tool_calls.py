@@ -52,7 +52,10 @@ def check_tools(tools, tool_choice=None, parallel_tool_calls=None) -> tuple[list
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise ToolError(f"tools[{i}].function.parameters must be a JSON Schema object")
-        ConstraintSpec.json_schema(params, f"tools[{i}].function.parameters")  # refused now if not enforceable
+        try:  # refused now if the engine cannot enforce it
+            ConstraintSpec.json_schema(params, f"tools[{i}].function.parameters")
+        except GrammarError as e:
+            raise ToolError(str(e)) from None
         checked.append({"type": "function", "function": {**fn, "parameters": params}})
         strict_params.append(closed_objects(params))
     names = [t["function"]["name"] for t in checked]
