@@ -537,10 +537,11 @@ class Model:
             self._chat_format = chat_template_from_metadata(self.metadata, bos_token=bos, eos_token=eos)
         return self._chat_format
 
-    def chat_prompt_ids(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        """The token ids of a conversation rendered with the model's chat format."""
+    def chat_prompt_ids(self, messages, add_generation_prompt: bool = True, **template_vars) -> list[int]:
+        """The token ids of a conversation rendered with the model's chat format; template_vars (e.g. tools,
+        enable_thinking) go to the template as variables."""
         fmt = self.chat_format()
-        text = fmt.render(messages, add_generation_prompt=add_generation_prompt)
+        text = fmt.render(messages, add_generation_prompt=add_generation_prompt, **template_vars)
         # a GGUF template writes BOS itself when the model wants one (llama-cpp-python: add_bos=False);
         # the built-in formats leave it to the tokenizer, as llama.cpp does
         return self._prompt_ids(text, add_special=getattr(fmt, "name", "") != "gguf")

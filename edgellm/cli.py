@@ -44,6 +44,33 @@ def _add_sampling_args(p):
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    # structured output, llama.cpp's flags: the output is constrained to a GBNF grammar or a JSON Schema
+    p.add_argument("--grammar", default=None, help="GBNF grammar text the output must match")
+    p.add_argument("--grammar-file", default=None, help="read the GBNF grammar from a file")
+    p.add_argument("-j", "--json-schema", default=None, help="JSON Schema (text) the output must match")
+    p.add_argument("-jf", "--json-schema-file", default=None, help="read the JSON Schema from a file")
+
+
+def _read_text(path: str, what: str) -> str:
+    from .errors import GrammarError
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise GrammarError(f"cannot read the {what} file {path!r}: {e.strerror}") from None
+
+
+def _constraint_kwargs(args) -> dict:
+    grammar = args.grammar if args.grammar is not None else (
+        _read_text(args.grammar_file, "grammar") if args.grammar_file else None)
+    schema = args.json_schema if args.json_schema is not None else (
+        _read_text(args.json_schema_file, "JSON Schema") if args.json_schema_file else None)
+    kw = {}
+    if grammar is not None:
+        kw["grammar"] = grammar
+    if schema is not None:
+        kw["json_schema"] = schema
+    return kw
 
 
 def _sampling_kwargs(args) -> dict:
@@ -51,6 +78,7 @@ def _sampling_kwargs(args) -> dict:
              "frequency_penalty")
     kw = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     kw.update(temperature=args.temp, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    kw.update(_constraint_kwargs(args))
     from .options import parse_options
     parse_options("edgellm", kw, {})  # bad values fail here, before a model is loaded
     return kw

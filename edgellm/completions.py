@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from .errors import SamplingError
 
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "tool_calls")
 
 
 def new_completion_id() -> str:
@@ -117,8 +117,10 @@ def chat_completion_id(completion_id: str) -> str:
     return "chat" + completion_id
 
 
-def chat_completion_response(completion: Mapping) -> dict:
-    """CreateChatCompletionResponse from a finished text completion."""
+def chat_completion_response(completion: Mapping, message: dict | None = None,
+                             finish_reason: str | None = None) -> dict:
+    """CreateChatCompletionResponse from a finished text completion (message: the assistant message when it is
+    more than the text, e.g. tool_calls or reasoning_content)."""
     choice = completion["choices"][0]
     return {
         "id": chat_completion_id(completion["id"]),
@@ -127,9 +129,9 @@ def chat_completion_response(completion: Mapping) -> dict:
         "model": completion["model"],
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": choice["text"]},
+            "message": message or {"role": "assistant", "content": choice["text"]},
             "logprobs": chat_logprobs(choice["logprobs"]),
-            "finish_reason": choice["finish_reason"],
+            "finish_reason": finish_reason or choice["finish_reason"],
         }],
         "usage": dict(completion["usage"]),
     }

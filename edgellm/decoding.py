@@ -37,6 +37,10 @@ class SequenceState:
         self.stop_reason = "length"
         self.done = max_tokens <= 0
         self.sample_s = 0.0
+        self.constraint = None
+        if opts.constraint is not None:  # each sequence its own matcher, from the grammar checked in the options
+            from .constrain import SequenceConstraint
+            self.constraint = SequenceConstraint(opts.constraint, model.tokenizer, model.n_vocab)
 
     def step(self, logits: np.ndarray):
         """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation."""
@@ -52,9 +56,12 @@ class SequenceState:
         if opts.logits_processor is not None:
             scores = np.asarray(opts.logits_processor(np.asarray(self.history, dtype=np.intc), scores.copy()),
                                 dtype=np.float32)
+        if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
+            scores = self.constraint.mask(scores)
         token = self.sampler.sample(scores, self.history)
         self.sample_s += time.perf_counter() - ts
-        if not opts.ignore_eos and tok.is_eog(token):
+        if tok.is_eog(token) and (not opts.ignore_eos or self.constraint is not None):
+            # under a grammar an end-of-generation token is only allowed where the grammar is complete
             self.stop_reason, self.done = "eog", True
             return None
         info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), self.text.decoded_chars)
@@ -68,8 +75,12 @@ class SequenceState:
         self.history.append(token)
         self.infos.append(info)
         piece = self.text.push(tok.token_to_bytes(token))
+        if self.constraint is not None:
+            self.constraint.advance(token)
         if self.text.stopped:
             self.stop_reason, self.done = "stop_string", True
+        elif self.constraint is not None and self.constraint.complete:
+            self.stop_reason, self.done = "constraint", True
         elif len(self.generated) >= self.max_tokens:
             self.done = True
         elif opts.stopping_criteria is not None and opts.stopping_criteria(

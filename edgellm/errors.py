@@ -21,6 +21,11 @@ class SamplingError(EdgeLLMError, ValueError):
     """A sampling parameter is out of range, or the logits are not finite."""
 
 
+class GrammarError(SamplingError):
+    """A JSON Schema, grammar, regex or choice list is invalid or uses what the constraint engine cannot enforce;
+    raised before any token is generated. A SamplingError because it constrains what can be sampled."""
+
+
 class CatalogError(EdgeLLMError, LookupError):
     """A model name is not in the catalog, or fetching it failed."""
 

@@ -99,25 +99,44 @@ def _completion_chunks(events, completion_id, created, model_name, opts, base_of
 # ---------------------------------------------------------------------------------------------------------------
 
 def create_chat_completion(llm, messages, *, stream: bool = False, logprobs: bool | None = False,
-                           top_logprobs: int | None = None, **kwargs):
-    """A CreateChatCompletionResponse dict, or (stream=True) an iterator of chat.completion.chunk dicts."""
+                           top_logprobs: int | None = None, tools=None, tool_choice=None, parallel_tool_calls=None,
+                           functions=None, function_call=None, chat_template_kwargs=None, **kwargs):
+    """A CreateChatCompletionResponse dict, or (stream=True) an iterator of chat.completion.chunk dicts.
+
+    tools / tool_choice / parallel_tool_calls (and the older functions / function_call) as OpenAI's API;
+    chat_template_kwargs are extra template variables (e.g. enable_thinking)."""
+    from .tool_calls import ChatPlan
     if logprobs not in (None, True, False):
         raise SamplingError(f"logprobs must be True or False for a chat completion, got {logprobs!r}")
     if top_logprobs is not None and not logprobs:
         raise SamplingError("top_logprobs needs logprobs=True")
     kwargs["logprobs"] = (top_logprobs or 0) if logprobs else None
-    model_name, opts, ids = _prepare(llm, "create_chat_completion", lambda: llm.chat_prompt_ids(messages),
-                                     kwargs, CHAT_DEFAULTS)
+    plan = ChatPlan(llm, messages, tools, tool_choice, parallel_tool_calls, functions, function_call,
+                    chat_template_kwargs)
+    if plan.grammar is not None:
+        if any(kwargs.get(n) is not None and kwargs.get(n) != {"type": "text"}
+               for n in ("grammar", "response_format", "json_schema", "regex", "choice")):
+            raise SamplingError("tool_choice constrains the reply with the tools' schemas; it cannot be combined "
+                                "with grammar or response_format")
+        kwargs["grammar"] = plan.grammar
+    model_name, opts, ids = _prepare(llm, "create_chat_completion", lambda: plan.ids, kwargs, CHAT_DEFAULTS)
     events = llm._events(ids, opts)
     completion_id, created = new_completion_id(), now()
-    if stream:
+    if stream and plan.format is None:
         return _chat_stream(_completion_chunks(events, completion_id, created, model_name, opts, 0, ""))
+    if stream:  # tool calls are known once parsed: the reply is sent as OpenAI's deltas when it is whole
+        return _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts)
     done = _completion_result(events)
-    completion = completion_response(
+    completion = _completion_dict(done, completion_id, created, model_name, opts)
+    message, finish = plan.reply(llm, done)
+    return chat_completion_response(completion, message, finish)
+
+
+def _completion_dict(done, completion_id, created, model_name, opts):
+    return completion_response(
         completion_id=completion_id, created=created, model=model_name, text=done.text,
         finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
         logprobs=_logprobs_dict(done.token_info, 0) if opts.logprobs is not None else None)
-    return chat_completion_response(completion)
 
 
 def _chat_stream(chunks):
@@ -125,3 +144,26 @@ def _chat_stream(chunks):
         yield from chat_chunks(chunks)
     finally:
         chunks.close()
+
+
+def _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts):
+    from .completions import chat_chunk, chat_completion_id
+    try:
+        done = _completion_result(events)
+    finally:
+        events.close()
+    message, finish = plan.reply(llm, done)
+    common = {"chat_id": chat_completion_id(completion_id), "created": created, "model": model_name}
+    yield chat_chunk(delta={"role": "assistant", "content": None if message.get("tool_calls") else ""}, **common)
+    if message.get("reasoning_content"):
+        yield chat_chunk(delta={"reasoning_content": message["reasoning_content"]}, **common)
+    if message.get("content"):
+        yield chat_chunk(delta={"content": message["content"]}, **common)
+    for index, call in enumerate(message.get("tool_calls") or []):
+        # as OpenAI streams a call: its id and name first, then the arguments' text
+        yield chat_chunk(delta={"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                                "function": {"name": call["function"]["name"], "arguments": ""}}]},
+                         **common)
+        yield chat_chunk(delta={"tool_calls": [{"index": index, "function": {
+            "arguments": call["function"]["arguments"]}}]}, **common)
+    yield chat_chunk(delta={}, finish_reason=finish, **common)

@@ -12,13 +12,14 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from .constrain import constraint_from_options
 from .errors import SamplingError
 from .sampling import SamplingParams, _check_seed
 from .textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
 GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "logit_bias", "logits_processor",
-                    "stopping_criteria")
+                    "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice")
 
 # llama-cpp-python arguments with no edgellm counterpart: accepted at the value that means "off", so code passing
 # its defaults explicitly still runs; anything else is refused rather than silently ignored.
@@ -27,13 +28,11 @@ NEUTRAL_VALUES = {
     "mirostat_mode": (0,),
     "mirostat_tau": None,  # None: any value (only read when mirostat_mode is on)
     "mirostat_eta": None,
-    "grammar": (None,),
     "suffix": (None,),
     "functions": (None,),
     "function_call": (None,),
     "tools": (None,),
     "tool_choice": (None,),
-    "response_format": (None, {"type": "text"}),
     "model": None,  # only names the model in the response, as in llama-cpp-python
 }
 
@@ -49,6 +48,7 @@ class GenerationOptions:
     logit_bias: dict | None = None  # token id -> added to its logit before sampling
     logits_processor: Callable | None = None  # f(input_ids, scores) -> scores, llama-cpp-python's signature
     stopping_criteria: Callable | None = None  # f(input_ids, logits) -> bool: True ends with finish_reason "stop"
+    constraint: object | None = None  # edgellm.constrain.ConstraintSpec: what every generated token must fit
 
 
 def _unexpected(caller: str, name: str, accepted) -> TypeError:
@@ -137,4 +137,5 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         logit_bias=_check_logit_bias(values.get("logit_bias")),
         logits_processor=_as_callable_chain("logits_processor", values.get("logits_processor"), _chain_processors),
         stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
+        constraint=constraint_from_options(values),
     )

@@ -52,7 +52,7 @@ class Completion:
 
     finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
     "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length",
-    or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
+    "constraint" (a grammar or schema completed), or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
     """
     text: str
     tokens: list = field(default_factory=list)

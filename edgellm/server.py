@@ -94,16 +94,23 @@ SAMPLING_FIELDS = {
     "typical_p": NUMBER, "repeat_penalty": NUMBER, "repeat_last_n": INTEGER, "presence_penalty": NUMBER,
     "frequency_penalty": NUMBER, "seed": INTEGER, "stop": STOP, "logit_bias": OBJECT, "ignore_eos": BOOLEAN,
     "stream": BOOLEAN, "stream_options": OBJECT, "n": INTEGER, "model": STRING, "user": STRING,
+    # structured output (llama.cpp's server names grammar and json_schema; regex and choice are edgellm's)
+    "response_format": OBJECT, "grammar": STRING, "json_schema": (lambda v: isinstance(v, (dict, bool)), "an object"),
+    "regex": STRING, "choice": (lambda v: isinstance(v, list), "a list of strings"),
 }
 COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string or a list of token ids"),
                      "logprobs": INTEGER, "echo": BOOLEAN, "best_of": INTEGER, "suffix": STRING}
 CHAT_FIELDS = {**SAMPLING_FIELDS, "messages": (lambda v: isinstance(v, list), "a list of messages"),
                "max_completion_tokens": INTEGER, "logprobs": BOOLEAN, "top_logprobs": INTEGER,
-               "response_format": OBJECT, "tools": (lambda v: False, "null (tools are not supported)"),
-               "tool_choice": (lambda v: v == "none", "null or \"none\""),
-               "parallel_tool_calls": BOOLEAN}
+               "tools": (lambda v: isinstance(v, list), "a list of tools"),
+               "tool_choice": (lambda v: isinstance(v, (str, dict)), "\"auto\", \"none\", \"required\" or an object"),
+               "parallel_tool_calls": BOOLEAN, "chat_template_kwargs": OBJECT,
+               "functions": (lambda v: isinstance(v, list), "a list of functions"),
+               "function_call": (lambda v: isinstance(v, (str, dict)), "a string or an object")}
+CHAT_PLAN_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+                    "chat_template_kwargs")
 # accepted and ignored: they describe the caller or OpenAI's storage, not the generation
-IGNORED_FIELDS = ("model", "user", "n", "best_of", "stream", "stream_options", "parallel_tool_calls", "service_tier",
+IGNORED_FIELDS = ("model", "user", "n", "best_of", "stream", "stream_options", "service_tier",
                   "store", "metadata")
 
 
@@ -145,9 +152,7 @@ def check_fields(body: dict, fields: dict, required: tuple) -> None:
 
 def generation_kwargs(body: dict, fields: dict) -> dict:
     """The body's generation fields as create_completion / create_chat_completion keyword arguments."""
-    # tool_choice is only accepted as "none" or null, which both mean what edgellm does anyway
-    kwargs = {k: v for k, v in body.items()
-              if k in fields and k not in IGNORED_FIELDS and k != "tool_choice" and v is not None}
+    kwargs = {k: v for k, v in body.items() if k in fields and k not in IGNORED_FIELDS and v is not None}
     if "max_completion_tokens" in kwargs:  # OpenAI's newer name
         kwargs["max_tokens"] = kwargs.pop("max_completion_tokens")
     if kwargs.get("max_tokens", 1) < 1:
@@ -259,14 +264,19 @@ class Endpoints:
         check_fields(body, CHAT_FIELDS, ("messages",))
         kwargs = generation_kwargs(body, CHAT_FIELDS)
         messages = kwargs.pop("messages")
-        ids_of = partial(self.llm.chat_prompt_ids, messages)
+        from .tool_calls import ChatPlan
+        plan_args = {k: kwargs[k] for k in CHAT_PLAN_FIELDS if k in kwargs}
+
+        def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
+            return ChatPlan(self.llm, messages, **plan_args).ids
         return await self._generate(request, body, CHAT_FIELDS, ids_of,
                                     partial(self.llm.create_chat_completion, messages), kwargs)
 
     async def _generate(self, request, body, fields, ids_of, create, kwargs):
         from .options import parse_options
         kwargs["model"] = self.model_name
-        options = {k: v for k, v in kwargs.items() if k not in ("echo", "logprobs", "top_logprobs")}
+        options = {k: v for k, v in kwargs.items()
+                   if k not in ("echo", "logprobs", "top_logprobs") + CHAT_PLAN_FIELDS}
         if fields is COMPLETION_FIELDS:
             options["logprobs"] = kwargs.get("logprobs")
         else:  # chat's logprobs is a switch; the number of alternatives is top_logprobs

@@ -1,0 +1,223 @@
+"""Constrained decoding with both real models: JSON Schemas (tests/fixtures/json_schemas, validated with
+jsonschema), llama.cpp's sample GBNF grammars (tests/fixtures/gbnf, checked with llguidance's matcher), regex and
+choice; how the mask composes with stream, stop, logprobs, logit_bias, generate_batch and prefix reuse; and the
+errors a bad schema or grammar gives before any token."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+
+import edgellm  # noqa: E402
+from edgellm.constrain import ConstraintSpec, LlamaGrammar, accepts, llg_tokenizer, text_accepted  # noqa: E402
+from edgellm.errors import GrammarError  # noqa: E402
+from conftest import FIXTURES, GEMMA, SMOLLM2  # noqa: E402
+
+SCHEMAS = json.loads((FIXTURES / "json_schemas" / "schemas.json").read_text())["schemas"]
+SCHEMA_MAX_TOKENS = 160  # enough for every fixture's bounded shape; a reply cut here would fail the test
+# Gemma decodes ~3x slower here: every third schema keeps its share of the suite's time while covering each
+# feature family (the list is ordered by source API, not by feature)
+GEMMA_SCHEMAS = SCHEMAS[::3]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    return edgellm.load(smollm2_path, n_ctx=512)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    return edgellm.load(gemma_path, n_ctx=512)
+
+
+def _prompt(m, subject):
+    return m.chat_prompt_ids([{"role": "user", "content": f"Give me {subject} as JSON."}])
+
+
+def _check_schema_outputs(m, schemas):
+    failures = []
+    for entry in schemas:
+        done = m.complete(_prompt(m, entry["subject"]), SCHEMA_MAX_TOKENS, json_schema=entry["schema"])
+        try:
+            value = json.loads(done.text)
+            jsonschema.validate(value, entry["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        except (json.JSONDecodeError, jsonschema.ValidationError) as e:
+            failures.append((entry["name"], done.finish_reason, done.text[:200], str(e)[:200]))
+            continue
+        assert done.finish_reason == "stop" and done.stop_reason == "constraint", entry["name"]
+    assert not failures, failures
+
+
+def test_fixture_set_is_large_and_varied():
+    assert len(SCHEMAS) >= 50
+    text = json.dumps([e["schema"] for e in SCHEMAS])
+    for feature in ('"$ref"', '"anyOf"', '"oneOf"', '"allOf"', '"enum"', '"pattern"', '"maxItems"', '"minItems"',
+                    '"format": "email"', '"format": "date-time"', '"format": "uuid"', '"format": "ipv4"',
+                    '"prefixItems"', '"const"', '"$defs"'):
+        assert feature in text, feature
+    for entry in SCHEMAS:
+        jsonschema.Draft202012Validator.check_schema(entry["schema"])
+
+
+def test_every_schema_output_validates_smollm2(smol):
+    _check_schema_outputs(smol, SCHEMAS)
+
+
+@pytest.mark.xfail(reason="Gemma-3-270M greedy loops inside unbounded numbers and strings (10000...) until "
+                          "max_tokens on about half of this subset; the outputs are valid prefixes, not complete values",
+                   strict=False)
+def test_schema_outputs_validate_gemma(gemma):
+    _check_schema_outputs(gemma, GEMMA_SCHEMAS)
+
+
+# -- GBNF ------------------------------------------------------------------------------------------------------
+
+GBNF_PROMPTS = {  # few-shot where the models need it to finish a sentence within the token budget
+    "json": 'cat: {"name": "Tom", "age": 3}\ndog: {"name": "Rex", "age": 5}\nbird:',
+    "arithmetic": "Equations:\n1 + 2 = 3\n4 * 5 = 20\n",
+    "list": "A shopping list:\n",
+    "chess": "A chess game in PGN:\n",
+}
+
+
+def _arithmetic_regex(depth=3):
+    ws = r"[ \t\n]*"
+    term = rf"(?:[a-z][a-z0-9_]*{ws}|[0-9]+{ws})"
+    for _ in range(depth):  # parentheses nested up to depth levels
+        expr = rf"{term}(?:[-+*/]{term})*"
+        term = rf"(?:[a-z][a-z0-9_]*{ws}|[0-9]+{ws}|\({ws}{expr}\){ws})"
+    expr = rf"{term}(?:[-+*/]{term})*"
+    return rf"(?:{expr}={ws}{term}\n)+"
+
+
+_CHESS_MOVE = r"(?:(?:[a-h]x)?[a-h][1-8](?:=[NBKQR])?|[NBKQR][a-h]?[1-8]?x?[a-h][1-8]|O-O(?:-O)?)[+#]?"
+# The sample grammars' languages written as Python regexes, with GBNF's semantics (llama.cpp matches character
+# by character): an independent check of what llguidance enforced
+GBNF_LANGUAGES = {
+    "arithmetic": _arithmetic_regex(),
+    "list": r"(?:- [^\r\n\x0b\x0c\x85\u2028\u2029]+\n)+",
+    "chess": rf"1\. {_CHESS_MOVE} {_CHESS_MOVE}\n(?:[1-9][0-9]?\. {_CHESS_MOVE} {_CHESS_MOVE}\n)+",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GBNF_PROMPTS))
+@pytest.mark.parametrize("which", [SMOLLM2, GEMMA])
+def test_llama_cpp_sample_grammars(name, which, request):
+    m = request.getfixturevalue("smol" if which == SMOLLM2 else "gemma")
+    source = (FIXTURES / "gbnf" / f"{name}.gbnf").read_text()
+    spec = ConstraintSpec.gbnf(source)
+    done = m.complete(GBNF_PROMPTS[name], 48, grammar=LlamaGrammar.from_string(source))
+    assert done.tokens
+    # every generated token is accepted by a fresh matcher of the same grammar
+    import llguidance
+    matcher = llguidance.LLMatcher(llg_tokenizer(m.tokenizer), spec.grammar, log_level=0)
+    assert matcher.consume_tokens(done.tokens), matcher.get_error()
+    if name == "json":  # root ::= object completes: the reply ends there, and is JSON
+        assert done.stop_reason == "constraint" and accepts(spec, m.tokenizer, done.tokens)
+        assert isinstance(json.loads(done.text), dict)
+        return
+    # the repeated grammars (item+, lines+) run to max_tokens: the reply up to its last whole line is a sentence
+    language = re.compile(GBNF_LANGUAGES[name])
+    lines = done.text[:done.text.rindex("\n") + 1]
+    assert language.fullmatch(lines), lines
+    assert not language.fullmatch(lines + "?")  # the check can fail
+
+
+# -- regex, choice and composition with the rest of the decode loop ---------------------------------------------
+
+def test_regex_and_choice(smol, gemma):
+    for m in (smol, gemma):
+        done = m.complete("My phone number is", 20, regex=r"\(\d{3}\) \d{3}-\d{4}")
+        assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", done.text) and done.finish_reason == "stop"
+        done = m.complete(_prompt(m, "the answer to 'is the sky blue?' (yes or no)"), 10, choice=["yes", "no"])
+        assert done.text in ("yes", "no") and done.stop_reason == "constraint"
+
+
+def test_mask_comes_before_the_samplers_and_logit_bias(smol):
+    prompt = _prompt(smol, "yes or no")
+    first = smol.complete(prompt, 5, choice=["yes", "no"]).text
+    other = "no" if first == "yes" else "yes"
+    # every token that could start the first answer ("y", "ye", "yes" ...), so only the other one is left
+    banned = {t: -100.0 for t in range(smol.n_vocab)
+              if (b := smol.tokenizer.token_to_bytes(t)) and first.encode().startswith(b)}
+    assert smol.complete(prompt, 5, choice=["yes", "no"], logit_bias=banned).text == other
+    # sampling with every filter on still only draws allowed tokens
+    for seed in range(5):
+        text = smol.complete(prompt, 5, choice=["yes", "no", "maybe"], temperature=1.5, top_k=5, top_p=0.9,
+                             min_p=0.01, repeat_penalty=1.3, seed=seed).text
+        assert text in ("yes", "no", "maybe")
+
+
+def test_composes_with_stream_stop_logprobs_batch_and_prefix_reuse(smol):
+    schema = SCHEMAS[0]["schema"]
+    prompt = _prompt(smol, SCHEMAS[0]["subject"])
+    done = smol.complete(prompt, 80, json_schema=schema, logprobs=2)
+    jsonschema.validate(json.loads(done.text), schema)
+    assert len(done.token_info) == len(done.tokens) and all(i.logprob is not None for i in done.token_info)
+    assert "".join(smol.stream(prompt, 80, json_schema=schema)) == done.text
+    again = smol.complete(prompt, 80, json_schema=schema)  # the cache holds this prompt: reused, same answer
+    assert again.text == done.text
+    # a stop string still ends the reply first
+    cut = smol.complete(prompt, 80, json_schema=schema, stop=['"id"'])
+    assert cut.stop_reason == "stop_string" and cut.text == done.text[:done.text.index('"id"')]
+    # a batch: each sequence its own matcher, each the tokens it gives alone
+    other = _prompt(smol, SCHEMAS[1]["subject"])
+    alone = smol.complete(other, 80, json_schema=schema).text
+    assert smol.generate_batch([prompt, other], 80, json_schema=schema) == [done.text, alone]
+
+
+def test_json_object_modes(smol):
+    msgs = [{"role": "user", "content": "Give me a JSON object describing a dog."}]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "legs": {"type": "integer"}}, "required": ["name", "legs"]}
+    closed = {**schema, "additionalProperties": False}
+    for fmt in ({"type": "json_object", "schema": closed},
+                {"type": "json_schema", "json_schema": {"name": "dog", "schema": schema, "strict": True}}):
+        r = smol.create_chat_completion(msgs, response_format=fmt, max_tokens=60, temperature=0)
+        value = json.loads(r["choices"][0]["message"]["content"])
+        jsonschema.validate(value, schema)
+        assert r["choices"][0]["finish_reason"] == "stop"
+        assert set(value) <= {"name", "legs"}  # strict closes the object as additionalProperties false does
+    r = smol.create_chat_completion(msgs, response_format={"type": "json_object"}, max_tokens=40, temperature=0)
+    text = r["choices"][0]["message"]["content"]
+    assert text.startswith("{") and (r["choices"][0]["finish_reason"] == "length" or isinstance(json.loads(text), dict))
+
+
+def test_tokenizers_byte_for_byte(smol, gemma):
+    """The llguidance tokenizer spells every ordinary token as edgellm does, byte tokens included."""
+    for m in (smol, gemma):
+        lltok = llg_tokenizer(m.tokenizer)
+        assert lltok.vocab_size == m.n_vocab
+        ids = np.random.default_rng(0).choice(m.n_vocab, 2000, replace=False)
+        for i in ids.tolist():
+            if not lltok.is_special_token(i):
+                assert lltok.decode_bytes([i]) == m.tokenizer.token_to_bytes(i), i
+    # (<0xFF> is the one exception: a byte never in UTF-8, which llguidance reads as its special-token marker)
+    byte_tokens = [gemma.tokenizer.vocab.token_to_id[f"<0x{b:02X}>"] for b in (0x0A, 0xE2, 0x80)]
+    assert [llg_tokenizer(gemma.tokenizer).decode_bytes([t]) for t in byte_tokens] == [b"\n", b"\xe2", b"\x80"]
+
+
+# -- errors before any token ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"json_schema": {"type": "strin"}}, "json_schema cannot be enforced.*strin"),
+    ({"json_schema": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
+    ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "xml"}}, "response_format type 'xml'"),
+    ({"grammar": "root ::= missing"}, "grammar is not a valid GBNF grammar.*missing"),
+    ({"grammar": 42}, "grammar must be"),
+    ({"regex": "(unclosed"}, "regex cannot be enforced"),
+    ({"choice": []}, "choice must be a non-empty list"),
+    ({"regex": "a", "choice": ["a"]}, "at most one of"),
+])
+def test_invalid_constraints_raise_before_generating(smol, kwargs, match):
+    before = smol.last_completion
+    with pytest.raises(GrammarError, match=match):
+        smol.complete("hello", 5, **kwargs)
+    with pytest.raises(GrammarError, match=match):
+        smol.create_completion("hello", max_tokens=5, **kwargs)
+    assert smol.last_completion is before
