@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from fake_model import fake_metadata
-from helpers_tiny_gguf import TinySpec, random_matrix_bytes, tensor_shapes
+from helpers_tiny_gguf import TinySpec, add_typed_keys, random_matrix_bytes, tensor_shapes
 
 TOKENIZER = fake_metadata()
 N_VOCAB = len(TOKENIZER["tokenizer.ggml.tokens"])
@@ -48,13 +48,7 @@ def write_loadable_tiny_model(path, spec: TinySpec | None = None, replace=None, 
         writer.add_uint32(key, value)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", spec.rope_base)
-    for key, value in (extra or {}).items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        else:
-            writer.add_uint32(key, value)
+    add_typed_keys(writer, extra or {})
     md = {**TOKENIZER, **(tokenizer or {})}
     writer.add_tokenizer_model(md["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(md["tokenizer.ggml.pre"])

@@ -98,6 +98,17 @@ def tensor_shapes(spec: TinySpec):
     return shapes
 
 
+def add_typed_keys(writer, keys):
+    """Metadata key -> value written by type: str as a string, float as float32, int as uint32."""
+    for key, value in keys.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+
+
 def write_tiny_model(path, spec: TinySpec):
     rng = np.random.default_rng(spec.seed)
     arch = spec.arch
@@ -115,13 +126,7 @@ def write_tiny_model(path, spec: TinySpec):
         writer.add_uint32(f"{arch}.attention.value_length", spec.head_dim)
     if spec.sliding_window:
         writer.add_uint32(f"{arch}.attention.sliding_window", spec.sliding_window)
-    for key, value in spec.extra_keys.items():
-        if isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_uint32(key, value)
+    add_typed_keys(writer, spec.extra_keys)
     for name, (shape, is_matrix) in tensor_shapes(spec).items():
         if is_matrix:
             ggml_type = spec.embd_type if name == "token_embd.weight" and spec.embd_type else spec.weight_type

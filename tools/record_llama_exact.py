@@ -89,7 +89,7 @@ def perplexity(llm, text, n_ctx):
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
     add_bos = tokens[:1] == [llm.token_bos()]
     n_chunks = len(tokens) // n_ctx
-    nll, nll2, count = 0.0, 0.0, 0
+    nll, count = 0.0, 0
     first = n_ctx // 2
     for c in range(n_chunks):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
@@ -104,7 +104,6 @@ def perplexity(llm, text, n_ctx):
             lse = top + math.log(np.exp(row - top).sum())
             v = lse - row[chunk[pos + 1]]
             nll += v
-            nll2 += v * v
             count += 1
     return math.exp(nll / count), n_chunks, len(tokens)
 
