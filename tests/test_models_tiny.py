@@ -9,11 +9,11 @@ The weight-format tests run the real int8 kernels as well, under a bound sized t
 import numpy as np
 import pytest
 
-import edgellm.gguf
-import edgellm.models.linear
+import edgellm.engine.gguf
+import edgellm.engine.models.linear
 from edgellm.errors import ModelError
-from edgellm.models import build_model, get_architecture
-from edgellm.reference import ReferenceModel
+from edgellm.engine.models import build_model, get_architecture
+from edgellm.engine.reference import ReferenceModel
 from helpers_tiny_gguf import TinySpec, write_tiny_model
 
 # Fast path with float32 matmuls vs float64 reference: float32 rounding only.
@@ -37,7 +37,7 @@ def nmse(got, want):
 
 
 def open_tiny(tmp_path, spec, name="tiny.gguf"):
-    return edgellm.gguf.open(write_tiny_model(tmp_path / name, spec))
+    return edgellm.engine.gguf.open(write_tiny_model(tmp_path / name, spec))
 
 
 def tokens_for(spec, n=N_PROMPT, seed=7):
@@ -47,7 +47,7 @@ def tokens_for(spec, n=N_PROMPT, seed=7):
 @pytest.fixture
 def exact_linear(monkeypatch):
     """Build models with the float32 stand-in instead of quant.QuantLinear."""
-    monkeypatch.setattr(edgellm.models.linear, "LINEAR_CLASS", edgellm.models.linear.DequantizedLinear)
+    monkeypatch.setattr(edgellm.engine.models.linear, "LINEAR_CLASS", edgellm.engine.models.linear.DequantizedLinear)
 
 
 def check_fast_matches_reference(tmp_path, spec, n_batch=512, n_tokens=N_PROMPT, bound=EXACT_VS_REFERENCE_NMSE):
@@ -266,7 +266,7 @@ def test_norm_vectors_read_as_gguf_py_dequantizes_them(ggml_type):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    from edgellm.models.loading import _as_float32_vector
+    from edgellm.engine.models.loading import _as_float32_vector
     values = np.random.default_rng(0).standard_normal(576).astype(np.float32) * 3
     values[:4] = [0.0, -0.0, 65504.0, 1e-8]
     if ggml_type == "F32":

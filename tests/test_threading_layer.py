@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quant.threading_layer import BUSY_SPIN_COUNT, busy_wait_settings
+from edgellm.quant.threading_layer import BUSY_SPIN_COUNT, busy_wait_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import edgellm
-from edgellm.warmup import count_compiles, exercise
+from edgellm.prep.warmup import count_compiles, exercise
 from quant import cache_load
 path, ref = sys.argv[1], sys.argv[2]
 with count_compiles() as compiled:

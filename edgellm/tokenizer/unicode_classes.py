@@ -63,7 +63,7 @@ def compute_category_runs() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _runs():
-    from ._unicode_ranges import CATEGORY_RUNS
+    from ._unicode_ranges import CATEGORY_RUNS  # a large generated table, read once on first use
     items = [item.split(":") for item in CATEGORY_RUNS.split()]
     return [int(start, 16) for start, _ in items], [cls for _, cls in items]
 
