@@ -77,7 +77,7 @@ class Model:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_keep is not None and (isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < 0):
             raise ValueError(f"n_keep must be a non-negative integer, got {n_keep!r}")
-        from edgellm.engine.kvtypes import kv_type as parse_kv_type  # numba: loads with a model, not with the API
+        from edgellm.engine.kvtypes import kv_type as parse_kv_type  # kernels: slow to import, loaded with a model
         kv_name = "f32" if device == "cuda" and kv_type is None else parse_kv_type(kv_type).name  # ValueError
         path = catalog.resolve(model, models_dir, n_ctx=n_ctx, kv_type=kv_name, check_memory=check_memory)
         gguf_file = gguf_reader.open(path)
@@ -91,7 +91,7 @@ class Model:
         except BaseException:
             gguf_file.close()
             raise
-        from edgellm.engine.models import build_model  # numba: loads with a model, not with the API
+        from edgellm.engine.models import build_model  # kernels: slow to import, loaded with a model
         n_threads = n_threads or default_threads()
         try:
             tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
@@ -240,7 +240,7 @@ class Model:
         return step() if step is not None else getattr(self.model, "n_batch", 512)
 
     def _kinds(self, batches) -> list[int]:
-        from edgellm.engine.models.base import DecoderModel  # numba: loads with a model, not with the API
+        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
         return prefix.kinds_of(batches, getattr(self.model, "row_kinds", DecoderModel.row_kinds)).tolist()
 
     def _set_cached(self, tokens: list, kinds: list) -> None:
@@ -249,7 +249,7 @@ class Model:
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to hold exactly `ids`, reusing the cached rows a fresh run would compute alike
         (edgellm.engine.prefix); return the last logits row, bit for bit a fresh run's."""
-        from edgellm.engine.models.base import DecoderModel  # numba: loads with a model, not with the API
+        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
         step = self._step()
         row_kinds = getattr(self.model, "row_kinds", DecoderModel.row_kinds)
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so

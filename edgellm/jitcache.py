@@ -121,7 +121,7 @@ def configure() -> str:
     if _configured is not None:
         return _configured
     d = str(choose_cache_dir())
-    from numba.core import caching  # start-up time: `import edgellm` does not import numba
+    from numba.core import caching  # only when edgellm routes the cache (NUMBA_CACHE_DIR unset)
 
     class EdgeLLMCacheLocator(caching.UserProvidedCacheLocator):
         def __init__(self, py_func, py_file):

@@ -124,12 +124,12 @@ def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, windows, n_batch: 
     """What KVCache(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type) allocates: K and V for every slot of
     every layer (a sliding-window layer keeps a ring of window + one batch), plus one position per slot, plus the
     block's alignment padding."""
-    from edgellm.engine.kvcache import KVCache  # numba: loads with a model, not with the memory checks
+    from edgellm.engine.kvcache import KVCache  # kernels: slow to import, loaded with a model
     return KVCache.planned_nbytes(n_ctx, n_head_kv, head_dim, windows, n_batch, kv_type)
 
 
 def _config_and_windows(gguf_file):
-    from edgellm.engine.models import get_architecture  # numba: loads with a model, not with the memory checks
+    from edgellm.engine.models import get_architecture  # kernels: slow to import, loaded with a model
     arch = get_architecture(gguf_file.metadata.get("general.architecture", "<missing>"))
     config = arch.config_class.from_gguf(gguf_file)
     if not 0 < config.n_layer <= len(gguf_file.tensors):   # every layer has tensors: more layers is a corrupt count
@@ -144,7 +144,7 @@ def _config_and_windows(gguf_file):
 def model_memory_needs(gguf_file, n_ctx: int | None = None, n_batch: int | None = None,
                        kv_type=None) -> tuple[int, int]:
     """(weight bytes, KV-cache bytes) that loading this file with n_ctx (default: its training context) needs."""
-    from edgellm.engine.models.base import DEFAULT_N_BATCH  # numba: loads with a model, not with the memory checks
+    from edgellm.engine.models.base import DEFAULT_N_BATCH  # kernels: slow to import, loaded with a model
     config, windows = _config_and_windows(gguf_file)
     n_ctx = n_ctx or config.n_ctx_train
     weights = sum(t.nbytes for t in gguf_file.tensors.values())
@@ -182,7 +182,7 @@ def fit_context(gguf_file, kv_type=None, n_batch: int | None = None, available: 
                 headroom_bytes: int = DEFAULT_HEADROOM_BYTES, share: float = AUTO_CTX_SHARE) -> ContextFit:
     """The context n_ctx=None picks: the largest that fits in a share of the memory free now, after the weights
     (they will be resident) and headroom, capped by the training context. MemoryBudgetError below MIN_AUTO_CTX."""
-    from edgellm.engine.models.base import DEFAULT_N_BATCH  # numba: loads with a model, not with the memory checks
+    from edgellm.engine.models.base import DEFAULT_N_BATCH  # kernels: slow to import, loaded with a model
     config, windows = _config_and_windows(gguf_file)
     n_batch = n_batch or DEFAULT_N_BATCH
     if available is None:

@@ -26,7 +26,7 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def pool_for(model, n_seq: int, seq_ctx: int):
     """The Model's KV pool for n_seq sequences of seq_ctx positions, kept between calls of the same shape.
     Refused up front (MemoryBudgetError with the figures) when it cannot fit in available memory."""
-    from edgellm.engine.kvcache import KVPool  # numba: loads with a model, not with this module
+    from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
     fm = model.model
     key = (n_seq, seq_ctx)
     kept = _POOLS.get(model)

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgellm.engine import validate
+from edgellm.engine import gguf, validate
 from edgellm.errors import CatalogError, EdgeLLMError, GGUFError
 
 
@@ -325,7 +325,6 @@ def _read_range(repo_id: str, filename: str, revision: str, start: int, end: int
 
 def remote_header(repo_id: str, f: HubFile, revision: str):
     """The GGUF header of a file on the Hub (gguf.GGUFHeader), from as few leading bytes as it takes."""
-    from edgellm.engine import gguf  # numpy: `pull` and `models` start without it
     if not f.size:
         return None
     data, want = b"", min(HEADER_FIRST_READ, f.size)

@@ -21,7 +21,7 @@ def build_cuda_model(gguf_file, n_ctx: int | None = None, n_batch: int | None = 
     """The model of gguf_file on the GPU, with the CPU models' interface (forward, reset, n_past, n_vocab,
     n_ctx). DeviceError when no GPU is usable; options that only concern the CPU (n_threads) are ignored. The
     KV cache is f32: kv_type may be None or "f32"."""
-    from edgellm.engine.kvtypes import kv_type as parse_kv_type  # numba: loads with a model, not with this package
+    from edgellm.engine.kvtypes import kv_type as parse_kv_type  # kernels: slow to import, loaded with a model
     kvt = parse_kv_type(kv_type)  # ValueError for an unknown name, before anything is built
     if kv_type is not None and kvt.name != "f32":
         raise ValueError(f"the CUDA model stores its KV cache in f32; kv_type {kvt.name!r} is CPU-only")
