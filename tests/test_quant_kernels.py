@@ -299,9 +299,10 @@ def test_concat_rows_stacks_layers():
 
 PORTABLE_CHECK = """
 import platform
-import numpy as np, quant
-from quant import simd
-from quant.testing import random_matrix_bytes
+import numpy as np
+from edgellm import quant
+from edgellm.quant import simd
+from edgellm.quant.testing import random_matrix_bytes
 assert simd.HAS_AVX2 == WANT_AVX2 and simd.HAS_VNNI == WANT_VNNI, "the dot product asked for was not selected"
 assert not simd.HAS_WIDE_TILES, "the 512-bit tiles were selected"
 assert WANT_AVX2 or platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C is on"

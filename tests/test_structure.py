@@ -2,6 +2,7 @@
 tools/import_graph.py, has no cycles, takes no private names across packages, and every function-local import
 says why it is there; pyproject.toml installs every package the source holds."""
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def test_quant_is_installed_inside_edgellm_and_imported_by_that_name():
                 assert not any(a.name == "quant" or a.name.startswith("quant.") for a in node.names), module
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 assert node.module != "quant" and not node.module.startswith("quant."), module
+
+
+def test_no_source_test_or_tool_imports_the_bare_name_quant():
+    # from the repository's root a bare `quant` would import (a second copy of edgellm.quant), so look in the text,
+    # code strings that run in subprocesses included
+    bare = re.compile(r"(?:^\s*|[\"';]\s*)(?:from|import) quant\b")  # a statement, or one inside a string
+    files = [p for d in ("edgellm", "quant", "tests", "tools") for p in (ROOT / d).rglob("*.py")]
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in files
+             for i, line in enumerate(p.read_text().splitlines(), 1) if bare.search(line)]
+    assert found == []
 
 
 def test_pyproject_installs_every_package_of_the_source():
