@@ -201,7 +201,7 @@ class Model:
             self._release()
 
     def _check_finite(self, logits: np.ndarray, where: str) -> None:
-        # one reduction over a bool array: ~40 us for a 262,144-token vocabulary, small beside a decode step
+        # one reduction over a bool array: small beside a decode step, even for a 262,144-token vocabulary
         if np.isfinite(logits).all():
             return
         n_nan = int(np.isnan(logits).sum())
