@@ -13,8 +13,7 @@ When the context is full, `shift` makes room as llama.cpp's context shift does (
 the first n_keep positions stay, the next n_discard are dropped, and every later key is rotated back by
 n_discard positions and moved to its new slot, so positions stay contiguous and RoPE distances stay right. The
 alternative, unrotated keys rotated at attention time by their slot position, would add a rotation of every
-cached key to every decode step; the shift instead costs one pass over the cache per n_discard tokens
-(measured in the issue note).
+cached key to every decode step; the shift instead costs one pass over the cache per n_discard tokens.
 """
 from __future__ import annotations
 

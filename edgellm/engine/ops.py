@@ -6,8 +6,7 @@ them), attention, gated feed-forward activations, softcap.
 The kernels round exactly as llama.cpp's CPU backend does (x86 AVX2/FMA and AArch64 builds, flash attention off,
 its default): the same exp polynomial, float64 sums where it sums in float64, FMAs where it uses them, float16
 roundings where it converts, and its summation orders. The models are chaotic enough that a last-bit
-difference in one op moves later logits by tenths (measured on SmolLM2: llama.cpp with an f32 instead of an
-f16 KV cache agrees with itself on only 98.4% of next tokens), so matching llama.cpp means matching its
+difference in one op moves later logits by tenths (docs/exactness.md), so matching llama.cpp means matching its
 arithmetic, op by op; tests/test_ops_llama_exact.py checks each op against values dumped from llama.cpp.
 Kernels write into caller-provided buffers (decoding allocates nothing); references return new arrays.
 Shapes follow the model: activations are [T, ...] with T the tokens of the current batch.
@@ -29,7 +28,7 @@ from edgellm.engine.kvtypes import like_cache, load_row8, row_value, store_row
 # by adding 1.5 * 2^23, b = x - n ln2 in two FMA steps (ln2 split in a high and a low part), a degree-5
 # polynomial in b, and 2^n built in the exponent bits; |n| > 126 takes a path that scales in two steps, so large
 # negative x underflow to 0 and large positive x overflow to inf. Within 1.5 ulp of exp, and branch-light, so
-# LLVM vectorises loops over it (libm's exp is called one value at a time, ~5 ns each).
+# LLVM vectorises loops over it (libm's exp is called one value at a time).
 
 EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))
 EXP_INV_LN2 = np.float32(float.fromhex("0x1.715476p+0"))
@@ -57,7 +56,7 @@ def fast_exp(x):
     # |n| > 126: 2^n in two factors (kg * s1), or over/underflow past 192; selects, not branches, so that loops
     # over fast_exp vectorise. Every lane computes the far path, so a lane that does not take it gets kg = 1.0:
     # with its own far factors a positive n made kg * j subnormal, and each subnormal result costs a microcode
-    # assist (exp of 1..90 took 4 ns a value instead of 0.4). (kg = k, s1 = 1 does not do: LLVM turns the
+    # assist that costs far more than the arithmetic (docs/kernels.md). (kg = k, s1 = 1 does not do: LLVM turns the
     # multiply by a select of constants into a select of multiplies, and k * 2^-125 is subnormal for n < 0.)
     big = abs(n)
     far_lane = big > np.float32(126.0)
@@ -159,7 +158,7 @@ def _norm_serial(x, weight, eps, out, delta, mode):
     _norm_rows(x, weight, eps, out, delta, mode, 0, x.shape[0])
 
 
-NORM_PARALLEL_MIN_ROWS = 32  # below, one region's start and join cost more than the rows (8 rows: about 1.5 us)
+NORM_PARALLEL_MIN_ROWS = 32  # below, one region's start and join cost more than the rows
 NORM_ROWS_PER_ITEM = 16
 
 
@@ -252,7 +251,7 @@ def rope_tables(positions, rope: Rope, cos_out, sin_out):
 # inline="always" here and in the other helpers finish_qkv calls: a helper compiled as its own function and
 # linked into the caller came out with different rounding in the first process (compiled fresh) than in later
 # ones (loaded from the on-disk cache), so the first run after a code change gave other logits than every later
-# run (measured: top-1 against llama.cpp moved by 2 positions). Inlined, it is part of the caller's own code.
+# run. Inlined, it is part of the caller's own code.
 @njit(cache=True, error_model="numpy", inline="always")
 def apply_rope(x, cos, sin, neox):
     """In place. x: [T, H, head_dim]; cos, sin: [T, n_rot/2] from rope_tables. The first output rounds
@@ -569,8 +568,8 @@ KEY_PREFETCH_SLOTS = 16
 @njit(cache=True, error_model="numpy")
 def _score_run_single64(q_row, k_cache, slot_pos, kv, first, last, lo, p, scale, work, top):
     """_score_run_vec for one query row and head_dim 64 (SmolLM2 and other small llamas): the query stays in
-    registers across the keys, 1.3-1.6x faster than reloading it for each key (the loads, not the FMAs, bound
-    this loop), with the same bits. Keys are prefetched KEY_PREFETCH_SLOTS ahead (1.05x at depth 2048)."""
+    registers across the keys instead of being reloaded for each key (the loads, not the FMAs, bound this loop),
+    with the same bits. Keys are prefetched KEY_PREFETCH_SLOTS ahead (docs/kernels.md has the figures)."""
     capacity = slot_pos.shape[0]
     q0, q1, q2, q3 = load_f32x8(q_row, 0), load_f32x8(q_row, 8), load_f32x8(q_row, 16), load_f32x8(q_row, 24)
     q4, q5, q6, q7 = load_f32x8(q_row, 32), load_f32x8(q_row, 40), load_f32x8(q_row, 48), load_f32x8(q_row, 56)
@@ -659,7 +658,7 @@ def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
     """acc lane (j % lanes) += work[j] * v_j for each slot j in [first, last), each lane's slots in increasing
     order (lanes: a power of 2; head_dim: a multiple of 32). In blocks of WEIGH_BLOCK_SLOTS slots, read from memory
     once: within a block one lane at a time, 32 or 64 dimensions of its running sums held in registers across its
-    slots. (Each lane over the whole run instead jumps a page of the cache per slot: 1.1-1.2x slower at depth 2048.)"""
+    slots. (Each lane over the whole run would instead jump a page of the cache per slot, which is slower.)"""
     capacity = v_cache.shape[1]
     head_dim = v_cache.shape[2]
     mask = lanes - 1
@@ -800,8 +799,7 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
 # lanes' slots in the same order. The rows walk the union of their visible slots; a slot another row sees but this
 # one does not scores -inf for it and adds exactly nothing (an exponential of 0, a skipped weight), and the union's
 # runs visit each row's slots in that row's own order as long as the union fits in the ring (else rows go one by one).
-# Measured alone (64 rows at depth 448): SmolLM2's shape 1.4x, Gemma's 1.6x; pp512 1.05x and 1.12x. The loops below
-# are written out for four rows.
+# The loops below are written out for four rows (docs/kernels.md has the speed-up).
 ROWS = 4
 
 

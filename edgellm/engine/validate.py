@@ -18,7 +18,7 @@ from edgellm.errors import MemoryBudgetError, ModelError
 
 SKIP_ENV = "EDGELLM_SKIP_MEMORY_CHECK"
 # Beyond weights and cache: activation buffers for one batch, tokenizer tables, the JIT and the interpreter
-# (measured: ~60 MiB of anonymous memory for Gemma 3's 262k-token tokenizer plus buffers).
+# (Gemma 3's 262k-token tokenizer plus its buffers take about half of it).
 DEFAULT_HEADROOM_BYTES = 128 << 20
 
 

@@ -252,8 +252,8 @@ _LLG_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Toke
 
 
 def llg_tokenizer(tokenizer):
-    """The llguidance tokenizer of an edgellm Tokenizer, built on first use (~0.3 s for 49k tokens, ~1.5 s for
-    262k) and kept on it; every end-of-generation token ends a grammar."""
+    """The llguidance tokenizer of an edgellm Tokenizer, built on first use (it takes a
+    noticeable fraction of a second) and kept on it; every end-of-generation token ends a grammar."""
     with _TOKENIZER_LOCK:
         cached = _LLG_TOKENIZERS.get(tokenizer)
         if cached is None:

@@ -28,7 +28,7 @@ def max_new_tokens(requested, n_ctx: int, n_prompt: int, context_shift: bool) ->
 
 def check_finite(logits: np.ndarray, where: str) -> None:
     """NumericalError when a row of logits holds NaN or Inf, before anything is sampled from it."""
-    # one reduction over a bool array: ~40 us for a 262,144-token vocabulary, small beside a decode step
+    # one reduction over a bool array: small beside a decode step, even for a 262,144-token vocabulary
     if np.isfinite(logits).all():
         return
     n_nan = int(np.isnan(logits).sum())

@@ -1,9 +1,8 @@
 """The kernel `edgellm bench` measures memory bandwidth with: a parallel sum, read-only like a decode step.
 
 Each thread sums its chunk with 32-byte vector loads into four independent accumulators, so the loop is bound by
-memory, not by an add's latency: the scalar loop this replaces read 5.5 GB/s on one thread here where the memory
-gives 17-18 (and 11 against 25-31 GB/s on two threads), which made every share of the bandwidth limit look 2-3x
-better than it was.
+memory, not by an add's latency: a scalar loop reads well under the memory's bandwidth, which would make every
+share of the bandwidth limit look better than it is.
 """
 import numba
 from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)

@@ -12,7 +12,7 @@ class DequantizedLinear:
     """The matrix dequantized once with gguf-py, then numpy float32 products."""
 
     def __init__(self, data_u8, ggml_type: str, shape):
-        from gguf import GGMLQuantizationType  # gguf-py: only this test double needs it (an 80 ms import)
+        from gguf import GGMLQuantizationType  # gguf-py: only this test double needs it (a slow import)
         from gguf.quants import dequantize as gguf_dequantize
         self.n_out, self.n_in = shape
         self.ggml_type = ggml_type
