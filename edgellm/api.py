@@ -29,6 +29,7 @@ from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, Numeri
                      SamplingError)
 from .options import GenerationOptions, parse_options
 from .results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
+from .warmup import compile_seconds
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
 
@@ -58,10 +59,15 @@ class Model:
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
                  check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
-                 context_shift: bool = True):
+                 context_shift: bool = True, precompile=(), compile_progress=None):
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
-        context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes."""
+        context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
+        precompile: kernel paths (of edgellm.warmup.PATHS: "prompt", "sampling", "batch") to compile at load
+        where the cache has never had them for this model's kind, as `edgellm warmup` does, calling
+        compile_progress(edgellm.warmup.CompileProgress) while it runs; the time is timings.compile_s, not
+        load_s. Kernels not compiled at load compile on first use, also kept out of the prompt and generation
+        times."""
         t0 = time.perf_counter()
         from .cuda import resolve_device
         device = resolve_device(device)  # DeviceError here, before the file is read
@@ -102,7 +108,25 @@ class Model:
         forward_model.context_shift = forward_model.context_shift and bool(context_shift)
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
-        self.timings = Timings(load_s=time.perf_counter() - t0)
+        self._load_compile_s = 0.0
+        self.timings = Timings()  # the warm-up's calls below write their own
+        if precompile and device == "cpu" and self._fits_warmup():
+            from .warmup import precompile as run_precompile
+            self._load_compile_s = run_precompile(self, precompile, compile_progress)
+            self._forget_warmup()
+        self.timings = Timings(load_s=time.perf_counter() - t0 - self._load_compile_s,
+                               compile_s=self._load_compile_s)
+
+    def _fits_warmup(self) -> bool:
+        from .warmup import WARMUP_TEXT, WARMUP_TOKENS
+        return len(self.tokenize(WARMUP_TEXT)) + WARMUP_TOKENS <= self.n_ctx  # no context shift on the way
+
+    def _forget_warmup(self) -> None:
+        """Drop what the warm-up at load left: its cache rows, batch pool and results."""
+        self._set_cached([], [])
+        self.model.reset()
+        self._batch_pool = self._batch_pool_key = None
+        self.last_batch = self.last_completion = None
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, revision: str = "main",
@@ -121,6 +145,7 @@ class Model:
         """A Model around an already-built forward model and tokenizer (tests, custom loaders)."""
         self = cls.__new__(cls)
         self._assemble(forward_model, tokenizer, metadata, path)
+        self._load_compile_s = 0.0
         self.timings = Timings()
         return self
 
@@ -418,14 +443,16 @@ class Model:
         budget = max_new_tokens(opts.max_tokens, self.n_ctx, len(ids), getattr(self.model, "context_shift", False))
         seq = SequenceState(self, ids, opts, budget, bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
-        t0 = time.perf_counter()
+        t.compile_s = self._load_compile_s
+        t0, c0 = time.perf_counter(), compile_seconds()  # kernels compiled on first use are timed apart
         decode_kind = self._kinds([(0, 1)])[0]
         if not seq.done:
             try:
                 logits = self._prefill(ids)
             except Cancelled:
                 logits = None
-            t.prompt_s = time.perf_counter() - t0
+            c1 = compile_seconds()
+            t.prompt_s = time.perf_counter() - t0 - (c1 - c0)
             t1 = time.perf_counter()
             while True:
                 if logits is None or self._cancel_requested.is_set():
@@ -449,7 +476,9 @@ class Model:
                 if self._shift_log():
                     self._apply_shifts()
             t.generated_tokens = len(seq.generated)
-            t.generate_s = time.perf_counter() - t1
+            c2 = compile_seconds()
+            t.generate_s = time.perf_counter() - t1 - (c2 - c1)
+            t.compile_s += c2 - c0
             t.sample_s = seq.sample_s
         piece, completion = seq.finish()
         if piece:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
 
 from .errors import EdgeLLMError
 
@@ -82,6 +84,65 @@ def _sampling_kwargs(args) -> dict:
     from .options import parse_options
     parse_options("edgellm", kw, {})  # bad values fail here, before a model is loaded
     return kw
+
+
+COMPILE_NOTE = ("edgellm: compiling kernels for this CPU (first run only, about a minute; `edgellm warmup` does it "
+                "ahead of time)...")
+
+
+class CompileReport:
+    """Kernel compilation at load, on stderr: a line when it starts and one when it ends, in logs as on a terminal
+    (llama.cpp's users read its load log there); on a terminal, a live count and elapsed time in between."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.kernels, self.t0 = 0, 0.0
+        self._stop = threading.Event()
+        self._ticker = None
+
+    def __call__(self, p) -> None:  # edgellm.warmup.CompileProgress
+        if p.stage == "start":
+            self.t0 = time.perf_counter()
+            self._write(COMPILE_NOTE + "\n")
+            if self.live:
+                self._ticker = threading.Thread(target=self._tick, daemon=True)
+                self._ticker.start()
+        elif p.stage == "kernel":
+            self.kernels = p.kernels
+        else:
+            self.close()
+            self._write(("\r\033[K" if self.live else "") + f"edgellm: compiled {p.kernels} kernels in {p.seconds:.1f} s\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+
+    def _tick(self):
+        while not self._stop.wait(0.5):
+            self._write(f"\r  {self.kernels} kernels compiled, {time.perf_counter() - self.t0:.0f} s")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stderr must not stop the model loading
+
+
+def _load(args):
+    """edgellm.load with the CLI's load flags; the kernels a cold cache lacks for every prompt length, greedy
+    decoding and (when it samples) sampling compile at load, with a progress line, before anything is timed."""
+    import edgellm
+    paths = ("prompt", "sampling") if args.temp > 0 else ("prompt",)
+    report = CompileReport()
+    try:
+        return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
+                            kv_type=args.kv_type, n_keep=args.keep, precompile=paths, compile_progress=report)
+    finally:
+        report.close()
 
 
 def _max_tokens(n_predict: int):
@@ -166,15 +227,13 @@ def cmd_rm(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import edgellm
     if args.file:
         with open(args.file, encoding="utf-8") as f:
             prompt = f.read()
     else:
         prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     sampling = _sampling_kwargs(args)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                     kv_type=args.kv_type, n_keep=args.keep)
+    m = _load(args)
     stream = m.stream(prompt, max_tokens=_max_tokens(args.n_predict), **sampling)  # checks the prompt
     out = sys.stdout
     if args.echo:
@@ -207,7 +266,6 @@ def _catch_ctrl_c():
 
 def cmd_chat(args) -> int:
     """An interactive chat: history kept across turns; Ctrl-C ends the current reply, not the session."""
-    import edgellm
     from .api import PromptError
     try:
         import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
@@ -215,8 +273,7 @@ def cmd_chat(args) -> int:
         pass
     _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                     kv_type=args.kv_type, n_keep=args.keep)
+    m = _load(args)
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -282,8 +339,12 @@ def cmd_serve(args) -> int:
     except ImportError as e:
         raise EdgeLLMError(f"the server needs its optional dependencies ({e.name or e}); "
                            "install them with: pip install 'edgellm[server]'") from None
-    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
-                 n_threads=args.threads, max_request_bytes=args.max_request_bytes)
+    report = CompileReport()
+    try:
+        return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
+                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report)
+    finally:
+        report.close()
 
 
 def cmd_info(args) -> int:
@@ -301,10 +362,14 @@ def _int_list(text: str) -> list:
 
 def cmd_bench(args) -> int:
     from . import bench
-    report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
-                         threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
-                         batches=args.batch,
-                         log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    compiling = CompileReport()
+    try:
+        report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
+                             threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
+                             batches=args.batch, compile_progress=compiling,
+                             log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    finally:
+        compiling.close()
     print(bench.to_json(report) if args.output == "json" else bench.to_markdown(report))
     if args.plot:
         bench.plot(report, args.plot)

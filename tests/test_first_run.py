@@ -1,0 +1,78 @@
+"""What a first run shows while kernels compile, and timings that keep compilation apart (fast checks; the cold
+`edgellm run` into an empty kernel cache is in test_warmup.py)."""
+import io
+import time
+
+from numba import njit
+
+from edgellm.cli import COMPILE_NOTE, CompileReport
+from edgellm.warmup import CompileProgress
+from fake_model import fake_model, script
+
+# The fake model's forward takes microseconds, Numba's smallest compilation tens of milliseconds: timings that
+# counted the compilation would be at least this share of it.
+COMPILE_SHARE_IF_COUNTED = 0.2
+
+
+def _compiling_forward(model, n_calls):
+    """Make the first n_calls forwards each compile a fresh Numba function, as a cold kernel cache would."""
+    calls = []
+
+    def on_forward(tokens):
+        if len(calls) < n_calls:
+            f = njit(lambda x: x + 1)  # a new dispatcher: compiled at its first call
+            f(len(calls))
+            calls.append(f)
+
+    model.model.on_forward = on_forward
+    return calls
+
+
+def test_compilation_during_a_call_is_timed_apart_from_prompt_and_generation():
+    m = fake_model()
+    script(m, "hello world", " hello world")
+    m.generate("hello world", max_tokens=3)  # the decode loop's own first-call costs (imports, cached kernels)
+    m.reset()
+    calls = _compiling_forward(m, 2)  # the prompt's forward and the first decode step
+    t0 = time.perf_counter()
+    m.generate("hello world", max_tokens=3)
+    wall = time.perf_counter() - t0
+    t = m.timings
+    assert len(calls) == 2
+    assert t.compile_s > 0
+    assert t.prompt_s < COMPILE_SHARE_IF_COUNTED * t.compile_s, t
+    assert t.generate_s < COMPILE_SHARE_IF_COUNTED * t.compile_s, t
+    assert t.prompt_s + t.generate_s + t.compile_s <= wall
+    assert f"compile {t.compile_s:.1f} s (first run only)" in t.summary()
+
+    m.reset()
+    m.generate("hello world", max_tokens=3)  # nothing left to compile
+    assert m.timings.compile_s == 0.0 and "compile" not in m.timings.summary()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _feed(report, kernels=5):
+    report(CompileProgress("start", 1, 0.0))
+    for n in range(1, kernels + 1):
+        report(CompileProgress("kernel", n, 0.1 * n))
+    time.sleep(0.8)  # a live terminal redraws its count every half second
+    report(CompileProgress("done", kernels, 12.34))
+
+
+def test_compile_report_on_a_terminal_shows_a_live_count_then_the_total():
+    out = _Terminal()
+    _feed(CompileReport(out))
+    text = out.getvalue()
+    assert text.startswith(COMPILE_NOTE + "\n")
+    assert "\r  5 kernels compiled, " in text
+    assert text.endswith("\r\033[Kedgellm: compiled 5 kernels in 12.3 s\n")
+
+
+def test_compile_report_in_a_log_is_two_plain_lines():
+    out = io.StringIO()
+    _feed(CompileReport(out))
+    assert out.getvalue() == f"{COMPILE_NOTE}\nedgellm: compiled 5 kernels in 12.3 s\n"
