@@ -29,7 +29,7 @@ from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, Numeri
                      SamplingError)
 from .options import GenerationOptions, parse_options
 from .results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
-from .warmup import compile_seconds
+from .warmup import compile_seconds, reporting_compiles
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
 
@@ -63,11 +63,8 @@ class Model:
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
         context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
-        precompile: kernel paths (of edgellm.warmup.PATHS: "prompt", "sampling", "batch") to compile at load
-        where the cache has never had them for this model's kind, as `edgellm warmup` does, calling
-        compile_progress(edgellm.warmup.CompileProgress) while it runs; the time is timings.compile_s, not
-        load_s. Kernels not compiled at load compile on first use, also kept out of the prompt and generation
-        times."""
+        precompile, compile_progress: see precompile(), run at load when paths are given. Kernels not compiled
+        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s)."""
         t0 = time.perf_counter()
         from .cuda import resolve_device
         device = resolve_device(device)  # DeviceError here, before the file is read
@@ -109,13 +106,25 @@ class Model:
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
         self._load_compile_s = 0.0
-        self.timings = Timings()  # the warm-up's calls below write their own
-        if precompile and device == "cpu" and self._fits_warmup():
-            from .warmup import precompile as run_precompile
-            self._load_compile_s = run_precompile(self, precompile, compile_progress)
+        self.timings = Timings(load_s=time.perf_counter() - t0)
+        if precompile:
+            self.precompile(precompile, compile_progress)
+
+    def precompile(self, paths=("prompt",), progress=None) -> float:
+        """Compile now the kernels of those warm-up paths (edgellm.warmup.PATHS: "prompt", every prompt length
+        and greedy decoding; "sampling"; "batch") that the kernel cache has never had for this model's kind, as
+        `edgellm warmup` does, calling progress(edgellm.warmup.CompileProgress) as compilations begin and once
+        at the end. Returns the seconds it took (0.0 when warm), which timings.compile_s counts from now on."""
+        if self.device != "cpu" or not self._fits_warmup():
+            return 0.0  # the GPU compiles its own kernels; a context too short for the warm-up compiles on use
+        from .warmup import precompile as run_precompile
+        load_s = self.timings.load_s
+        seconds = run_precompile(self, paths, progress)
+        if seconds:
             self._forget_warmup()
-        self.timings = Timings(load_s=time.perf_counter() - t0 - self._load_compile_s,
-                               compile_s=self._load_compile_s)
+        self._load_compile_s += seconds
+        self.timings = Timings(load_s=load_s, compile_s=self._load_compile_s)
+        return seconds
 
     def _fits_warmup(self) -> bool:
         from .warmup import WARMUP_TEXT, WARMUP_TOKENS
@@ -172,6 +181,9 @@ class Model:
         self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
         self._cached_kinds: list[int] = []  # how each of those rows was computed (edgellm.prefix)
         self._chat_format = None
+        # called with edgellm.warmup.CompileProgress while a prompt compiles kernels on first use (before its
+        # call yields anything, so a terminal can show it); see also precompile()
+        self.compile_progress = None
         self._batch_pool = self._batch_pool_key = None  # KV caches of the last batch shape (edgellm/batch.py)
         self.last_batch: list | None = None
 
@@ -448,7 +460,8 @@ class Model:
         decode_kind = self._kinds([(0, 1)])[0]
         if not seq.done:
             try:
-                logits = self._prefill(ids)
+                with reporting_compiles(self.compile_progress):
+                    logits = self._prefill(ids)
             except Cancelled:
                 logits = None
             c1 = compile_seconds()

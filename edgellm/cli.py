@@ -133,14 +133,17 @@ class CompileReport:
 
 
 def _load(args):
-    """edgellm.load with the CLI's load flags; the kernels a cold cache lacks for every prompt length, greedy
-    decoding and (when it samples) sampling compile at load, with a progress line, before anything is timed."""
     import edgellm
-    paths = ("prompt", "sampling") if args.temp > 0 else ("prompt",)
+    return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
+                        kv_type=args.kv_type, n_keep=args.keep)
+
+
+def _precompile(m, args) -> None:
+    """Compile what a cold kernel cache lacks for every prompt length, greedy decoding and (when it samples)
+    sampling, with a progress line, before anything is timed."""
     report = CompileReport()
     try:
-        return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                            kv_type=args.kv_type, n_keep=args.keep, precompile=paths, compile_progress=report)
+        m.precompile(("prompt", "sampling") if args.temp > 0 else ("prompt",), report)
     finally:
         report.close()
 
@@ -234,14 +237,19 @@ def cmd_run(args) -> int:
         prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     sampling = _sampling_kwargs(args)
     m = _load(args)
+    # A cold cache compiles this prompt's kernels when it runs (the other prompt shapes are left for when they
+    # are needed), reported before any text; the echo waits for the first piece so the two do not interleave.
+    report = m.compile_progress = CompileReport()
     stream = m.stream(prompt, max_tokens=_max_tokens(args.n_predict), **sampling)  # checks the prompt
-    out = sys.stdout
-    if args.echo:
-        out.write(prompt)
-    for piece in stream:
-        out.write(piece)
-        out.flush()
-    out.write("\n")
+    out, echo = sys.stdout, prompt if args.echo else ""
+    try:
+        for piece in stream:
+            out.write(echo + piece)
+            out.flush()
+            echo = ""
+    finally:
+        report.close()
+    out.write(echo + "\n")
     print(m.timings.summary(), file=sys.stderr)
     return 0
 
@@ -274,6 +282,7 @@ def cmd_chat(args) -> int:
     _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
     m = _load(args)
+    _precompile(m, args)
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:

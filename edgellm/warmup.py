@@ -163,13 +163,24 @@ def precompile(m, paths=("prompt",), progress=None) -> float:
     todo = cold_paths(m, paths)
     if not todo:
         return 0.0
+    t0 = time.perf_counter()
+    with reporting_compiles(progress):
+        exercise(m, todo)
+    _mark_warm(m, todo)
+    return time.perf_counter() - t0
+
+
+@contextmanager
+def reporting_compiles(progress):
+    """Inside the block, call progress(CompileProgress) as this thread's compilations begin, and once at the end
+    of the block if any did ("done"). progress None: nothing to report."""
+    if progress is None:
+        yield
+        return
     st = _compile_clock().state()
-    kernels0, t0 = st.kernels, time.perf_counter()
-    started = []
+    kernels0, started, previous = st.kernels, [], st.progress
 
     def on_compile(s):
-        if progress is None:
-            return
         n = s.kernels - kernels0
         if not started:
             started.append(time.perf_counter())
@@ -178,14 +189,11 @@ def precompile(m, paths=("prompt",), progress=None) -> float:
 
     st.progress = on_compile
     try:
-        exercise(m, todo)
+        yield
     finally:
-        st.progress = None
-    seconds = time.perf_counter() - t0
+        st.progress = previous
     if started:
         progress(CompileProgress("done", st.kernels - kernels0, time.perf_counter() - started[0]))
-    _mark_warm(m, todo)
-    return seconds
 
 
 def exercise(m, paths=PATHS) -> None:

@@ -50,6 +50,22 @@ def test_compilation_during_a_call_is_timed_apart_from_prompt_and_generation():
     assert m.timings.compile_s == 0.0 and "compile" not in m.timings.summary()
 
 
+def test_a_prompt_compiling_on_first_use_is_reported_before_the_call_yields():
+    m = fake_model()
+    script(m, "hello world", " hello world")
+    m.generate("hello world", max_tokens=3)
+    m.reset()
+    _compiling_forward(m, 2)  # the prompt's forward, reported, and the first decode step, only timed
+    events = []
+    m.compile_progress = events.append
+    stream = m.stream("hello world", max_tokens=3)
+    first = next(stream)
+    assert first and [e.stage for e in events] == ["start", "kernel", "done"], events
+    list(stream)
+    assert [e.stage for e in events] == ["start", "kernel", "done"]
+    assert events[-1].kernels == 1 and 0 < events[-1].seconds < m.timings.compile_s
+
+
 class _Terminal(io.StringIO):
     def isatty(self):
         return True
