@@ -105,14 +105,16 @@ class CompileReport:
         if p.stage == "start":
             self.t0 = time.perf_counter()
             self._write(COMPILE_NOTE + "\n")
-            if self.live:
+            if self.live:  # a chat's later prompt can compile again: a fresh stop flag each time
+                self._stop = threading.Event()
                 self._ticker = threading.Thread(target=self._tick, daemon=True)
                 self._ticker.start()
         elif p.stage == "kernel":
             self.kernels = p.kernels
         else:
             self.close()
-            self._write(("\r\033[K" if self.live else "") + f"edgellm: compiled {p.kernels} kernels in {p.seconds:.1f} s\n")
+            self._write(("\r\033[K" if self.live else "")
+                        + f"edgellm: compiled {p.kernels} kernels in {p.seconds:.1f} s\n")
 
     def close(self) -> None:
         self._stop.set()
@@ -129,23 +131,13 @@ class CompileReport:
             self.stream.write(text)
             self.stream.flush()
         except (OSError, ValueError):
-            pass  # a closed or broken stderr must not stop the model loading
+            pass  # a closed or broken stderr must not stop the model
 
 
 def _load(args):
     import edgellm
     return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
                         kv_type=args.kv_type, n_keep=args.keep)
-
-
-def _precompile(m, args) -> None:
-    """Compile what a cold kernel cache lacks for every prompt length, greedy decoding and (when it samples)
-    sampling, with a progress line, before anything is timed."""
-    report = CompileReport()
-    try:
-        m.precompile(("prompt", "sampling") if args.temp > 0 else ("prompt",), report)
-    finally:
-        report.close()
 
 
 def _max_tokens(n_predict: int):
@@ -282,7 +274,7 @@ def cmd_chat(args) -> int:
     _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
     m = _load(args)
-    _precompile(m, args)
+    m.compile_progress = CompileReport()  # a reply's prompt that compiles kernels says so before its text
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:

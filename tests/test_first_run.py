@@ -88,6 +88,14 @@ def test_compile_report_on_a_terminal_shows_a_live_count_then_the_total():
     assert text.endswith("\r\033[Kedgellm: compiled 5 kernels in 12.3 s\n")
 
 
+def test_compile_report_shows_each_compilation_of_a_session():
+    out = _Terminal()
+    report = CompileReport(out)
+    _feed(report)
+    _feed(report, kernels=2)  # a chat's later prompt compiling again: its live count runs too
+    assert "\r  2 kernels compiled, " in out.getvalue().split("compiled 5 kernels")[1]
+
+
 def test_compile_report_in_a_log_is_two_plain_lines():
     out = io.StringIO()
     _feed(CompileReport(out))
