@@ -94,8 +94,8 @@ class CompileReport:
     """Kernel compilation at load, on stderr: a line when it starts and one when it ends, in logs as on a terminal
     (llama.cpp's users read its load log there); on a terminal, a live count and elapsed time in between."""
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, stream=None, note=COMPILE_NOTE):
+        self.stream, self.note = stream or sys.stderr, note
         self.live = self.stream.isatty()
         self.kernels, self.t0 = 0, 0.0
         self._stop = threading.Event()
@@ -104,7 +104,7 @@ class CompileReport:
     def __call__(self, p) -> None:  # edgellm.warmup.CompileProgress
         if p.stage == "start":
             self.t0 = time.perf_counter()
-            self._write(COMPILE_NOTE + "\n")
+            self._write(self.note + "\n")
             if self.live:  # a chat's later prompt can compile again: a fresh stop flag each time
                 self._stop = threading.Event()
                 self._ticker = threading.Thread(target=self._tick, daemon=True)
@@ -330,7 +330,11 @@ def cmd_chat(args) -> int:
 
 def cmd_warmup(args) -> int:
     from .warmup import warmup
-    warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True))
+    report = CompileReport(note="edgellm: compiling kernels for this CPU...")
+    try:
+        warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True), progress=report)
+    finally:
+        report.close()
     return 0
 
 

@@ -206,8 +206,9 @@ def exercise(m, paths=PATHS) -> None:
         m.generate_batch([WARMUP_TEXT, "Hello"], max_tokens=3)             # pooled batched decode
 
 
-def warmup(models=None, n_threads=None, log=None) -> list[WarmupResult]:
-    """Warm each model (catalog names or paths; default: the catalog default). Returns one result per model."""
+def warmup(models=None, n_threads=None, log=None, progress=None) -> list[WarmupResult]:
+    """Warm each model (catalog names or paths; default: the catalog default). Returns one result per model.
+    progress: called with CompileProgress as compilations begin and end, per model (see reporting_compiles)."""
     import numba
 
     import edgellm
@@ -215,7 +216,7 @@ def warmup(models=None, n_threads=None, log=None) -> list[WarmupResult]:
     results = []
     for name in models or [catalog.DEFAULT_MODEL]:
         t0 = time.perf_counter()
-        with count_compiles() as compiled:
+        with count_compiles() as compiled, reporting_compiles(progress):
             m = edgellm.load(name, n_threads=n_threads, n_ctx=WARMUP_CTX)
             exercise(m)
         _mark_warm(m, PATHS)
