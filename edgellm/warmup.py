@@ -172,8 +172,8 @@ def precompile(m, paths=("prompt",), progress=None) -> float:
 
 @contextmanager
 def reporting_compiles(progress):
-    """Inside the block, call progress(CompileProgress) as this thread's compilations begin, and once at the end
-    of the block if any did ("done"). progress None: nothing to report."""
+    """Inside the block, call progress(CompileProgress) as this thread's compilations begin, and once as the block
+    ends if any did ("done"). progress None: nothing to report."""
     if progress is None:
         yield
         return
@@ -190,10 +190,10 @@ def reporting_compiles(progress):
     st.progress = on_compile
     try:
         yield
-    finally:
+    finally:  # "done" even when the block ends in an error or Ctrl-C, so a live display stops
         st.progress = previous
-    if started:  # the time compiling, as the timings count it, not what ran between compilations
-        progress(CompileProgress("done", st.kernels - kernels0, st.seconds - seconds0))
+        if started:  # the time compiling, as the timings count it, not what ran between compilations
+            progress(CompileProgress("done", st.kernels - kernels0, st.seconds - seconds0))
 
 
 def exercise(m, paths=PATHS) -> None:

@@ -66,6 +66,27 @@ def test_a_prompt_compiling_on_first_use_is_reported_before_the_call_yields():
     assert events[-1].kernels == 1 and 0 < events[-1].seconds < m.timings.compile_s  # the decode step's too
 
 
+def test_a_prompt_interrupted_while_compiling_still_ends_the_report():
+    m = fake_model()
+    script(m, "hello world", " hello world")
+    m.generate("hello world", max_tokens=3)
+    m.reset()
+    calls = _compiling_forward(m, 1)
+
+    def interrupted(tokens, compile_first=m.model.on_forward):
+        compile_first(tokens)
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the prompt
+
+    m.model.on_forward = interrupted
+    events = []
+    m.compile_progress = events.append
+    try:
+        m.generate("hello world", max_tokens=3)
+    except KeyboardInterrupt:
+        pass
+    assert len(calls) == 1 and [e.stage for e in events] == ["start", "kernel", "done"], events
+
+
 class _Terminal(io.StringIO):
     def isatty(self):
         return True
@@ -75,7 +96,7 @@ def _feed(report, kernels=5):
     report(CompileProgress("start", 1, 0.0))
     for n in range(1, kernels + 1):
         report(CompileProgress("kernel", n, 0.1 * n))
-    time.sleep(0.8)  # a live terminal redraws its count every half second
+    time.sleep(1.2)  # a live terminal redraws its count every half second (margin for a loaded machine)
     report(CompileProgress("done", kernels, 12.34))
 
 
