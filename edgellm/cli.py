@@ -91,7 +91,7 @@ COMPILE_NOTE = ("edgellm: compiling kernels for this CPU (first run only, about 
 
 
 class CompileReport:
-    """Kernel compilation at load, on stderr: a line when it starts and one when it ends, in logs as on a terminal
+    """Kernel compilation on stderr: a line when it starts and one when it ends, in logs as on a terminal
     (llama.cpp's users read its load log there); on a terminal, a live count and elapsed time in between."""
 
     def __init__(self, stream=None, note=COMPILE_NOTE):
@@ -274,7 +274,13 @@ def cmd_chat(args) -> int:
     _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
     m = _load(args)
-    m.compile_progress = CompileReport()  # a reply's prompt that compiles kernels says so before its text
+    # A cold cache compiles every prompt shape (and sampling, when it samples) before the first "> ", since a
+    # chat's prompts grow turn by turn and a compile line must not land inside a reply; anything left still says so.
+    report = m.compile_progress = CompileReport()
+    try:
+        m.precompile(("prompt", "sampling") if args.temp > 0 else ("prompt",), report)
+    finally:
+        report.close()
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:

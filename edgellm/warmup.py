@@ -7,9 +7,9 @@ compile events (`count_compiles`), so a second warmup reports 0 compiled, and a 
 compiles nothing after a warmup.
 
 A process that finds a path's kernels never compiled for the model's kind (no warm marker in the kernel cache) can
-run that path at load (`precompile`; `edgellm run` does the prompt path, and sampling when it samples), so
-compilation happens before anything is timed and can be reported while it runs; any compilation later is clocked
-per thread (`compile_seconds`) and kept out of the generation timings.
+run that path at load (`precompile`, as `edgellm chat` and `bench` do), so compilation happens before anything is
+timed. Any compilation is clocked per thread (`compile_seconds`) and kept out of the generation timings, and can be
+reported while it runs (`reporting_compiles`, which the CLI shows on stderr).
 """
 from __future__ import annotations
 

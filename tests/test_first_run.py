@@ -3,8 +3,11 @@
 import io
 import time
 
+import pytest
 from numba import njit
 
+import edgellm
+from edgellm import warmup
 from edgellm.cli import COMPILE_NOTE, CompileReport
 from edgellm.warmup import CompileProgress
 from fake_model import fake_model, script
@@ -121,3 +124,19 @@ def test_compile_report_in_a_log_is_two_plain_lines():
     out = io.StringIO()
     _feed(CompileReport(out))
     assert out.getvalue() == f"{COMPILE_NOTE}\nedgellm: compiled 5 kernels in 12.3 s\n"
+
+
+def test_precompile_runs_a_cold_path_once_and_leaves_the_model_as_loaded(smollm2_path, tmp_path, monkeypatch):
+    monkeypatch.setattr(warmup, "_marker", lambda m, path: tmp_path / f"{warmup.warm_key(m)}-{path}")
+    m = edgellm.load(smollm2_path, n_threads=2, n_ctx=256)
+    fresh = m.generate("The capital of France is", max_tokens=6)
+    m.reset()
+    assert warmup.cold_paths(m, ("prompt", "sampling")) == ["prompt", "sampling"]
+    seconds = m.precompile(("prompt",))
+    assert seconds > 0 and m.timings.compile_s == seconds
+    assert warmup.cold_paths(m, ("prompt", "sampling")) == ["sampling"]
+    assert m.model.n_past == 0 and m.last_completion is None  # the warm-up's rows and result are gone
+    assert m.generate("The capital of France is", max_tokens=6) == fresh
+    assert m.precompile(("prompt",)) == 0.0  # warm now: nothing runs
+    with pytest.raises(ValueError):
+        m.precompile("prompt")
