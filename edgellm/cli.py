@@ -6,6 +6,7 @@ optional extra), plus quantize/convert/perplexity from edgellm/cli_prepare.py wh
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -96,7 +97,7 @@ class CompileReport:
 
     def __init__(self, stream=None, note=COMPILE_NOTE):
         self.stream, self.note = stream or sys.stderr, note
-        self.live = self.stream.isatty()
+        self.live = self.stream.isatty() and os.environ.get("TERM") != "dumb"  # redraws need \r and erase-line
         self.kernels, self.t0 = 0, 0.0
         self._stop = threading.Event()
         self._ticker = None

@@ -103,7 +103,8 @@ def _feed(report, kernels=5):
     report(CompileProgress("done", kernels, 12.34))
 
 
-def test_compile_report_on_a_terminal_shows_a_live_count_then_the_total():
+def test_compile_report_on_a_terminal_shows_a_live_count_then_the_total(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
     out = _Terminal()
     _feed(CompileReport(out))
     text = out.getvalue()
@@ -112,7 +113,15 @@ def test_compile_report_on_a_terminal_shows_a_live_count_then_the_total():
     assert text.endswith("\r\033[Kedgellm: compiled 5 kernels in 12.3 s\n")
 
 
-def test_compile_report_shows_each_compilation_of_a_session():
+def test_compile_report_on_a_dumb_terminal_is_two_plain_lines(monkeypatch):
+    monkeypatch.setenv("TERM", "dumb")
+    out = _Terminal()
+    _feed(CompileReport(out))
+    assert out.getvalue() == f"{COMPILE_NOTE}\nedgellm: compiled 5 kernels in 12.3 s\n"
+
+
+def test_compile_report_shows_each_compilation_of_a_session(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
     out = _Terminal()
     report = CompileReport(out)
     _feed(report)
