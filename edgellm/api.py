@@ -26,10 +26,12 @@ from edgellm.compat import llama_compat
 from edgellm.compat.chat import chat_template_from_metadata
 from edgellm.engine import gguf as gguf_reader
 from edgellm.engine import prefix, validate
+from edgellm.engine.compile_clock import compile_seconds, reporting_compiles
 from edgellm.engine.cuda import build_cuda_model, resolve_device
 from edgellm.errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError,  # noqa: F401
                             PromptError, SamplingError)  # (NumericalError, SamplingError: this module's API)
-from edgellm.generation.batch import prepare, run_batch
+from edgellm.generation import kernel_paths
+from edgellm.generation.batch import prepare, release_pool, run_batch
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.options import GenerationOptions, parse_options
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
@@ -65,10 +67,12 @@ class Model:
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
                  check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
-                 context_shift: bool = True):
+                 context_shift: bool = True, precompile=(), compile_progress=None):
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
-        context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes."""
+        context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
+        precompile, compile_progress: see precompile(), run at load when paths are given. Kernels not compiled
+        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s)."""
         t0 = time.perf_counter()
         device = resolve_device(device)  # DeviceError here, before the file is read
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
@@ -109,7 +113,36 @@ class Model:
         forward_model.context_shift = forward_model.context_shift and bool(context_shift)
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
+        self._load_compile_s = 0.0
         self.timings = Timings(load_s=time.perf_counter() - t0)
+        if precompile:
+            self.precompile(precompile, compile_progress)
+
+    def precompile(self, paths=("prompt",), progress=None) -> float:
+        """Compile now the kernels of those warm-up paths (edgellm.generation.kernel_paths.PATHS: "prompt", every
+        prompt length and greedy decoding; "sampling"; "batch") that the kernel cache has never had for this model's kind, as
+        `edgellm warmup` does, calling progress(edgellm.engine.compile_clock.CompileProgress) as compilations begin
+        and once at the end. Returns the seconds it took (0.0 when warm), which timings.compile_s counts from now on."""
+        if self.device != "cpu" or not self._fits_warmup():
+            return 0.0  # the GPU compiles its own kernels; a context too short for the warm-up compiles on use
+        load_s = self.timings.load_s
+        seconds = kernel_paths.precompile(self, paths, progress)
+        if seconds:
+            self._forget_warmup()
+        self._load_compile_s += seconds
+        self.timings = Timings(load_s=load_s, compile_s=self._load_compile_s)
+        return seconds
+
+    def _fits_warmup(self) -> bool:
+        # the warm-up must not shift the context on the way
+        return len(self.tokenize(kernel_paths.WARMUP_TEXT)) + kernel_paths.WARMUP_TOKENS <= self.n_ctx
+
+    def _forget_warmup(self) -> None:
+        """Drop what the warm-up at load left: its cache rows, batch pool and results."""
+        self._set_cached([], [])
+        self.model.reset()
+        release_pool(self)
+        self.last_batch = self.last_completion = None
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, revision: str = "main",
@@ -127,6 +160,7 @@ class Model:
         """A Model around an already-built forward model and tokenizer (tests, custom loaders)."""
         self = cls.__new__(cls)
         self._assemble(forward_model, tokenizer, metadata, path)
+        self._load_compile_s = 0.0
         self.timings = Timings()
         return self
 
@@ -153,6 +187,9 @@ class Model:
         self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
         self._cached_kinds: list[int] = []  # how each of those rows was computed (edgellm.engine.prefix)
         self._chat_format = None
+        # called with edgellm.engine.compile_clock.CompileProgress while a prompt compiles kernels on first use (before its
+        # call yields anything, so a terminal can show it); see also precompile()
+        self.compile_progress = None
         self.last_batch: list | None = None
 
     def __repr__(self):
@@ -419,14 +456,17 @@ class Model:
         budget = max_new_tokens(opts.max_tokens, self.n_ctx, len(ids), getattr(self.model, "context_shift", False))
         seq = SequenceState(self, ids, opts, budget, bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
-        t0 = time.perf_counter()
+        t.compile_s = self._load_compile_s
+        t0, c0 = time.perf_counter(), compile_seconds()  # kernels compiled on first use are timed apart
         decode_kind = self._kinds([(0, 1)])[0]
         if not seq.done:
             try:
-                logits = self._prefill(ids)
+                with reporting_compiles(self.compile_progress):
+                    logits = self._prefill(ids)
             except Cancelled:
                 logits = None
-            t.prompt_s = time.perf_counter() - t0
+            c1 = compile_seconds()
+            t.prompt_s = time.perf_counter() - t0 - (c1 - c0)
             t1 = time.perf_counter()
             while True:
                 if logits is None or self._cancel_requested.is_set():
@@ -450,7 +490,9 @@ class Model:
                 if self._shift_log():
                     self._apply_shifts()
             t.generated_tokens = len(seq.generated)
-            t.generate_s = time.perf_counter() - t1
+            c2 = compile_seconds()
+            t.generate_s = time.perf_counter() - t1 - (c2 - c1)
+            t.compile_s += c2 - c0
             t.sample_s = seq.sample_s
         piece, completion = seq.finish()
         if piece:

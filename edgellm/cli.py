@@ -6,8 +6,11 @@ optional extra), plus quantize/convert/perplexity from edgellm/prep/cli.py when 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
 
 import edgellm
 from edgellm.errors import EdgeLLMError, GrammarError, PromptError
@@ -84,6 +87,59 @@ def _sampling_kwargs(args) -> dict:
     from edgellm.generation.options import parse_options  # start-up time: only commands that generate load it
     parse_options("edgellm", kw, {})  # bad values fail here, before a model is loaded
     return kw
+
+
+COMPILE_NOTE = ("edgellm: compiling kernels for this CPU (first run only, about a minute; `edgellm warmup` does it "
+                "ahead of time)...")
+
+
+class CompileReport:
+    """Kernel compilation on stderr: a line when it starts and one when it ends, in logs as on a terminal
+    (llama.cpp's users read its load log there); on a terminal, a live count and elapsed time in between."""
+
+    def __init__(self, stream=None, note=COMPILE_NOTE):
+        self.stream, self.note = stream or sys.stderr, note
+        self.live = self.stream.isatty() and os.environ.get("TERM") != "dumb"  # redraws need \r and erase-line
+        self.kernels, self.t0 = 0, 0.0
+        self._stop = threading.Event()
+        self._ticker = None
+
+    def __call__(self, p) -> None:  # edgellm.engine.compile_clock.CompileProgress
+        if p.stage == "start":
+            self.t0 = time.perf_counter()
+            self._write(self.note + "\n")
+            if self.live:  # a chat's later prompt can compile again: a fresh stop flag each time
+                self._stop = threading.Event()
+                self._ticker = threading.Thread(target=self._tick, daemon=True)
+                self._ticker.start()
+        elif p.stage == "kernel":
+            self.kernels = p.kernels
+        else:
+            self.close()
+            self._write(("\r\033[K" if self.live else "")
+                        + f"edgellm: compiled {p.kernels} kernels in {p.seconds:.1f} s\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+
+    def _tick(self):
+        while not self._stop.wait(0.5):
+            self._write(f"\r  {self.kernels} kernels compiled, {time.perf_counter() - self.t0:.0f} s")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stderr must not stop the model
+
+
+def _load(args):
+    return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
+                        kv_type=args.kv_type, n_keep=args.keep)
 
 
 def _max_tokens(n_predict: int):
@@ -170,16 +226,20 @@ def cmd_run(args) -> int:
     else:
         prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     sampling = _sampling_kwargs(args)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                     kv_type=args.kv_type, n_keep=args.keep)
+    m = _load(args)
+    # A cold cache compiles this prompt's kernels when it runs (the other prompt shapes are left for when they
+    # are needed), reported before any text; the echo waits for the first piece so the two do not interleave.
+    report = m.compile_progress = CompileReport()
     stream = m.stream(prompt, max_tokens=_max_tokens(args.n_predict), **sampling)  # checks the prompt
-    out = sys.stdout
-    if args.echo:
-        out.write(prompt)
-    for piece in stream:
-        out.write(piece)
-        out.flush()
-    out.write("\n")
+    out, echo = sys.stdout, prompt if args.echo else ""
+    try:
+        for piece in stream:
+            out.write(echo + piece)
+            out.flush()
+            echo = ""
+    finally:
+        report.close()
+    out.write(echo + "\n")
     print(m.timings.summary(), file=sys.stderr)
     return 0
 
@@ -209,8 +269,14 @@ def cmd_chat(args) -> int:
         pass
     _catch_ctrl_c()
     sampling, max_tokens = _sampling_kwargs(args), _max_tokens(args.n_predict)
-    m = edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                     kv_type=args.kv_type, n_keep=args.keep)
+    m = _load(args)
+    # A cold cache compiles every prompt shape (and sampling, when it samples) before the first "> ", since a
+    # chat's prompts grow turn by turn and a compile line must not land inside a reply; anything left still says so.
+    report = m.compile_progress = CompileReport()
+    try:
+        m.precompile(("prompt", "sampling") if args.temp > 0 else ("prompt",), report)
+    finally:
+        report.close()
     system, history = args.system, []
     print(f"edgellm chat: {m.name}. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -266,7 +332,11 @@ def cmd_chat(args) -> int:
 
 def cmd_warmup(args) -> int:
     from edgellm.prep.warmup import warmup  # start-up time: each subcommand imports only what it runs
-    warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True))
+    report = CompileReport(note="edgellm: compiling kernels for this CPU...")
+    try:
+        warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True), progress=report)
+    finally:
+        report.close()
     return 0
 
 
@@ -276,8 +346,12 @@ def cmd_serve(args) -> int:
     except ImportError as e:
         raise EdgeLLMError(f"the server needs its optional dependencies ({e.name or e}); "
                            "install them with: pip install 'edgellm[server]'") from None
-    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
-                 n_threads=args.threads, max_request_bytes=args.max_request_bytes)
+    report = CompileReport()
+    try:
+        return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
+                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report)
+    finally:
+        report.close()
 
 
 def cmd_info(args) -> int:
@@ -295,10 +369,14 @@ def _int_list(text: str) -> list:
 
 def cmd_bench(args) -> int:
     from edgellm.prep import bench  # start-up time: each subcommand imports only what it runs
-    report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
-                         threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
-                         batches=args.batch,
-                         log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    compiling = CompileReport()
+    try:
+        report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
+                             threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
+                             batches=args.batch, compile_progress=compiling,
+                             log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    finally:
+        compiling.close()
     print(bench.to_json(report) if args.output == "json" else bench.to_markdown(report))
     if args.plot:
         bench.plot(report, args.plot)

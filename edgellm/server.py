@@ -448,9 +448,12 @@ class BackgroundServer:
 
 def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           n_ctx: int | None = None, n_threads: int | None = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> int:
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None) -> int:
+    """compile_progress: where given, told of kernels a request's prompt compiles on first use (the server's
+    log says so rather than a request seeming to hang)."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
     llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads)
+    llm.compile_progress = compile_progress
     name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
     app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

@@ -1,7 +1,8 @@
 """`edgellm warmup` on each real model into an empty Numba cache, then a fresh process that must compile nothing:
 every kernel comes from the cache through quant.cache_load's light path (no registry refresh: a cached kernel that
 used an array method such as .any() would pull Numba's array-math registry in at load), and its logits are still
-llama.cpp's."""
+llama.cpp's. And the README's first command, `edgellm run`, into an empty cache: what it shows while compiling,
+and a timing line that leaves compilation out."""
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from conftest import FIXTURES, REFERENCE_FILES
+from edgellm.cli import COMPILE_NOTE
 
 # Runs in a fresh process after the warm-up: load, the warm-up's paths, then the reference prompt's logits.
 CHILD = r"""
@@ -71,3 +73,33 @@ def test_warmup_fills_the_cache_and_later_processes_compile_nothing(real_model, 
         assert report["max_diff"] < 1e-2, report
 
     assert _warmup(path, cold_cache_env)[1] == 0  # a second warm-up finds everything cached
+
+
+TIMING_LINE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) t/s \| generation: \d+ tokens, [\d.]+ t/s \| load [\d.]+ s"
+                         r"(?: \| compile ([\d.]+) s \(first run only\))?")
+# A 5-token prompt takes well under a second once compiled; the compilation it needs takes tens of seconds, so a
+# prompt time counting any real part of it would exceed this share.
+PROMPT_SHARE_OF_COMPILE = 0.1
+
+
+def test_first_run_shows_compilation_and_keeps_it_out_of_the_timing_line(smollm2_path, tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    cmd = [sys.executable, "-m", "edgellm.cli", "run", smollm2_path, "-p", "The capital of France is", "-n", "8",
+           "-t", "2"]
+    cold = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert cold.returncode == 0, cold.stderr
+    assert COMPILE_NOTE in cold.stderr.splitlines(), cold.stderr
+    compiled = re.search(r"^edgellm: compiled (\d+) kernels in ([\d.]+) s$", cold.stderr, re.M)
+    assert compiled and int(compiled.group(1)) > 10, cold.stderr
+    timing = TIMING_LINE.search(cold.stderr)
+    assert timing and timing.group(3) is not None, cold.stderr  # compilation reported on its own
+    compile_s, prompt_tps = float(timing.group(3)), float(timing.group(2))
+    assert compile_s >= float(compiled.group(2))
+    assert prompt_tps > 0 and int(timing.group(1)) / prompt_tps < PROMPT_SHARE_OF_COMPILE * compile_s, cold.stderr
+    print(f"cold run: {compiled.group(1)} kernels in {compiled.group(2)} s; {timing.group(0)}")
+
+    warm = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    assert COMPILE_NOTE not in warm.stderr and "compiled" not in warm.stderr, warm.stderr
+    timing = TIMING_LINE.search(warm.stderr)
+    assert timing and timing.group(3) is None, warm.stderr

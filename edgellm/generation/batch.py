@@ -44,6 +44,11 @@ def pool_for(model, n_seq: int, seq_ctx: int):
     return pool
 
 
+def release_pool(model) -> None:
+    """Drop the Model's kept KV pool, if any (its memory goes with it)."""
+    _POOLS.pop(model, None)
+
+
 def run_batch(model, prompt_ids: list, opts, pool, bias):
     """Generator of (index, text piece) for every sequence; returns the Completions in prompt order.
     Holds the model (one call at a time) from its first step to its end."""

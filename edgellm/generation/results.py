@@ -17,6 +17,9 @@ class Timings:
     generated_tokens: int = 0
     generate_s: float = 0.0
     sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw
+    # Numba compiling kernels (first run only): at load when it precompiled, plus any on first use during the call;
+    # in none of the times above
+    compile_s: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -34,7 +37,8 @@ class Timings:
 
     def summary(self) -> str:
         return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} t/s | "
-                f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s")
+                f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s"
+                + (f" | compile {self.compile_s:.1f} s (first run only)" if self.compile_s > 0 else ""))
 
 
 @dataclass

@@ -161,15 +161,18 @@ def batch_turn(results) -> int | None:
 
 
 def bench(model_name, n_prompt=(128,), n_gen=(128,), depths=(0,), threads=(None,), repeats=3, warmup=True,
-          profile=False, log=None, batches=()) -> dict:
-    """Run the sweep; returns {"results": [Result...], "bandwidth": {threads: B/s}, "peak_rss": bytes, ...}."""
+          profile=False, log=None, batches=(), compile_progress=None) -> dict:
+    """Run the sweep; returns {"results": [Result...], "bandwidth": {threads: B/s}, "peak_rss": bytes, ...}.
+    compile_progress: where given, what a cold kernel cache lacks for the prompt path (and batches, when swept)
+    compiles at load, reporting through it."""
     rng = np.random.default_rng(0)
     results, bandwidths = [], {}
     say = log or (lambda *_: None)
     for nt in threads:
         n_ctx = max(max(n_prompt, default=0), max(depths, default=0) + max(n_gen, default=0)) + 16
         n_ctx = max(n_ctx, max(batches, default=0))  # a batch's step runs as one n_batch-sized forward
-        m = edgellm.load(model_name, n_threads=nt, n_ctx=n_ctx)
+        paths = (("prompt", "batch") if batches else ("prompt",)) if compile_progress else ()
+        m = edgellm.load(model_name, n_threads=nt, n_ctx=n_ctx, precompile=paths, compile_progress=compile_progress)
         nt = m.n_threads
         bw = bandwidths[nt] = measure_bandwidth(nt)
         say(f"threads {nt}: bandwidth {bw / 1e9:.1f} GB/s")

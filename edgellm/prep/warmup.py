@@ -5,6 +5,9 @@ The paths: a prompt long enough for every token-block and tile shape of the prom
 decoding, sampling, and a batched decode step (pooled caches). What a run compiles is counted through Numba's
 compile events (`count_compiles`), so a second warmup reports 0 compiled, and a test can check that a process
 compiles nothing after a warmup.
+
+The paths and their warm markers are edgellm.generation.kernel_paths (which a Model's precompile at load also
+uses); compilation is clocked and reported by edgellm.engine.compile_clock.
 """
 from __future__ import annotations
 
@@ -16,11 +19,10 @@ import numba
 from numba.core import event
 
 import edgellm
+from edgellm.engine.compile_clock import reporting_compiles
+from edgellm.generation.kernel_paths import PATHS, exercise, mark_warm  # noqa: F401  (exercise: tests use it here)
 from edgellm.store import catalog
 
-# A prompt of about 80 tokens: full 32-token blocks, then 8-, 4- and 1-token tails in the prompt kernels.
-WARMUP_TEXT = ("Warm-up text with numbers 1, 22 and 333; words, punctuation (and brackets) - the quick brown fox "
-               "jumps over the lazy dog. ") * 3
 WARMUP_CTX = 512
 
 
@@ -48,21 +50,16 @@ def count_compiles():
         yield count
 
 
-def exercise(m) -> None:
-    """Run a loaded model through the kernel paths a session uses (see the module docstring)."""
-    m.generate(WARMUP_TEXT, max_tokens=4)                                  # prompt kernels, then decode
-    m.generate("Hello", max_tokens=3, temperature=0.8, top_k=40, top_p=0.95, seed=0)  # sampling
-    m.generate_batch([WARMUP_TEXT, "Hello"], max_tokens=3)                 # pooled batched decode
-
-
-def warmup(models=None, n_threads=None, log=None) -> list[WarmupResult]:
-    """Warm each model (catalog names or paths; default: the catalog default). Returns one result per model."""
+def warmup(models=None, n_threads=None, log=None, progress=None) -> list[WarmupResult]:
+    """Warm each model (catalog names or paths; default: the catalog default). Returns one result per model.
+    progress: called with CompileProgress as compilations begin and end, per model (see reporting_compiles)."""
     results = []
     for name in models or [catalog.DEFAULT_MODEL]:
         t0 = time.perf_counter()
-        with count_compiles() as compiled:
+        with count_compiles() as compiled, reporting_compiles(progress):
             m = edgellm.load(name, n_threads=n_threads, n_ctx=WARMUP_CTX)
             exercise(m)
+        mark_warm(m, PATHS)
         cache_dir = numba.config.CACHE_DIR or edgellm.jitcache.configure()  # edgellm's own locator's directory
         r = WarmupResult(str(name), time.perf_counter() - t0, compiled[0], str(cache_dir))
         results.append(r)
