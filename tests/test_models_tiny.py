@@ -12,9 +12,9 @@ import pytest
 import edgellm.gguf
 import edgellm.models.linear
 from edgellm.errors import ModelError
-from edgellm.models import build_model, get_architecture
+from edgellm.models import ALIASES, ARCHITECTURES, build_model, get_architecture
 from edgellm.reference import ReferenceModel
-from helpers_tiny_gguf import TinySpec, write_tiny_model
+from helpers_tiny_gguf import TinySpec, write_tiny_from_registry, write_tiny_model
 
 # Fast path with float32 matmuls vs float64 reference: float32 rounding only.
 EXACT_VS_REFERENCE_NMSE = 1e-9
@@ -174,6 +174,31 @@ def test_gemma3_window_matters(tmp_path):
         unwindowed = build_model(f, n_ctx=64, n_threads=1, kv_type="f32").forward(tokens_for(spec), all_logits=True)
     assert nmse(windowed[:GEMMA_WINDOW], unwindowed[:GEMMA_WINDOW]) < DECODE_VS_BATCH_NMSE
     assert nmse(windowed[-1], unwindowed[-1]) > 1e-3
+
+
+# --- every registered architecture, from its own tensor list ----------------------------------------------------
+
+# The loosest of the activations' own rounding (Gemma's float16 GELU table, above); a structural slip gives ~1.
+ANY_ARCH_VS_REFERENCE_NMSE = GEMMA_VS_REFERENCE_NMSE
+# Seven layers, so that a period-6 sliding-window pattern has a global layer; the window is shorter than the prompt.
+REGISTRY_SPEC = dict(weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_kv=1, head_dim=32,
+                     sliding_window=GEMMA_WINDOW)
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(ALIASES)))
+def test_every_registered_architecture_against_the_reference(tmp_path, exact_linear, arch):
+    """A tiny model holding exactly the tensors the architecture's tensor_specs require: the fast path against the
+    float64 reference (edgellm/reference.py, which a new architecture must also be written into), cached decoding
+    against one batch, and the KV cache sized by its layer_windows()."""
+    spec = TinySpec(arch=arch, **REGISTRY_SPEC)
+    path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
+    with edgellm.gguf.open(path) as f:
+        model = build_model(f, n_ctx=64, n_threads=2, kv_type="f32")
+        tokens = tokens_for(spec)
+        fast = model.forward(tokens, all_logits=True)
+        assert nmse(fast, ReferenceModel(f).logits(tokens)) < ANY_ARCH_VS_REFERENCE_NMSE
+        assert tuple(kv.window for kv in model.cache.layers) == model.config.layer_windows()
+        check_decode_matches_batch(model, tokens, fast)
 
 
 # --- registry and refusals ------------------------------------------------------------------------------------

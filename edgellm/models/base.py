@@ -105,6 +105,11 @@ class DecoderModel:
         self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
         self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
 
+    @staticmethod
+    def tensor_specs(config) -> list:
+        """Every tensor the architecture reads (loading.matrix / loading.vector), checked before any is used."""
+        raise NotImplementedError
+
     def load_weights(self, gguf_file, specs) -> dict:
         """Check and load the tensors of specs (loading.TensorSpec). Sets token_embd, output_norm, output (token_embd
         when the file has no output.weight: tied) and layers: each layer's tensors as attributes named like GGUF

@@ -99,10 +99,12 @@ class Gemma3Buffers(BlockBuffers):
 
 
 class Gemma3Model(DecoderModel):
+    tensor_specs = staticmethod(tensor_specs)
+
     def __init__(self, gguf_file, config: Gemma3Config, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
-        self.load_weights(gguf_file, tensor_specs(config))
+        self.load_weights(gguf_file, self.tensor_specs(config))
         self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
         self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))

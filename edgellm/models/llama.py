@@ -87,10 +87,12 @@ class LlamaBuffers(BlockBuffers):
 
 
 class LlamaModel(DecoderModel):
+    tensor_specs = staticmethod(tensor_specs)  # an architecture that shares this forward pass may give its own
+
     def __init__(self, gguf_file, config: LlamaConfig, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
-        w = self.load_weights(gguf_file, tensor_specs(config))
+        w = self.load_weights(gguf_file, self.tensor_specs(config))
         self.rope = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, w["rope_freqs.weight"])
         self.make_cache()
         self.buffers = LlamaBuffers(config, self.n_batch)
