@@ -16,14 +16,13 @@ __version__ = "0.1.0"
 
 def load(model=None, n_threads=None, n_ctx=None, **kwargs):
     """Load a model by catalog name or path. See `edgellm.api.Model` for the options."""
-    from .api import load as _load
+    from .api import load as _load  # start-up time: `import edgellm` stays light until a model is loaded
     return _load(model, n_threads=n_threads, n_ctx=n_ctx, **kwargs)
 
 
 def __getattr__(name):
-    # The API module pulls in numba; import it only when something from it is asked for.
     if name in ("Model", "Completion"):
-        from . import api
+        from . import api  # start-up time: the API module (numpy and more) loads when asked for
         return getattr(api, name)
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")
 

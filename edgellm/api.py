@@ -1,9 +1,9 @@
 """The Python API: `edgellm.load(...)` returns a `Model` that tokenizes, scores, generates and chats.
 
-Sections: loading; tokens; logits and the KV-cache prefix reuse; session state; one call at a time; the decode
-loop (`_events`, shared by every generating call, its per-token logic in edgellm/decoding.py); generate /
-complete / stream; batches (edgellm/batch.py); chat; the llama-cpp-python-shaped calls (create_completion,
-create_chat_completion, in edgellm/llama_compat.py). The result types are in edgellm/results.py.
+Sections: loading; tokens; logits and the KV-cache prefix reuse; session state; one call at a time; the decode loop
+(`decode_events`, shared by every generating call, its per-token logic in edgellm/generation/decoding.py); generate /
+complete / stream; batches (edgellm/generation/batch.py); chat; the llama-cpp-python-shaped calls (create_completion,
+create_chat_completion, in edgellm/compat/llama_compat.py). The result types are in edgellm/generation/results.py.
 
 Threads: one call runs at a time. A call marks the model busy under a short-held Condition rather than holding a
 lock for its whole length, because a stream is a generator that may be stepped, closed or garbage-collected on
@@ -13,6 +13,7 @@ flight between prompt batches or decode steps.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -21,14 +22,20 @@ import warnings
 
 import numpy as np
 
-from . import catalog
-from . import prefix
-from . import gguf as gguf_reader
-from . import validate
-from .errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError, PromptError,
-                     SamplingError)
-from .options import GenerationOptions, parse_options
-from .results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
+from edgellm.compat import llama_compat
+from edgellm.compat.chat import chat_template_from_metadata
+from edgellm.engine import gguf as gguf_reader
+from edgellm.engine import prefix, validate
+from edgellm.engine.cuda import build_cuda_model, resolve_device
+from edgellm.errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError, NumericalError,  # noqa: F401
+                            PromptError, SamplingError)  # (NumericalError, SamplingError: this module's API)
+from edgellm.generation.batch import prepare, run_batch
+from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
+from edgellm.generation.options import GenerationOptions, parse_options
+from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
+from edgellm.generation.state import ModelState
+from edgellm.store import catalog, hub
+from edgellm.tokenizer import Tokenizer
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
 
@@ -41,7 +48,7 @@ class ContextShiftWarning(UserWarning):
 def default_threads() -> int:
     """Physical cores (hyper-threads share the memory bus a decode step is bound by), at least one."""
     try:
-        import psutil
+        import psutil  # on first use: the API module imports without it (start-up time)
         n = psutil.cpu_count(logical=False)
     except Exception:  # psutil can fail inside some containers
         n = None
@@ -63,7 +70,6 @@ class Model:
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
         context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes."""
         t0 = time.perf_counter()
-        from .cuda import resolve_device
         device = resolve_device(device)  # DeviceError here, before the file is read
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
             raise ValueError(f"n_threads must be a positive integer, got {n_threads!r}")
@@ -71,7 +77,7 @@ class Model:
             raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_keep is not None and (isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < 0):
             raise ValueError(f"n_keep must be a non-negative integer, got {n_keep!r}")
-        from .kvtypes import kv_type as parse_kv_type
+        from edgellm.engine.kvtypes import kv_type as parse_kv_type  # kernels: slow to import, loaded with a model
         kv_name = "f32" if device == "cuda" and kv_type is None else parse_kv_type(kv_type).name  # ValueError
         path = catalog.resolve(model, models_dir, n_ctx=n_ctx, kv_type=kv_name, check_memory=check_memory)
         gguf_file = gguf_reader.open(path)
@@ -85,13 +91,14 @@ class Model:
         except BaseException:
             gguf_file.close()
             raise
-        from .models import build_model
-        from .tokenizer import Tokenizer
+        from edgellm.engine.models import build_model  # kernels: slow to import, loaded with a model
         n_threads = n_threads or default_threads()
         try:
             tokenizer = Tokenizer.from_metadata(gguf_file.metadata)
-            forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, device=device,
-                                        kv_type=kv_type if device == "cuda" else kv_name)
+            if device == "cuda":
+                forward_model = build_cuda_model(gguf_file, n_ctx=n_ctx, kv_type=kv_type)
+            else:
+                forward_model = build_model(gguf_file, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_name)
             _check_vocabulary(tokenizer, forward_model)
         except BaseException as e:
             tokenizer = forward_model = None  # noqa: F841  (their views into the map must go before it closes)
@@ -110,10 +117,9 @@ class Model:
         """llama-cpp-python's shape: a GGUF from a Hugging Face Hub repository, pulled into the Hub cache on first
         use. filename: a path in the repository or a glob pattern ("*Q4_K_M.gguf"); None picks as llama.cpp's -hf
         does. kwargs go to Model()."""
-        from .hub import pull_pretrained
-        path = pull_pretrained(repo_id, filename, revision=revision, cache_dir=cache_dir,
-                               n_ctx=kwargs.get("n_ctx"), kv_type=kwargs.get("kv_type"),
-                               check_memory=kwargs.get("check_memory", True))
+        path = hub.pull_pretrained(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                                   n_ctx=kwargs.get("n_ctx"), kv_type=kwargs.get("kv_type"),
+                                   check_memory=kwargs.get("check_memory", True))
         return cls(path, **kwargs)
 
     @classmethod
@@ -145,9 +151,8 @@ class Model:
         self._cancel_requested = threading.Event()
         forward_model.should_stop = self._cancel_requested.is_set  # DecoderModel checks it between prompt batches
         self._cached_tokens: list[int] = []  # what the KV cache holds, to reuse a shared prompt prefix
-        self._cached_kinds: list[int] = []  # how each of those rows was computed (edgellm.prefix)
+        self._cached_kinds: list[int] = []  # how each of those rows was computed (edgellm.engine.prefix)
         self._chat_format = None
-        self._batch_pool = self._batch_pool_key = None  # KV caches of the last batch shape (edgellm/batch.py)
         self.last_batch: list | None = None
 
     def __repr__(self):
@@ -194,21 +199,11 @@ class Model:
                 n = self.model.n_past
                 self._set_cached(arr[:n].tolist(), kinds[:n])
                 raise
-            self._check_finite(out, "for the given ids")  # raises with the record empty: no reuse of it
+            check_finite(out, "for the given ids")  # raises with the record empty: no reuse of it
             self._set_cached(arr.tolist(), kinds)
             return out
         finally:
             self._release()
-
-    def _check_finite(self, logits: np.ndarray, where: str) -> None:
-        # one reduction over a bool array: ~40 us for a 262,144-token vocabulary, small beside a decode step
-        if np.isfinite(logits).all():
-            return
-        n_nan = int(np.isnan(logits).sum())
-        n_inf = int(np.isinf(logits).sum())
-        raise NumericalError(f"the model's logits {where} hold {n_nan} NaN and {n_inf} Inf of {logits.size} values: "
-                             "a weight of this file is corrupt or overflows float32 (e.g. huge quantization "
-                             "scales); nothing was sampled")
 
     def _rewind_cache(self, n: int) -> bool:
         """Make the KV cache hold positions [0, n) only; False when that is impossible (a window ring already
@@ -231,7 +226,8 @@ class Model:
     def reset(self) -> None:
         """Empty the KV cache: the next prompt is evaluated from its first token (as llama-cpp-python's reset()).
         Without it, a prompt that shares a prefix with what the cache holds reuses the part of it whose rows were
-        computed as a fresh run would compute them (edgellm.prefix), so its logits are a fresh run's bit for bit."""
+        computed as a fresh run would compute them (edgellm.engine.prefix), so its logits are a fresh run's bit for
+        bit."""
         self._acquire("reset")
         try:
             self._set_cached([], [])
@@ -244,7 +240,7 @@ class Model:
         return step() if step is not None else getattr(self.model, "n_batch", 512)
 
     def _kinds(self, batches) -> list[int]:
-        from .models.base import DecoderModel
+        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
         return prefix.kinds_of(batches, getattr(self.model, "row_kinds", DecoderModel.row_kinds)).tolist()
 
     def _set_cached(self, tokens: list, kinds: list) -> None:
@@ -252,8 +248,8 @@ class Model:
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to hold exactly `ids`, reusing the cached rows a fresh run would compute alike
-        (edgellm.prefix); return the last logits row, bit for bit a fresh run's."""
-        from .models.base import DecoderModel
+        (edgellm.engine.prefix); return the last logits row, bit for bit a fresh run's."""
+        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
         step = self._step()
         row_kinds = getattr(self.model, "row_kinds", DecoderModel.row_kinds)
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
@@ -300,8 +296,8 @@ class Model:
 
     # -- session state -------------------------------------------------------------------------------------------
     def save_state(self):
-        """A snapshot of the KV cache and the tokens it holds (edgellm.state.ModelState; .save(path) writes it)."""
-        from .state import ModelState
+        """A snapshot of the KV cache and the tokens it holds (edgellm.generation.state.ModelState; .save(path)
+        writes it)."""
         self._acquire("save_state")
         try:
             return ModelState(self.name, self.n_ctx, list(self._cached_tokens), self.model.cache.export_state(),
@@ -312,7 +308,6 @@ class Model:
     def load_state(self, state) -> None:
         """Restore a snapshot from save_state() (or ModelState.load(path)) of a model of the same file, n_ctx and
         kv_type: the next generation continues from exactly that cache."""
-        from .state import ModelState
         if not isinstance(state, ModelState):
             raise TypeError(f"load_state() takes what save_state() returned, got {type(state).__name__}")
         if state.model_name != self.name:
@@ -349,6 +344,21 @@ class Model:
             self._cancel_requested.clear()
             self._state.notify_all()
 
+    @contextlib.contextmanager
+    def exclusive(self, what: str):
+        """Hold the model for one call, as every generating call does: waits while another call holds it
+        (ModelBusyError where this thread's own unfinished stream holds it). `what` names the call in that error."""
+        self._acquire(what)
+        try:
+            yield self
+        finally:
+            self._release()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether cancel() was called during the call in flight: a decode loop stops at its next step."""
+        return self._cancel_requested.is_set()
+
     def cancel(self) -> bool:
         """End the call in flight, from any thread: at its next prompt batch or decode step it returns what it has
         (stop_reason "cancelled"; logits() raises Cancelled) and the model stays usable. Returns whether a call
@@ -359,7 +369,9 @@ class Model:
             return self._busy
 
     # -- the decode loop -----------------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt, add_special: bool = True) -> list[int]:
+    def prompt_ids(self, prompt, add_special: bool = True) -> list[int]:
+        """A prompt (text, or token ids) as token ids, checked: not empty, ids in the vocabulary, and a prompt
+        longer than the context only where the context shifts (with a ContextShiftWarning)."""
         if isinstance(prompt, bytes):
             prompt = prompt.decode("utf-8")
         if isinstance(prompt, str):
@@ -381,22 +393,12 @@ class Model:
                           "in view", ContextShiftWarning, stacklevel=3)
         return ids
 
-    def _events(self, ids: list[int], opts: GenerationOptions):
+    def decode_events(self, ids: list[int], opts: GenerationOptions):
         """Generate after prompt ids: a generator of (text piece, TokenInfo or None) per step, then the Completion.
 
         Checks what it can before returning; the generator holds the model from its first step to its end, so a
         consumer that stops early must close() it (or drop it)."""
-        return self._locked_decode(ids, opts, self._logit_bias(opts))
-
-    def _logit_bias(self, opts: GenerationOptions):
-        """opts.logit_bias as (ids, values) arrays, checked against the vocabulary; None without one."""
-        if not opts.logit_bias:
-            return None
-        bias_ids = np.array(list(opts.logit_bias), dtype=np.int64)
-        bad = bias_ids[(bias_ids < 0) | (bias_ids >= self.n_vocab)]
-        if bad.size:
-            raise SamplingError(f"logit_bias names token id {int(bad[0])}, outside the vocabulary [0, {self.n_vocab})")
-        return bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32)
+        return self._locked_decode(ids, opts, logit_bias_arrays(opts, self.n_vocab))
 
     def _locked_decode(self, ids, opts, bias):
         self._acquire("generate")
@@ -414,7 +416,6 @@ class Model:
             self._release()
 
     def _decode(self, ids, opts, bias):
-        from .decoding import SequenceState, max_new_tokens
         budget = max_new_tokens(opts.max_tokens, self.n_ctx, len(ids), getattr(self.model, "context_shift", False))
         seq = SequenceState(self, ids, opts, budget, bias)
         t = self.timings = Timings(load_s=self.timings.load_s, prompt_tokens=len(ids))
@@ -431,7 +432,7 @@ class Model:
                 if logits is None or self._cancel_requested.is_set():
                     seq.stop_reason = "cancelled"
                     break
-                self._check_finite(logits, f"after {len(seq.history)} tokens")
+                check_finite(logits, f"after {len(seq.history)} tokens")
                 event = seq.step(logits)
                 if event is None:
                     break
@@ -457,15 +458,12 @@ class Model:
         self.last_completion = completion
         yield completion
 
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.token_to_bytes(int(token_id)).decode("utf-8", errors="ignore")
-
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}
 
     def _native(self, caller: str, prompt, max_tokens, options: dict):
         opts = parse_options(caller, {**options, "max_tokens": max_tokens}, self.NATIVE_DEFAULTS)
-        return self._events(self._prompt_ids(prompt), opts)
+        return self.decode_events(self.prompt_ids(prompt), opts)
 
     def generate(self, prompt, max_tokens: int | None = 128, **options) -> str:
         """Text generated after `prompt` (text or token ids). Greedy unless temperature > 0; ends at an
@@ -507,7 +505,6 @@ class Model:
         seq_ctx positions (default: enough for its prompt and max_tokens) and its own sampler (same options and
         seed for all); greedy, each gives exactly the tokens it gives alone. The Completions, in prompt order,
         are the generator's return value and `model.last_batch`. Takes generate's options."""
-        from .batch import prepare, run_batch
         return run_batch(self, *prepare(self, prompts, max_tokens, n_parallel, seq_ctx, options))
 
     def complete_batch(self, prompts, max_tokens: int | None = 128, n_parallel: int | None = None,
@@ -530,7 +527,6 @@ class Model:
     def chat_format(self):
         """The formatter chat() uses: the GGUF's Jinja2 template, or a built-in format when the file has none."""
         if self._chat_format is None:
-            from .chat import chat_template_from_metadata
             tok = self.tokenizer
             bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
             eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
@@ -544,14 +540,14 @@ class Model:
         text = fmt.render(messages, add_generation_prompt=add_generation_prompt, **template_vars)
         # a GGUF template writes BOS itself when the model wants one (llama-cpp-python: add_bos=False);
         # the built-in formats leave it to the tokenizer, as llama.cpp does
-        return self._prompt_ids(text, add_special=getattr(fmt, "name", "") != "gguf")
+        return self.prompt_ids(text, add_special=getattr(fmt, "name", "") != "gguf")
 
     def chat(self, messages, max_tokens: int | None = 512, stream: bool = False, **options):
         """The assistant's reply to an OpenAI-style message list (str), or its pieces when stream=True.
 
         Takes generate's options; greedy unless temperature > 0."""
         opts = parse_options("chat", {**options, "max_tokens": max_tokens}, self.NATIVE_DEFAULTS)
-        events = self._events(self.chat_prompt_ids(messages), opts)
+        events = self.decode_events(self.chat_prompt_ids(messages), opts)
         if stream:
             return self._pieces(events)
         for event in events:
@@ -562,15 +558,13 @@ class Model:
     # -- llama-cpp-python-shaped calls ---------------------------------------------------------------------------
     def create_completion(self, prompt, **kwargs):
         """llama_cpp.Llama.create_completion: a CreateCompletionResponse dict, or an iterator of chunks."""
-        from .llama_compat import create_completion
-        return create_completion(self, prompt, **kwargs)
+        return llama_compat.create_completion(self, prompt, **kwargs)
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages, **kwargs):
         """llama_cpp.Llama.create_chat_completion: a CreateChatCompletionResponse dict, or an iterator of chunks."""
-        from .llama_compat import create_chat_completion
-        return create_chat_completion(self, messages, **kwargs)
+        return llama_compat.create_chat_completion(self, messages, **kwargs)
 
 
 class _closing:

@@ -1,14 +1,17 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
 Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), info, warmup, serve (the HTTP server, an
-optional extra), plus quantize/convert/perplexity from edgellm/cli_prepare.py when that module is present.
+optional extra), plus quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from .errors import EdgeLLMError
+import edgellm
+from edgellm.errors import EdgeLLMError, GrammarError, PromptError
+from edgellm.store import catalog, hub
 
 DEFAULT_PROMPT = "The capital of France is"
 
@@ -52,7 +55,6 @@ def _add_sampling_args(p):
 
 
 def _read_text(path: str, what: str) -> str:
-    from .errors import GrammarError
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -79,7 +81,7 @@ def _sampling_kwargs(args) -> dict:
     kw = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     kw.update(temperature=args.temp, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     kw.update(_constraint_kwargs(args))
-    from .options import parse_options
+    from edgellm.generation.options import parse_options  # start-up time: only commands that generate load it
     parse_options("edgellm", kw, {})  # bad values fail here, before a model is loaded
     return kw
 
@@ -93,7 +95,6 @@ def _mb(n) -> str:
 
 
 def cmd_pull(args) -> int:
-    from . import catalog, hub
     for name in args.names or [catalog.DEFAULT_MODEL]:
         ref = hub.parse_ref(name)
         if ref is None:
@@ -118,7 +119,6 @@ def cmd_pull(args) -> int:
 
 
 def _list_repo(listing) -> None:
-    from . import hub
     models = listing.models()
     try:
         default = hub.choose(listing)[0].path if models else None
@@ -135,7 +135,6 @@ def _list_repo(listing) -> None:
 
 
 def cmd_models(args) -> int:
-    from . import catalog, hub
     for entry, present in catalog.list_models(args.dir):
         mark = "cached" if present else "-"
         default = " (default)" if entry.name == catalog.DEFAULT_MODEL else ""
@@ -149,7 +148,6 @@ def cmd_models(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    from . import catalog, hub
     status = 0
     for name in args.names:
         if hub.parse_ref(name) is not None:
@@ -166,7 +164,6 @@ def cmd_rm(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import edgellm
     if args.file:
         with open(args.file, encoding="utf-8") as f:
             prompt = f.read()
@@ -200,15 +197,12 @@ def _catch_ctrl_c():
     job of a non-interactive shell (`cmd &` in a script, some launchers) inherits SIG_IGN, Python then keeps it,
     and Ctrl-C in the chat would do nothing. The chat promises that Ctrl-C stops a reply, so it takes the signal
     back whenever it talks to a terminal."""
-    import signal
     if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cmd_chat(args) -> int:
     """An interactive chat: history kept across turns; Ctrl-C ends the current reply, not the session."""
-    import edgellm
-    from .api import PromptError
     try:
         import readline  # noqa: F401  (line editing and history for input(), where the platform has it)
     except ImportError:
@@ -271,14 +265,14 @@ def cmd_chat(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    from .warmup import warmup
+    from edgellm.prep.warmup import warmup  # start-up time: each subcommand imports only what it runs
     warmup(args.models, n_threads=args.threads, log=lambda msg: print(msg, flush=True))
     return 0
 
 
 def cmd_serve(args) -> int:
     try:
-        from .server import serve
+        from .server import serve  # an optional extra (starlette, uvicorn)
     except ImportError as e:
         raise EdgeLLMError(f"the server needs its optional dependencies ({e.name or e}); "
                            "install them with: pip install 'edgellm[server]'") from None
@@ -287,7 +281,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .info import describe
+    from edgellm.prep.info import describe  # start-up time: each subcommand imports only what it runs
     print(describe(args.model, n_ctx=args.ctx_size, kv_type=args.kv_type))
     return 0
 
@@ -300,7 +294,7 @@ def _int_list(text: str) -> list:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from edgellm.prep import bench  # start-up time: each subcommand imports only what it runs
     report = bench.bench(args.model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depth,
                          threads=args.threads or [None], repeats=args.repetitions, profile=args.profile,
                          batches=args.batch,
@@ -375,9 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     try:  # quantize / convert / perplexity live in their own module, present in full installs
-        from .cli_prepare import add_subcommands
+        from edgellm.prep.cli import add_subcommands
     except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.cli_prepare":
+        if e.name != "edgellm.prep.cli":
             raise  # the module is there but broken: say so rather than hide its subcommands
     else:
         add_subcommands(sub)

@@ -2,9 +2,9 @@
 
 Numba's own cache is keyed by each function's source file, so a change in a helper that a kernel inlines from
 another file leaves the kernel's cache stale; and it writes next to the package, which fails where the package
-directory is read-only. Keying one user-cache directory by a hash of all of edgellm's and quant's source (plus
-the Numba and Python versions) fixes both. Set NUMBA_CACHE_DIR yourself to override. Only edgellm's own functions
-are routed there; a HOME that cannot be written falls back to the temporary directory with a warning.
+directory is read-only. Keying one user-cache directory by a hash of all of edgellm's source, edgellm.quant's
+included (plus the Numba and Python versions) fixes both. Set NUMBA_CACHE_DIR yourself to override. Only edgellm's
+own functions are routed there; a HOME that cannot be written falls back to the temporary directory with a warning.
 """
 import hashlib
 import importlib.util
@@ -16,15 +16,28 @@ import time
 import warnings
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-_PACKAGES = ("edgellm", "quant")
+def _source_dirs() -> dict:
+    """Package name -> directory of edgellm's sources: edgellm.quant lies inside edgellm when installed, and in
+    the repository's quant/ (a package-dir mapping) in an editable install. Found without importing it."""
+    dirs = {"edgellm": Path(__file__).resolve().parent}
+    spec = importlib.util.find_spec("edgellm.quant")
+    if spec is not None and spec.origin:  # None only where edgellm is imported from a tree that was not installed
+        dirs["edgellm.quant"] = Path(spec.origin).resolve().parent
+    return dirs
+
+
+_DIRS = _source_dirs()
 
 
 def source_hash() -> str:
     h = hashlib.sha256()
-    for pkg in _PACKAGES:
-        for path in sorted((_ROOT / pkg).rglob("*.py")):
-            h.update(str(path.relative_to(_ROOT)).encode())
+    seen = set()
+    for pkg, d in _DIRS.items():
+        for path in sorted(d.rglob("*.py")):
+            if path in seen:  # edgellm.quant's files, inside edgellm's directory when installed
+                continue
+            seen.add(path)
+            h.update(f"{pkg}/{path.relative_to(d)}".encode())
             h.update(path.read_bytes())
     # The installed Numba, identified without importing it (that costs a quarter of a second).
     spec = importlib.util.find_spec("numba")
@@ -89,18 +102,18 @@ def choose_cache_dir() -> Path:
 
 def _owns(py_file: str) -> bool:
     try:
-        rel = Path(py_file).resolve().relative_to(_ROOT)
-    except (ValueError, OSError):
+        path = Path(py_file).resolve()
+    except OSError:
         return False
-    return rel.parts[:1] in (("edgellm",), ("quant",))
+    return any(path.is_relative_to(d) for d in _DIRS.values())
 
 
 _configured = None
 
 
 def configure() -> str:
-    """Cache edgellm's and quant's kernels in this source version's directory. Only their functions are sent
-    there (a Numba cache locator of their own): other Numba users in the process keep their cache locations.
+    """Cache edgellm's kernels (edgellm.quant's included) in this source version's directory. Only their functions
+    are sent there (a Numba cache locator of their own): other Numba users in the process keep their cache locations.
     NUMBA_CACHE_DIR, when set, is honoured as Numba itself would. Returns the directory."""
     global _configured
     if os.environ.get("NUMBA_CACHE_DIR"):
@@ -108,7 +121,7 @@ def configure() -> str:
     if _configured is not None:
         return _configured
     d = str(choose_cache_dir())
-    from numba.core import caching
+    from numba.core import caching  # only when edgellm routes the cache (NUMBA_CACHE_DIR unset)
 
     class EdgeLLMCacheLocator(caching.UserProvidedCacheLocator):
         def __init__(self, py_func, py_file):

@@ -18,6 +18,7 @@ import hmac
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .errors import EdgeLLMError
+import edgellm
+from edgellm.compat.tool_calls import ChatPlan
+from edgellm.errors import EdgeLLMError
+from edgellm.generation.options import parse_options
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 DEFAULT_MAX_QUEUE = 64  # waiting requests beyond this get 503 rather than an unbounded wait
@@ -255,7 +259,7 @@ class Endpoints:
         prompt = kwargs.pop("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
             prompt = prompt[0]  # a batch of one
-        ids_of = partial(self.llm._prompt_ids, prompt)
+        ids_of = partial(self.llm.prompt_ids, prompt)
         return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
                                     partial(self.llm.create_completion, prompt), kwargs)
 
@@ -264,7 +268,6 @@ class Endpoints:
         check_fields(body, CHAT_FIELDS, ("messages",))
         kwargs = generation_kwargs(body, CHAT_FIELDS)
         messages = kwargs.pop("messages")
-        from .tool_calls import ChatPlan
         plan_args = {k: kwargs[k] for k in CHAT_PLAN_FIELDS if k in kwargs}
 
         def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
@@ -273,7 +276,6 @@ class Endpoints:
                                     partial(self.llm.create_chat_completion, messages), kwargs)
 
     async def _generate(self, request, body, fields, ids_of, create, kwargs):
-        from .options import parse_options
         kwargs["model"] = self.model_name
         options = {k: v for k, v in kwargs.items()
                    if k not in ("echo", "logprobs", "top_logprobs") + CHAT_PLAN_FIELDS}
@@ -416,7 +418,7 @@ class BackgroundServer:
     """Serve an app on a loopback port from a thread: `with BackgroundServer(app) as srv: srv.base_url`."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
+        import uvicorn  # only running a server needs it: create_app and its test client do not
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -447,11 +449,7 @@ class BackgroundServer:
 def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           n_ctx: int | None = None, n_threads: int | None = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> int:
-    import sys
-
-    import uvicorn
-
-    import edgellm
+    import uvicorn  # only running a server needs it: create_app and its test client do not
     llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads)
     name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
     app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes)

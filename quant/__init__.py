@@ -12,13 +12,8 @@
   linear.py           QuantLinear, the object the models use (QuantGroup: several on one input)
 """
 
-try:  # Numba's cache is per source file, but kernels inline quant.simd: key the cache by all sources instead
-    from edgellm import jitcache as _jitcache
-    _jitcache.configure()
-except ImportError:  # quant used on its own
-    pass
-
-from .formats import (FORMAT_NAMES, FORMATS, BlockFormat, UnknownFormatError,  # noqa: E402
+# Installed as edgellm.quant: edgellm/__init__.py has routed Numba's cache (edgellm.jitcache) before this runs.
+from .formats import (FORMAT_NAMES, FORMATS, BlockFormat, UnknownFormatError,
                       format_by_id, format_by_name)
 
 # The kernels (and numba, a quarter-second import) load on first use, so reading a GGUF file's header,
@@ -33,7 +28,7 @@ def __getattr__(name):
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'quant' has no attribute {name!r}")
+    raise AttributeError(f"module 'edgellm.quant' has no attribute {name!r}")
 
 __all__ = ["BlockFormat", "FORMATS", "FORMAT_NAMES", "QuantGroup", "QuantLinear", "UnknownFormatError", "dequantize",
            "format_by_id", "format_by_name", "quantize"]

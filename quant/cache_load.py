@@ -19,10 +19,10 @@ stats = {"light_loads": 0}  # how many cache loads took the light path (tests ch
 
 
 def _light_load_overload(self, sig, target_context):
-    from numba.core.cpu import CPUContext
+    from numba.core.cpu import CPUContext  # Numba internals: looked up per load, as install() checks them
     if not isinstance(target_context, CPUContext):
         return _original(self, sig, target_context)
-    from numba.core.runtime import rtsys
+    from numba.core.runtime import rtsys  # Numba internals: looked up per load, as install() checks them
     rtsys.initialize(target_context)  # the NRT symbols a cached kernel links against
     stats["light_loads"] += 1
     with self._guard_against_spurious_io_errors():
@@ -36,7 +36,7 @@ def install() -> bool:
     needed = (hasattr(caching.Cache, "_guard_against_spurious_io_errors")
               and hasattr(caching.Cache, "_load_overload"))
     try:
-        from numba.core.runtime import rtsys
+        from numba.core.runtime import rtsys  # Numba internals: some versions lack them (no light path then)
         needed = needed and hasattr(rtsys, "initialize")
     except ImportError:
         needed = False

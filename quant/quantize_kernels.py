@@ -597,12 +597,12 @@ KERNELS = {**{name: (quantize_blocks_k, code) for name, code in K_CODES.items()}
 def _reference_quantize(x: np.ndarray, fmt) -> np.ndarray:
     """The numpy path for formats without a kernel (F32, F16, BF16, Q8_K)."""
     if fmt.name == "Q8_K":
-        from .kquants_quantize import quantize_k
+        from .kquants_quantize import quantize_k  # the numpy K-quant search, loaded only for Q8_K
         return quantize_k(x, fmt.name)
     try:
         from . import quantize as public_quantize  # the quant package's public API, once it exports one
     except ImportError:
-        from .reference import quantize as public_quantize
+        from .reference import quantize as public_quantize  # the numpy reference meanwhile
     return public_quantize(x, fmt.name)
 
 

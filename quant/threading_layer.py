@@ -82,7 +82,7 @@ def _prefer_openmp() -> None:
         from numba.np.ufunc import omppool  # noqa: F401  (import fails where the layer is missing)
     except ImportError as e:
         CHOSEN, OPENMP_MISSING = _fallback(), str(e)
-        import warnings
+        import warnings  # only this fallback warns
         warnings.warn(f"Numba's OpenMP threading layer is unavailable ({e}); using {CHOSEN!r}, whose parallel "
                       "regions cost about 60 us each instead of a few (a large share of a decode step on small "
                       f"models). To fix it, {OPENMP_FIX}; or set NUMBA_THREADING_LAYER to silence this.",

@@ -12,7 +12,7 @@ REFERENCE_FILES = {SMOLLM2: "SmolLM2-135M-Instruct.Q4_1", GEMMA: "gemma-3-270m-q
 
 
 def _pull(name):
-    from edgellm import catalog
+    from edgellm.store import catalog
     return catalog.pull(name, quiet=True)
 
 

@@ -8,7 +8,7 @@ fixtures do not record, so bit equality with them is not the contract there; the
 import platform
 import sys
 
-from quant import simd
+from edgellm.quant import simd
 
 EXACT_HOST = (sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
               and simd.HAS_AVX2 and simd._host_has("fma"))

@@ -166,7 +166,7 @@ def write_tiny_from_registry(path, spec: TinySpec):
     """A tiny model of whatever architecture spec.arch names in edgellm's registry, holding exactly the tensors its
     tensor_specs require (GGUF names, numpy shapes: llama.cpp's converter layout), the optional ones left out (so
     the output is tied). A newly registered architecture gets one with no edit here."""
-    from edgellm.models import get_architecture
+    from edgellm.engine.models import get_architecture
     arch = get_architecture(spec.arch)
     config = arch.config_class.from_gguf(_MetadataOnly(spec))
     shapes = {t.name: (t.shape, t.is_matrix) for t in arch.model_class.tensor_specs(config) if not t.optional}

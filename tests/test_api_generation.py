@@ -236,7 +236,7 @@ def test_cache_rewind_refuses_when_a_window_ring_lost_needed_positions():
     from types import SimpleNamespace
 
     from edgellm.api import Model
-    from edgellm.kvcache import EMPTY_SLOT, KVCache
+    from edgellm.engine.kvcache import EMPTY_SLOT, KVCache
 
     window, n_batch = 8, 4
     cache = KVCache(n_ctx=64, n_head_kv=1, head_dim=2, windows=[0, window], n_batch=n_batch)
@@ -258,15 +258,15 @@ def test_cache_rewind_refuses_when_a_window_ring_lost_needed_positions():
 def test_prefix_reuse_on_a_tiny_sliding_window_model_matches_a_fresh_run(tmp_path):
     """Tiny random gemma3 (window 5, batches of 3: 7-slot rings): a reused prefix must give fresh-run logits,
     both when the rings still hold what the next token needs and when they do not (then it recomputes)."""
-    import edgellm.gguf
+    import edgellm.engine.gguf
     from edgellm.api import Model
-    from edgellm.models import build_model
+    from edgellm.engine.models import build_model
     from helpers_tiny_gguf import TinySpec, write_tiny_model
 
     spec = TinySpec(arch="gemma3", weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_kv=1, head_dim=32,
                     sliding_window=5)
     tokens = np.random.default_rng(3).integers(0, spec.n_vocab, 24).tolist()
-    with edgellm.gguf.open(write_tiny_model(tmp_path / "tiny.gguf", spec)) as f:
+    with edgellm.engine.gguf.open(write_tiny_model(tmp_path / "tiny.gguf", spec)) as f:
         reused = Model.from_parts(build_model(f, n_ctx=64, n_threads=1, n_batch=3), None, {})
         fresh = build_model(f, n_ctx=64, n_threads=1, n_batch=3)
         for first, second in [(tokens[:19], tokens[:18] + tokens[20:22]),  # rewind to 18: ring holds 14..17

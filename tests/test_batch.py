@@ -7,9 +7,9 @@ import pytest
 from hardening_tiny import tiny_spec, write_loadable_tiny_model
 
 import edgellm
-from edgellm import validate
+from edgellm.engine import validate
 from edgellm.errors import MemoryBudgetError, ModelError, PromptError
-from edgellm.kvcache import KVPool
+from edgellm.engine.kvcache import KVPool
 
 MIB = 1 << 20
 PROMPTS = ["hello world", "world hello hello he", "STOP or go", "ld ll he", "h", "go go go go go go", "or", "le"]

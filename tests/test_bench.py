@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from edgellm import bench, cli
+from edgellm.prep import bench
+from edgellm import cli
 from hardening_tiny import write_loadable_tiny_model
 
 
@@ -25,7 +26,7 @@ def test_sweep_results_and_markdown(tiny_model):
     assert tg_d8.bytes_per_token > tg_d0.bytes_per_token   # the deeper run also reads its KV cache
     md = bench.to_markdown(report)
     assert md.count("\n| ") >= 5 and "memory bandwidth (same run)" in md and "peak RSS" in md
-    from quant.threading_layer import chosen_layer
+    from edgellm.quant.threading_layer import chosen_layer
     assert report["threading_layer"] == chosen_layer() and f"threading layer {chosen_layer()}" in md
 
 
@@ -46,7 +47,7 @@ def test_bad_list_is_a_usage_error(capsys):
 def test_bandwidth_sum_matches_numpy(n):
     """The bandwidth probe's vector sum reads every element exactly once (numpy reference; integers in float32 are
     summed exactly at these sizes, whatever the order)."""
-    from edgellm.bandwidth_kernel import parallel_sum
+    from edgellm.prep.bandwidth_kernel import parallel_sum
     a = np.random.default_rng(n).integers(-50, 50, n).astype(np.float32)
     assert parallel_sum(a) == float(a.astype(np.int64).sum())
     with pytest.raises(ValueError, match="contiguous 1-D float32"):

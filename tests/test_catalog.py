@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import catalog
+from edgellm.store import catalog
 from edgellm.errors import CatalogError
 
 

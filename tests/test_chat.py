@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import gguf
-from edgellm.chat import (ChatMLFormat, ChatTemplateError, GemmaFormat, JinjaChatTemplate,
-                          chat_template_from_metadata, render_chat, validate_messages)
+from edgellm.engine import gguf
+from edgellm.compat.chat import (ChatMLFormat, ChatTemplateError, GemmaFormat, JinjaChatTemplate,
+                                 chat_template_from_metadata, render_chat, validate_messages)
 
 SMOLLM2_TEMPLATE = (Path(__file__).parent / "fixtures" / "smollm2_chat_template.jinja").read_text(encoding="utf-8")
 SMOLLM2_DEFAULT_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -31,14 +31,14 @@ def test_info_summarises_metadata_tensors_and_memory(real_model, capsys):
         assert expected in out
     if name == "gemma-3-270m":
         assert "KV sliding window 512" in out and "262144" in out
-    from quant.threading_layer import chosen_layer
+    from edgellm.quant.threading_layer import chosen_layer
     assert f"threading layer: {chosen_layer()}" in out
 
 
 def test_memory_plan_matches_the_allocated_cache(gemma_path):
     import edgellm
-    from edgellm import gguf
-    from edgellm.info import memory_plan
+    from edgellm.engine import gguf
+    from edgellm.prep.info import memory_plan
 
     m = edgellm.load(gemma_path, n_ctx=1024)
     with gguf.open(gemma_path) as f:
@@ -54,7 +54,7 @@ def test_prepare_subcommands_are_added_when_the_module_exists(monkeypatch):
         p = sub.add_parser("quantize")
         p.set_defaults(func=lambda args: 7)
 
-    monkeypatch.setitem(sys.modules, "edgellm.cli_prepare", types.SimpleNamespace(add_subcommands=add_subcommands))
+    monkeypatch.setitem(sys.modules, "edgellm.prep.cli", types.SimpleNamespace(add_subcommands=add_subcommands))
     assert cli.main(["quantize"]) == 7
 
 

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from edgellm.completions import (chat_chunk, chat_chunks, chat_completion_response, chat_logprobs,
-                                 completion_chunk, completion_logprobs, completion_response, new_completion_id,
-                                 now, top_logprobs_entry)
+from edgellm.compat.completions import (chat_chunk, chat_chunks, chat_completion_response, chat_logprobs,
+                                        completion_chunk, completion_logprobs, completion_response, new_completion_id,
+                                        now, top_logprobs_entry)
 from edgellm.errors import SamplingError
 
 UUID4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"

@@ -11,7 +11,8 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 import edgellm  # noqa: E402
-from edgellm.constrain import ConstraintSpec, LlamaGrammar, accepts, llg_tokenizer, text_accepted  # noqa: E402
+from edgellm.generation.constrain import (ConstraintSpec, LlamaGrammar, accepts, llg_tokenizer,  # noqa: E402
+                                          text_accepted)
 from edgellm.errors import GrammarError  # noqa: E402
 from conftest import FIXTURES, GEMMA, SMOLLM2  # noqa: E402
 

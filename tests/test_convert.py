@@ -1,4 +1,4 @@
-"""edgellm.convert: tiny Hugging Face checkpoints built here (random weights written as safetensors, a small
+"""edgellm.prep.convert: tiny Hugging Face checkpoints built here (random weights written as safetensors, a small
 tokenizer) are converted to GGUF, loaded with edgellm, and must give the logits of a numpy forward pass that
 follows the Hugging Face modeling code on the ORIGINAL weights.
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import edgellm
-import edgellm.gguf as gguf_reader
-from edgellm.convert import convert_checkpoint
+import edgellm.engine.gguf as gguf_reader
+from edgellm.prep.convert import convert_checkpoint
 from edgellm.errors import EdgeLLMError
 
 F32_LOGIT_ATOL = 5e-4  # float32 fast path vs float64 reference (measured ~1e-6) on logits of size ~1-3

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.cuda import build_cuda_model, check_device, device, resolve_device
+from edgellm.engine.cuda import build_cuda_model, check_device, device, resolve_device
 from edgellm.errors import DeviceError, EdgeLLMError
 
 ROOT = Path(__file__).parent.parent
@@ -34,9 +34,9 @@ def gpu_unusable(real_probe):
 
 def test_cpu_never_imports_numba_cuda():
     code = ("import sys\n"
-            "from edgellm.cuda import resolve_device\n"
+            "from edgellm.engine.cuda import resolve_device\n"
             "assert resolve_device('cpu') == resolve_device(None) == resolve_device('CPU') == 'cpu'\n"
-            "import edgellm.api, edgellm.models\n"
+            "import edgellm.api, edgellm.engine.models\n"
             "print([m for m in sys.modules if m == 'numba.cuda' or m.startswith(('numba.cuda.', 'numba_cuda'))])\n")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -120,10 +120,10 @@ def test_every_kernel_compiles_to_ptx_without_float64():
     if not _nvvm_available():
         pytest.skip("needs numba-cuda with the NVVM and NVRTC libraries (pip install 'numba-cuda[cu12]')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    result = subprocess.run([sys.executable, "-m", "edgellm.cuda.ptx_check", "--cc", "8.0"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "edgellm.engine.cuda.ptx_check", "--cc", "8.0"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    from edgellm.cuda.ptx_check import KERNEL_SIGNATURES
+    from edgellm.engine.cuda.ptx_check import KERNEL_SIGNATURES
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
     assert set(lines) == set(KERNEL_SIGNATURES)
     for name, line in lines.items():

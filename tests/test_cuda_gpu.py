@@ -6,7 +6,7 @@ Skipped where no GPU is usable (and under the simulator, which tests/test_cuda_s
 import numpy as np
 import pytest
 
-from edgellm.cuda import check_device, simulator_enabled
+from edgellm.engine.cuda import check_device, simulator_enabled
 
 if simulator_enabled() or not check_device()[0]:
     pytest.skip(f"no usable GPU: {check_device()[1]}", allow_module_level=True)
@@ -14,13 +14,13 @@ if simulator_enabled() or not check_device()[0]:
 from conftest import load_reference  # noqa: E402
 from numba import cuda  # noqa: E402
 
-import edgellm.gguf  # noqa: E402
-from edgellm.cuda import build_cuda_model  # noqa: E402
-from edgellm.cuda.weights import DeviceMatrix  # noqa: E402
-from edgellm.models import build_model  # noqa: E402
-from edgellm.reference import ReferenceModel  # noqa: E402
+import edgellm.engine.gguf  # noqa: E402
+from edgellm.engine.cuda import build_cuda_model  # noqa: E402
+from edgellm.engine.cuda.weights import DeviceMatrix  # noqa: E402
+from edgellm.engine.models import build_model  # noqa: E402
+from edgellm.engine.reference import ReferenceModel  # noqa: E402
 from helpers_tiny_gguf import TinySpec, random_matrix_bytes, write_tiny_model  # noqa: E402
-from quant.reference import dequantize  # noqa: E402
+from edgellm.quant.reference import dequantize  # noqa: E402
 
 # float32 accumulation (in another order than the simulator's, and with fused multiply-adds) vs float64.
 MATMUL_NMSE = 1e-10
@@ -63,7 +63,7 @@ def test_matmul_on_the_gpu(ggml_type, n_tokens):
 def test_tiny_models_on_the_gpu(tmp_path, arch):
     spec = SPECS[arch]
     tokens = np.random.default_rng(1).integers(0, spec.n_vocab, 40).astype(np.int32)
-    with edgellm.gguf.open(write_tiny_model(tmp_path / f"{arch}.gguf", spec)) as f:
+    with edgellm.engine.gguf.open(write_tiny_model(tmp_path / f"{arch}.gguf", spec)) as f:
         model = build_cuda_model(f, n_ctx=64, n_batch=16)
         prompt = model.forward(tokens[:30], all_logits=True)
         decoded = np.stack([model.forward(tokens[i:i + 1])[0].copy() for i in range(30, 40)])
@@ -75,7 +75,7 @@ def test_real_models_on_the_gpu(real_model):
     name, path = real_model
     _, npz = load_reference(name)
     ids = npz["p0_ids"]
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         gpu = build_cuda_model(f, n_ctx=1024).forward(ids, all_logits=True)
         cpu = build_model(f, n_ctx=1024, n_threads=2).forward(ids, all_logits=True)
     assert nmse(gpu, cpu) < REAL_DEVICE_VS_CPU_NMSE

@@ -1,9 +1,9 @@
 """Every CUDA kernel, run in Numba's CUDA simulator on small shapes, against the numpy references
-(quant.reference.dequantize then float64 products; edgellm.ops' *_ref functions).
+(quant.reference.dequantize then float64 products; edgellm.engine.ops' *_ref functions).
 
 Runs only under NUMBA_ENABLE_CUDASIM=1, which must be set before numba.cuda is first imported: the main suite
 collects this module and skips it, and tests/test_cuda_simulator.py runs it in a subprocess with the variable set.
-The shapes are chosen against the simulator's launch shapes (edgellm/cuda/*_kernels.py): several lanes per row,
+The shapes are chosen against the simulator's launch shapes (edgellm/engine/cuda/*_kernels.py): several lanes per row,
 a row stride, two token tiles, attention over more than one tile of slots.
 """
 
@@ -21,11 +21,11 @@ helpers_cudasim.prepare()  # before any kernel runs: see its docstring
 
 from numba import cuda  # noqa: E402
 
-from edgellm import ops  # noqa: E402
-from edgellm.cuda import op_kernels, weights  # noqa: E402
-from edgellm.cuda.kvcache import DeviceKVCache  # noqa: E402
+from edgellm.engine import ops  # noqa: E402
+from edgellm.engine.cuda import op_kernels, weights  # noqa: E402
+from edgellm.engine.cuda.kvcache import DeviceKVCache  # noqa: E402
 from helpers_tiny_gguf import random_matrix_bytes  # noqa: E402
-from quant.reference import dequantize  # noqa: E402
+from edgellm.quant.reference import dequantize  # noqa: E402
 
 # float32 accumulation against a float64 product: relative error ~1e-7 per output, so NMSE ~1e-14; 1e-10 leaves
 # room for long rows while any wrong scale, nibble or offset gives NMSE ~1e-2 or worse.

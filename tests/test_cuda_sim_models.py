@@ -18,10 +18,10 @@ import helpers_cudasim  # noqa: E402
 
 helpers_cudasim.prepare()  # before any kernel runs: see its docstring
 
-import edgellm.gguf  # noqa: E402
-from edgellm.cuda import build_cuda_model  # noqa: E402
-from edgellm.models import build_model  # noqa: E402
-from edgellm.reference import ReferenceModel  # noqa: E402
+import edgellm.engine.gguf  # noqa: E402
+from edgellm.engine.cuda import build_cuda_model  # noqa: E402
+from edgellm.engine.models import build_model  # noqa: E402
+from edgellm.engine.reference import ReferenceModel  # noqa: E402
 from helpers_tiny_gguf import TinySpec, write_tiny_model  # noqa: E402
 
 # Device (float32 activations, dequantized weights) vs the float64 reference on the same weights: only float32
@@ -62,7 +62,7 @@ def run_prompt_then_decode(model, tokens):
 def test_tiny_model_matches_reference_and_cpu(tmp_path, arch):
     spec = SPECS[arch]
     tokens = np.random.default_rng(1).integers(0, spec.n_vocab, N_PROMPT + N_DECODE).astype(np.int32)
-    with edgellm.gguf.open(write_tiny_model(tmp_path / f"{arch}.gguf", spec)) as f:
+    with edgellm.engine.gguf.open(write_tiny_model(tmp_path / f"{arch}.gguf", spec)) as f:
         model = build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
         assert (model.n_vocab, model.n_ctx, model.n_past) == (spec.n_vocab, N_CTX, 0)
         device_logits = run_prompt_then_decode(model, tokens)
@@ -82,7 +82,7 @@ def test_reset_and_prefix_rewind_on_the_device(tmp_path):
     rng = np.random.default_rng(2)
     first = rng.integers(0, spec.n_vocab, 7).astype(np.int32)  # positions 0..6 fill the 7-slot rings
     second = np.concatenate([first[:4], rng.integers(0, spec.n_vocab, 2).astype(np.int32)])
-    with edgellm.gguf.open(write_tiny_model(tmp_path / "gemma3.gguf", spec)) as f:
+    with edgellm.engine.gguf.open(write_tiny_model(tmp_path / "gemma3.gguf", spec)) as f:
         model = build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
         fresh = model.forward(second, all_logits=True)
         model.reset()

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, GEMMA, REFERENCE_FILES, SMOLLM2
 
-import edgellm.gguf
-from edgellm.models import build_model
+import edgellm.engine.gguf
+from edgellm.engine.models import build_model
 from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
 pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
@@ -62,7 +62,7 @@ def built():
         key = (name, n_threads)
         if key not in cache:
             settings = _settings(_load(name))
-            f = edgellm.gguf.open(path)
+            f = edgellm.engine.gguf.open(path)
             cache[key] = (f, build_model(f, n_ctx=settings["n_ctx"], n_threads=n_threads,
                                          n_batch=settings["n_batch"]), settings)
         return cache[key]
@@ -128,7 +128,7 @@ def test_raw_prompts_tokenize_as_llama_cpp(name, request):
     prompts = _prompts()
     ref = _load(name)
     settings = _settings(ref)
-    f = edgellm.gguf.open(path)
+    f = edgellm.engine.gguf.open(path)
     try:
         tok = Tokenizer.from_metadata(f.metadata)
     finally:

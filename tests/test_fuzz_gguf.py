@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import edgellm.gguf as gguf_reader
+import edgellm.engine.gguf as gguf_reader
 from edgellm.errors import GGUFError
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -97,7 +97,7 @@ def test_truncation_at_structural_boundaries_is_a_gguf_error(tmp_path, condensed
 
 ADDRESS_SPACE_PROBE = r"""
 import resource, sys
-import edgellm.gguf as gguf_reader
+import edgellm.engine.gguf as gguf_reader
 from edgellm.errors import GGUFError
 with open("/proc/self/status") as f:
     mapped = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024

@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import pytest
 
-import edgellm.gguf as gguf_reader
+import edgellm.engine.gguf as gguf_reader
 from edgellm.errors import GGUFError
 
 from gguf_builder import build, kv, sample_file, tensor_info, gguf_string

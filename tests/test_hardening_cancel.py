@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import edgellm
-import edgellm.gguf
+import edgellm.engine.gguf
 from edgellm.api import Cancelled, Model, ModelBusyError
-from edgellm.models import build_model
+from edgellm.engine.models import build_model
 from edgellm.tokenizer import Tokenizer
 from hardening_tiny import tiny_spec, write_loadable_tiny_model
 
@@ -35,7 +35,7 @@ def tiny_path(tmp_path_factory):
 
 
 def small_batch_model(path) -> Model:
-    f = edgellm.gguf.open(path)
+    f = edgellm.engine.gguf.open(path)
     return Model.from_parts(build_model(f, n_ctx=N_CTX, n_threads=1, n_batch=N_BATCH),
                             Tokenizer.from_metadata(f.metadata), f.metadata, str(path))
 

@@ -147,7 +147,7 @@ def test_threads_sharing_a_model_get_the_sequential_results(tiny_paths, expected
 
 
 def test_quant_linears_used_from_two_threads_give_exact_results():
-    from quant import QuantLinear, quantize
+    from edgellm.quant import QuantLinear, quantize
     rng = np.random.default_rng(0)
     n_out, n_in, n_tokens, rounds = 1024, 1024, 8, 200
     weights = [QuantLinear(quantize(rng.standard_normal((n_out, n_in)).astype(np.float32), "Q8_0"), "Q8_0",

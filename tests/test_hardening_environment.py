@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import validate
+from edgellm.engine import validate
 from edgellm.errors import MemoryBudgetError
 
 GIB = 1 << 30
@@ -70,8 +70,8 @@ def test_import_with_read_only_home_and_package_falls_back_to_temp(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(ro)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root): root ignores chmod, so nothing else makes HOME read-only")
     try:
-        for pkg in ("edgellm", "quant"):
-            shutil.copytree(root / pkg, ro / "site" / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        for src, dst in (("edgellm", "edgellm"), ("quant", "edgellm/quant")):  # laid out as pip installs them
+            shutil.copytree(root / src, ro / "site" / dst, ignore=shutil.ignore_patterns("__pycache__"))
         (ro / "site" / "edgellm" / "_probe.py").write_text(
             "import numba\n\n\n@numba.njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
         (ro / "home").mkdir()

@@ -1,5 +1,5 @@
 """Memory: a model whose weights plus KV cache do not fit in the available memory is refused up front with the
-figures (edgellm.validate), the figures match what loading really allocates, and loading maps the weights
+figures (edgellm.engine.validate), the figures match what loading really allocates, and loading maps the weights
 instead of copying them (RSS after load grows far less than the file)."""
 import json
 import os
@@ -9,10 +9,10 @@ import sys
 import pytest
 
 import edgellm
-import edgellm.gguf
-import edgellm.validate as validate
+import edgellm.engine.gguf
+import edgellm.engine.validate as validate
 from edgellm.errors import MemoryBudgetError
-from edgellm.models import build_model
+from edgellm.engine.models import build_model
 from hardening_tiny import write_loadable_tiny_model
 
 MIB = 1 << 20
@@ -61,21 +61,21 @@ def test_check_memory_refuses_nonsense_figures():
 @pytest.mark.parametrize("n_ctx", [256, 700])
 def test_figures_match_what_loading_allocates(real_model, n_ctx):
     _, path = real_model
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         weights, kv = validate.model_memory_needs(f, n_ctx)
         assert weights == sum(t.nbytes for t in f.tensors.values())
         assert kv == build_model(f, n_ctx=n_ctx).cache.nbytes   # Gemma: sliding-window rings included
 
 
 def test_smollm2_at_full_context_is_refused_on_a_small_machine(smollm2_path):
-    with edgellm.gguf.open(smollm2_path) as f:
+    with edgellm.engine.gguf.open(smollm2_path) as f:
         weights, kv = validate.model_memory_needs(f, kv_type="f32")  # training context 8192: a 361 MiB cache
     assert kv > 300 * MIB
     with pytest.raises(MemoryBudgetError, match=r"92\.1 MiB of weights \+ 360\.9 MiB of KV cache"):
         validate.check_memory(weights, kv, available=256 * MIB, what="SmolLM2")
 
 
-LOAD_HOOK = "edgellm.load does not call edgellm.validate.check_memory yet (hook for api.Model.__init__)"
+LOAD_HOOK = "edgellm.load does not call edgellm.engine.validate.check_memory yet (hook for api.Model.__init__)"
 
 
 def test_load_refuses_a_model_that_does_not_fit(tmp_path, monkeypatch):
@@ -146,7 +146,7 @@ def test_kv_cache_is_resident_only_where_written():
     """A long context costs memory as it fills, not at allocation, nor all at once on the first token: SmolLM2's
     shape at n_ctx 8192 is a 189 MB cache. (With the slot positions between the layers' values, or numpy's
     huge-page hint on the block, allocation or the first token mapped all of it.)"""
-    from edgellm.kvcache import KVCache
+    from edgellm.engine.kvcache import KVCache
     before = _vm_rss()
     cache = KVCache(8192, 3, 64, [0] * 30, n_batch=512, kv_type="f16")
     assert cache.nbytes > 180 * MIB

@@ -8,7 +8,7 @@ import pytest
 import hardening_tiny
 from edgellm import load
 from edgellm.errors import ModelError
-from edgellm.state import ModelState
+from edgellm.generation.state import ModelState
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm.chat import ChatTemplateError, JinjaChatTemplate
+from edgellm.compat.chat import ChatTemplateError, JinjaChatTemplate
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 # each case either refuses up front or runs into the render budget (2 s); this leaves room for a loaded machine

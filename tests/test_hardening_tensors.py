@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import edgellm
-import edgellm.gguf
-import edgellm.validate as validate
+import edgellm.engine.gguf
+import edgellm.engine.validate as validate
 from edgellm.errors import MemoryBudgetError, ModelError
 from hardening_tiny import N_VOCAB, patch_uint32_key, tiny_spec, write_loadable_tiny_model
 from helpers_tiny_gguf import random_matrix_bytes
@@ -96,7 +96,7 @@ def test_block_count_beyond_the_file_is_refused(tmp_path):
 
 def test_block_count_beyond_the_file_is_refused_by_the_memory_estimate(tmp_path):
     path = patch_uint32_key(write_loadable_tiny_model(tmp_path / "blocks.gguf"), "llama.block_count", 4 * 10**9)
-    with edgellm.gguf.open(path) as f, pytest.raises(ModelError, match="block_count 4000000000"):
+    with edgellm.engine.gguf.open(path) as f, pytest.raises(ModelError, match="block_count 4000000000"):
         validate.model_memory_needs(f)
 
 

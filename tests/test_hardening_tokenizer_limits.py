@@ -6,7 +6,8 @@ import pytest
 
 import hardening_tiny
 from conftest import GEMMA
-from edgellm import gguf, load
+from edgellm.engine import gguf
+from edgellm import load
 from edgellm.errors import EdgeLLMError, ModelError
 from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer.vocab import SpecialTokenMatcher

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm import catalog
+from edgellm.store import catalog
 from edgellm.errors import CatalogError
-from edgellm.state import ModelState
+from edgellm.generation.state import ModelState
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -22,7 +22,7 @@ OLD = b"the previous, complete file"
 STATE_CHILD = """
 import sys, time
 import numpy as np
-from edgellm.state import ModelState
+from edgellm.generation.state import ModelState
 real = np.lib.format.write_array
 def write_then_hang(*a, **k):  # one array out, then stop as if the power went
     real(*a, **k)
@@ -47,7 +47,7 @@ def write_then_hang(self, *a, **k):
     print("mid-write", flush=True)
     time.sleep(60)
 gguf.GGUFWriter.write_tensor_data = write_then_hang
-from edgellm.quantize import quantize_file
+from edgellm.prep.quantize import quantize_file
 quantize_file(src, sys.argv[1], "Q8_0", progress=False)
 """
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import edgellm
-from edgellm import cli, gguf, hub, validate
+from edgellm import cli
+from edgellm.engine import gguf, validate
+from edgellm.store import hub
 from edgellm.errors import GGUFError, MemoryBudgetError
 from fake_hub import FakeHub, FakeRepo
 from hardening_tiny import tiny_spec, write_loadable_tiny_model
@@ -301,7 +303,7 @@ def test_cli_dry_run_models_and_rm(hub_env, server, files, capsys, tmp_path, mon
 
 
 def test_catalog_names_still_resolve_through_the_catalog(hub_env, server):
-    from edgellm import catalog
+    from edgellm.store import catalog
     entry = catalog.lookup("smollm2-135m")
     if not (catalog.models_dir() / entry.file).is_file():
         pytest.skip("the catalog model is not cached here")

@@ -12,10 +12,10 @@ import pytest
 from conftest import FIXTURES
 
 import edgellm
-from edgellm import validate
+from edgellm.engine import validate
 from edgellm.api import ContextShiftWarning
 from edgellm.errors import MemoryBudgetError, ModelError
-from edgellm.perplexity import perplexity
+from edgellm.prep.perplexity import perplexity
 
 RING_CTX = 256
 RING_TOKENS = 1024  # 4x the cache: three shifts past the first fill
@@ -126,7 +126,7 @@ def test_quantized_kv_perplexity_stays_close_to_f32(real_model):
 
 def test_default_context_is_sized_to_free_memory(real_model, monkeypatch):
     _, path = real_model
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         weights = sum(t.nbytes for t in f.tensors.values())
         roomy = validate.fit_context(f, "f16", available=64 << 30)
         tight = validate.fit_context(f, "f16", available=weights + (200 << 20))
@@ -145,7 +145,7 @@ def test_default_context_is_sized_to_free_memory(real_model, monkeypatch):
 
 def test_an_explicit_context_too_big_is_refused_with_both_figures(real_model, monkeypatch):
     _, path = real_model
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         weights, kv = validate.model_memory_needs(f, 8192, kv_type="f32")
     # f32 needs weights + kv + headroom: one MiB short of that
     monkeypatch.setattr(validate, "available_memory", lambda: weights + kv + validate.DEFAULT_HEADROOM_BYTES - MIB)

@@ -1,7 +1,7 @@
 """The real models against llama.cpp's recorded outputs (tests/fixtures/<model>.npz / .json), and Gemma's
 sliding-window layers against the numpy reference on a prompt longer than the window.
 
-Our kernels compute what llama.cpp's x86 build computes, rounding for rounding (edgellm.ops, quant.matmul_kquant;
+Our kernels compute what llama.cpp's x86 build computes, rounding for rounding (edgellm.engine.ops, quant.matmul_kquant;
 op by op in test_ops_llama_exact.py), so on the checked hosts (tests/exact_host.py) the teacher-forced logits equal llama.cpp's bit for bit and the
 greedy continuations are identical. The looser checks (top-1 share, near-ties, log-prob tolerance) stay as the
 contract on hosts whose C library rounds cos/sin/tanh differently.
@@ -12,9 +12,9 @@ import pytest
 from conftest import GEMMA, load_reference
 from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
-import edgellm.gguf
-from edgellm.models import build_model
-from edgellm.reference import ReferenceModel
+import edgellm.engine.gguf
+from edgellm.engine.models import build_model
+from edgellm.engine.reference import ReferenceModel
 
 # A position is a near-tie when llama.cpp scores our choice within this many logits of its own top-1.
 NEAR_TIE_LOGITS = 0.5
@@ -42,7 +42,7 @@ def model_for():
 
     def get(name, path, n_batch=512):
         if (name, n_batch) not in built:
-            f = edgellm.gguf.open(path)
+            f = edgellm.engine.gguf.open(path)
             built[name, n_batch] = (f, build_model(f, n_ctx=N_CTX, n_threads=2, n_batch=n_batch))
         return built[name, n_batch]
 

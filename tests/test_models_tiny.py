@@ -9,11 +9,11 @@ The weight-format tests run the real int8 kernels as well, under a bound sized t
 import numpy as np
 import pytest
 
-import edgellm.gguf
-import edgellm.models.linear
+import edgellm.engine.gguf
+import edgellm.engine.models.linear
 from edgellm.errors import ModelError
-from edgellm.models import ALIASES, ARCHITECTURES, build_model, get_architecture
-from edgellm.reference import ReferenceModel
+from edgellm.engine.models import ALIASES, ARCHITECTURES, build_model, get_architecture
+from edgellm.engine.reference import ReferenceModel
 from helpers_tiny_gguf import TinySpec, write_tiny_from_registry, write_tiny_model
 
 # Fast path with float32 matmuls vs float64 reference: float32 rounding only.
@@ -37,7 +37,7 @@ def nmse(got, want):
 
 
 def open_tiny(tmp_path, spec, name="tiny.gguf"):
-    return edgellm.gguf.open(write_tiny_model(tmp_path / name, spec))
+    return edgellm.engine.gguf.open(write_tiny_model(tmp_path / name, spec))
 
 
 def tokens_for(spec, n=N_PROMPT, seed=7):
@@ -47,7 +47,7 @@ def tokens_for(spec, n=N_PROMPT, seed=7):
 @pytest.fixture
 def exact_linear(monkeypatch):
     """Build models with the float32 stand-in instead of quant.QuantLinear."""
-    monkeypatch.setattr(edgellm.models.linear, "LINEAR_CLASS", edgellm.models.linear.DequantizedLinear)
+    monkeypatch.setattr(edgellm.engine.models.linear, "LINEAR_CLASS", edgellm.engine.models.linear.DequantizedLinear)
 
 
 def check_fast_matches_reference(tmp_path, spec, n_batch=512, n_tokens=N_PROMPT, bound=EXACT_VS_REFERENCE_NMSE):
@@ -192,7 +192,7 @@ def test_every_registered_architecture_against_the_reference(tmp_path, exact_lin
     against one batch, and the KV cache sized by its layer_windows()."""
     spec = TinySpec(arch=arch, **REGISTRY_SPEC)
     path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         model = build_model(f, n_ctx=64, n_threads=2, kv_type="f32")
         tokens = tokens_for(spec)
         fast = model.forward(tokens, all_logits=True)
@@ -291,7 +291,7 @@ def test_norm_vectors_read_as_gguf_py_dequantizes_them(ggml_type):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    from edgellm.models.loading import _as_float32_vector
+    from edgellm.engine.models.loading import _as_float32_vector
     values = np.random.default_rng(0).standard_normal(576).astype(np.float32) * 3
     values[:4] = [0.0, -0.0, 65504.0, 1e-8]
     if ggml_type == "F32":
@@ -316,10 +316,10 @@ def test_fused_projections_load_as_themselves_and_split_into_the_separate_produc
     holding gate then up keep their own names on the layer (the derived QuantGroups are qkv_group / gate_up_group,
     names no GGUF tensor has), and their split product equals the separate matrices' bit for bit (Q8_0: every row
     is its own dot product, whatever the matrix's height)."""
-    from quant import QuantLinear
+    from edgellm.quant import QuantLinear
 
-    from edgellm.models.linear import group_projections, project_gate_up, project_qkv
-    from edgellm.models.loading import layer_weights
+    from edgellm.engine.models.linear import group_projections, project_gate_up, project_qkv
+    from edgellm.engine.models.loading import layer_weights
     from helpers_tiny_gguf import random_matrix_bytes
 
     rng = np.random.default_rng(3)

@@ -1,9 +1,9 @@
-"""Each Numba op in edgellm.ops against its numpy reference, under a named normalised-error limit."""
+"""Each Numba op in edgellm.engine.ops against its numpy reference, under a named normalised-error limit."""
 
 import numpy as np
 import pytest
 
-from edgellm import ops
+from edgellm.engine import ops
 
 # float32 kernels vs float64 references: only rounding differs, ~1e-7 relative per value.
 NMSE_F32 = 1e-10
@@ -153,7 +153,7 @@ def test_fast_exp_keeps_its_bits_with_32_bit_exponent_arithmetic():
     lanes wide); it must give exactly the bits of the formulation it replaced, which widened n's bits to int64 before
     shifting (llama.cpp's bits: the exact-op tests compare those), on every range and edge value."""
     from numba import njit
-    from quant.simd import f32_bits, f32_from_bits, fma32
+    from edgellm.quant.simd import f32_bits, f32_from_bits, fma32
 
     @njit(error_model="numpy")
     def widened(xs, out):

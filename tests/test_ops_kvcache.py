@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edgellm.errors import ModelError
-from edgellm.kvcache import EMPTY_SLOT, KVCache, ring_capacity
+from edgellm.engine.kvcache import EMPTY_SLOT, KVCache, ring_capacity
 
 
 def test_layers_are_disjoint_views_of_one_block():
@@ -47,8 +47,8 @@ def test_bad_context_is_refused():
 def test_pool_rows_equal_each_sequence_alone(kv_type, window):
     """ops.finish_qkv_rows + ops.attention_rows (one call for a decode step of several pool sequences) give each
     row exactly what finish_qkv + attention give it on its own cache, and write the same cache contents."""
-    from edgellm import ops
-    from edgellm.kvcache import KVPool
+    from edgellm.engine import ops
+    from edgellm.engine.kvcache import KVPool
     rng = np.random.default_rng(5)
     n_seq, H, H_kv, hd, n_ctx = 4, 6, 2, 64, 64
     pools = [KVPool(n_seq, n_ctx, H_kv, hd, [window], 8, kv_type) for _ in range(2)]

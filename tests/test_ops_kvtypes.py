@@ -1,12 +1,12 @@
-"""KV cache storage types (edgellm.kvtypes): the Numba row encoders against their numpy references, attention
+"""KV cache storage types (edgellm.engine.kvtypes): the Numba row encoders against their numpy references, attention
 reading each type in place, the cache's one-block layout per type, the context shift and state export."""
 
 import numpy as np
 import pytest
 
-from edgellm import kvtypes, ops
+from edgellm.engine import kvtypes, ops
 from edgellm.errors import ModelError
-from edgellm.kvcache import EMPTY_SLOT, KVCache, cache_bytes
+from edgellm.engine.kvcache import EMPTY_SLOT, KVCache, cache_bytes
 
 KV_TYPES = list(kvtypes.KV_TYPES)
 # Attention on decoded values vs the float64 reference: the same bound as f32 attention (test_ops.py).

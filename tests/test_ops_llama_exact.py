@@ -13,10 +13,10 @@ import pytest
 from conftest import FIXTURES, GEMMA, REFERENCE_FILES, SMOLLM2
 from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
-import edgellm.gguf
-from edgellm import ops
-from edgellm.kvcache import KVCache
-from edgellm.models import build_model
+import edgellm.engine.gguf
+from edgellm.engine import ops
+from edgellm.engine.kvcache import KVCache
+from edgellm.engine.models import build_model
 
 pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 
@@ -25,14 +25,14 @@ N_CTX = 64
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    f = edgellm.gguf.open(smollm2_path)
+    f = edgellm.engine.gguf.open(smollm2_path)
     yield build_model(f, n_ctx=N_CTX, n_threads=2), np.load(FIXTURES / f"llama_ops_{REFERENCE_FILES[SMOLLM2]}.npz")
     f.close()
 
 
 @pytest.fixture(scope="module")
 def gemma(gemma_path):
-    f = edgellm.gguf.open(gemma_path)
+    f = edgellm.engine.gguf.open(gemma_path)
     yield build_model(f, n_ctx=N_CTX, n_threads=2), np.load(FIXTURES / f"llama_ops_{REFERENCE_FILES[GEMMA]}.npz")
     f.close()
 

@@ -1,4 +1,4 @@
-"""edgellm.perplexity: llama-perplexity's chunking and scoring, checked on small fake models whose
+"""edgellm.prep.perplexity: llama-perplexity's chunking and scoring, checked on small fake models whose
 probabilities are known exactly, plus one run of the CLI on the real SmolLM2."""
 
 import io
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from edgellm import perplexity as P
+from edgellm.prep import perplexity as P
 from edgellm.errors import EdgeLLMError
 
 N_VOCAB = 40

@@ -1,16 +1,17 @@
-"""edgellm.profiler: one forward step timed per operation and layer (`edgellm bench --profile`), on tiny models of
-both architectures: every layer's products and attention show up under their layer, the parts add up to the
-step, and nothing stays patched afterwards (the next step gives the unprofiled bits)."""
+"""edgellm.engine.profiler: one forward step timed per operation and layer (`edgellm bench --profile`), on tiny models
+of both architectures: every layer's products and attention show up under their layer, the parts add up to the step, and
+nothing stays patched afterwards (the next step gives the unprofiled bits)."""
 import sys
 
 import numpy as np
 import pytest
 
 import edgellm
-import edgellm.gguf
-from edgellm import bench, ops
-from edgellm.models import build_model
-from edgellm.profiler import OTHER
+import edgellm.engine.gguf
+from edgellm.prep import bench
+from edgellm.engine import ops
+from edgellm.engine.models import build_model
+from edgellm.engine.profiler import OTHER
 from hardening_tiny import write_loadable_tiny_model
 from helpers_tiny_gguf import TinySpec, write_tiny_model
 
@@ -24,7 +25,7 @@ SPECS = {"llama": TinySpec(arch="llama", weight_type="Q4_1", embd_type="Q8_0"), 
 def tiny(request, tmp_path_factory):
     """A tiny model of each architecture (a DecoderModel)."""
     path = write_tiny_model(tmp_path_factory.mktemp("prof") / f"{request.param}.gguf", SPECS[request.param])
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         yield build_model(f, n_ctx=64, n_threads=1)
 
 
@@ -77,8 +78,8 @@ def test_bench_profile_tables(tmp_path):
 
 
 def test_kernels_compiled_mid_profile_see_the_real_ops(tiny, monkeypatch):
-    """A Numba kernel compiled during a profiled step resolves its globals in edgellm.ops: they must be the jitted
-    functions, not timers (the profiler times the model modules' calls through a stand-in instead)."""
+    """A Numba kernel compiled during a profiled step resolves its globals in edgellm.engine.ops: they must be the
+    jitted functions, not timers (the profiler times the model modules' calls through a stand-in instead)."""
     model = tiny
     seen = []
     real_forward_batch = model.forward_batch

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from numba import njit
 
-import quant
-from quant import reference, simd
-from quant.activations import quantize_act_q8_0, quantize_act_q8_k
-from quant import dots_legacy as k
-from quant.formats import FORMATS
-from quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
-from quant.testing import hand_built, random_matrix_bytes
+from edgellm import quant
+from edgellm.quant import reference, simd
+from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
+from edgellm.quant import dots_legacy as k
+from edgellm.quant.formats import FORMATS
+from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
+from edgellm.quant.testing import hand_built, random_matrix_bytes
 
 FORMAT_IDS = [f.name for f in FORMATS]
 
@@ -180,7 +180,7 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
 
 
 def test_row_kinds_follow_llama_cpp_dispatch():
-    from quant.matmul_kquant import row_kinds
+    from edgellm.quant.matmul_kquant import row_kinds
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (9,)), [1] * 8 + [0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (3, 5)), [0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 644, (9,)), [0] * 9)  # not repacked
@@ -208,7 +208,7 @@ def test_zero_activations_give_zero_outputs():
 
 def test_scratch_is_shared_within_a_thread_grows_and_is_per_thread():
     import threading
-    from quant.linear import _scratch_for
+    from edgellm.quant.linear import _scratch_for
     fmt = quant.format_by_name("Q8_0")
     a = quant.QuantLinear(matrix(fmt, 4, 96), "Q8_0", (4, 96))
     b = quant.QuantLinear(matrix(fmt, 6, 96, seed=1), "Q8_0", (6, 96))
@@ -299,9 +299,10 @@ def test_concat_rows_stacks_layers():
 
 PORTABLE_CHECK = """
 import platform
-import numpy as np, quant
-from quant import simd
-from quant.testing import random_matrix_bytes
+import numpy as np
+from edgellm import quant
+from edgellm.quant import simd
+from edgellm.quant.testing import random_matrix_bytes
 assert simd.HAS_AVX2 == WANT_AVX2 and simd.HAS_VNNI == WANT_VNNI, "the dot product asked for was not selected"
 assert not simd.HAS_WIDE_TILES, "the 512-bit tiles were selected"
 assert WANT_AVX2 or platform.machine().lower() not in ("x86_64", "amd64") or not simd.NATIVE_F16, "F16C is on"
@@ -367,7 +368,7 @@ def test_i32x8_hsum4_matches_numpy_row_sums():
     """The four-vector integer reduction the Q4_K gemm uses gives each vector's exact lane sum (numpy reference),
     including sums that need all 32 bits."""
     from numba import njit
-    from quant.simd import i32x8_hsum4, load_i32x8
+    from edgellm.quant.simd import i32x8_hsum4, load_i32x8
 
     @njit
     def hsum4(a):
@@ -383,8 +384,8 @@ def test_eight_token_tile_intrinsics_match_numpy():
     """The vector pieces of the legacy formats' eight-token tiles (quant.dots_legacy): half duplication, per-lane
     products and FMAs, lane extraction, and the split horizontal sum, which must give f32x8_hsum's bits for each of
     the two vectors it holds."""
-    from quant.simd import (f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, i8x32_dup_hi,
-                            i8x32_dup_lo, load_f32x8, load_i32x8, load_i8x32, store_f32x8, store_i8x32)
+    from edgellm.quant.simd import (f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, i8x32_dup_hi,
+                                    i8x32_dup_lo, load_f32x8, load_i32x8, load_i8x32, store_f32x8, store_i8x32)
 
     @njit
     def pieces(b, f, i, dup, prod, fma, lanes):
@@ -428,7 +429,7 @@ def test_eight_token_tile_intrinsics_match_numpy():
 
 def test_pair_splats_copy_lanes():
     """f32x8_pair_splats (the 256-bit tiles' scales): vector k is [v[2k] x4 | v[2k+1] x4], lane copies only."""
-    from quant.simd import f32x8_pair_splats, load_f32x8, store_f32x8
+    from edgellm.quant.simd import f32x8_pair_splats, load_f32x8, store_f32x8
 
     @njit
     def splats(v, out):
@@ -447,8 +448,8 @@ def test_512_bit_tile_intrinsics_match_numpy():
     """The 512-bit tiles' pieces against numpy: quants in tile order from Q4 nibbles and Q5 nibbles plus high bits,
     the pairs' scales, and one step (unsigned x signed four-byte lane sums from zero or from starting lanes, to
     float, times the scales plus the accumulator with one rounding), and the halves."""
-    from quant.simd import (f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero, i8x64_tile_quants,
-                            load_f32x8, load_i8x32, load_nibbles_tile64, load_q5_tile64, store_f32x8)
+    from edgellm.quant.simd import (f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero, i8x64_tile_quants,
+                                    load_f32x8, load_i8x32, load_nibbles_tile64, load_q5_tile64, store_f32x8)
 
     @njit
     def step(w, x, base, scales8, acc8, out, with_base, pair):
@@ -506,7 +507,7 @@ def test_512_bit_tile_intrinsics_match_numpy():
 def test_dot_with_starting_lanes_matches_numpy():
     """simd.dot_u8x32_plus (the Q4_0/Q5_0 tiles' dot, vpdpbusd's accumulator where the CPU has VNNI): eight int32
     starting values plus each lane's four unsigned x signed products, as numpy sums them in int64."""
-    from quant.simd import dot_u8x32_plus, f32x8_from_i32, load_i8x32, store_f32x8
+    from edgellm.quant.simd import dot_u8x32_plus, f32x8_from_i32, load_i8x32, store_f32x8
 
     @njit
     def lanes(w, x, base, out):  # the lanes as float32: exact below 2**24
@@ -526,8 +527,8 @@ def test_dot_with_starting_lanes_matches_numpy():
 def test_two_row_dot_intrinsics_match_numpy():
     """The pieces of the two-row Q4_1/Q5_1 dots: both nibble loaders give every byte's low then high nibbles; an F32x4
     of two rows' (d, m) times the token's (d, s) twice, summed, is the scalar products and sums lane by lane."""
-    from quant.simd import (f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, load_f32x2_twice, load_nibbles_lo_hi,
-                            load_nibbles_lo_hi_bcast, store_i8x32)
+    from edgellm.quant.simd import (f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, load_f32x2_twice, load_nibbles_lo_hi,
+                                    load_nibbles_lo_hi_bcast, store_i8x32)
 
     @njit
     def nibbles(q, out):
@@ -581,7 +582,7 @@ def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
 
 @pytest.mark.parametrize("n_tokens", [8, 21])
 def test_pack_tiles8_matches_numpy(n_tokens):
-    from quant.kernels_legacy import _pack_tiles8
+    from edgellm.quant.kernels_legacy import _pack_tiles8
     n_in = 96
     rng = np.random.default_rng(n_tokens)
     xq = rng.integers(-127, 128, n_tokens * n_in).astype(np.int8)
@@ -598,7 +599,7 @@ def test_pack_tiles8_matches_numpy(n_tokens):
 def test_lane_sums_match_numpy(mult):
     """kernels_legacy._lane_sums (eight lanes at a time): mult x the sum of each four activation bytes, including
     the extremes (-128 x 4 x -128 needs more than 16 bits)."""
-    from quant.kernels_legacy import _lane_sums
+    from edgellm.quant.kernels_legacy import _lane_sums
     rng = np.random.default_rng(abs(mult))
     src = rng.integers(-128, 128, 3 * 32 * 5).astype(np.int8)
     src[:32] = -128
@@ -612,8 +613,8 @@ def test_lane_sums_match_numpy(mult):
 def test_i32x8_hsum8_and_lane_conversions_match_numpy():
     """The eight-vector integer reduction the Q4_K and Q6_K eight-token gemms use (lane k = the k-th vector's exact
     sum, with sums that need all 32 bits), and the lane-wise int -> float, subtract and splat beside it."""
-    from quant.simd import (f32x8_from_i32, f32x8_sub, i32x8_hsum8, i32x8_splat, load_f32x8, load_i32x8,
-                            store_f32x8)
+    from edgellm.quant.simd import (f32x8_from_i32, f32x8_sub, i32x8_hsum8, i32x8_splat, load_f32x8, load_i32x8,
+                                    store_f32x8)
 
     @njit
     def hsum8(a, out):
@@ -642,7 +643,7 @@ def test_i32x8_hsum8_and_lane_conversions_match_numpy():
 def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
     """The legacy kernels keep the eight-token tiles' copy of the activations after the token-by-token quants in
     the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
-    from quant.kernels_legacy import MATMUL
+    from edgellm.quant.kernels_legacy import MATMUL
     fmt = quant.format_by_name("Q8_0")
     layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))
     x = np.ones((8, 64), np.float32)
@@ -660,7 +661,7 @@ def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
 def test_tokens_innermost_matches_numpy(dtype):
     """The Q4_K/Q6_K eight-token gemms read each group of eight tokens' scales and activation sums side by side
     (numpy reference: a transpose within each group); tokens past the last full group are left out."""
-    from quant.matmul_kquant import _tokens_innermost
+    from edgellm.quant.matmul_kquant import _tokens_innermost
     n_tokens, per = 21, 5
     src = np.arange(n_tokens * per).astype(dtype)
     dst = np.zeros((n_tokens // 8) * 8 * per, dtype)
@@ -747,7 +748,7 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     """Q4_K/Q6_K batches without eight-token work run kernels that leave it out (less to compile for decode and
     short prompts); Q4_K's two kernels give the same bits on the same rows (its eight-token gemm is two four-token
     groups lane by lane)."""
-    from quant import linear, matmul_kquant as mk
+    from edgellm.quant import linear, matmul_kquant as mk
     assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (7,))) is mk.matmul_q4_k_few
     assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 4))) is mk.matmul_q4_k_few  # no aligned eight
     assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 8))) is mk.matmul_q4_k
@@ -862,8 +863,8 @@ def test_k_quant_scale_intrinsics_match_numpy():
     """dot_u8x32_byte_scale (one byte of a word as the scale of a whole 32-element dot), dot_u8x32_scale_pair (two
     int8 of sixteen as the scales of the two halves), i32x8_byte_pairs (four bytes of a word, each twice) and
     i32x8_hsum_two against numpy; the scale pair lane by lane."""
-    from quant.simd import (dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_from_i32, i32x8_byte_pairs,
-                            i32x8_hsum_two, load_i8x32, load_i32x8, store_f32x8)
+    from edgellm.quant.simd import (dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_from_i32, i32x8_byte_pairs,
+                                    i32x8_hsum_two, load_i8x32, load_i32x8, store_f32x8)
 
     @njit
     def pieces(w, x, word, ints, dots, pairs, sbuf, lanes):

@@ -9,9 +9,9 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-import quant
-from edgellm import gguf
-from quant import reference
+from edgellm import quant
+from edgellm.engine import gguf
+from edgellm.quant import reference
 
 CHUNK_ELEMENTS = 1 << 22     # rows are compared in chunks of about this many elements
 ROWS_FOR_MATVEC = 2048       # the 49152- and 262144-row embeddings are checked on their first rows

@@ -10,10 +10,10 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-import quant
-from quant import reference
-from quant.formats import FORMATS, UnknownFormatError, format_by_id, format_by_name
-from quant.testing import hand_built, random_blocks
+from edgellm import quant
+from edgellm.quant import reference
+from edgellm.quant.formats import FORMATS, UnknownFormatError, format_by_id, format_by_name
+from edgellm.quant.testing import hand_built, random_blocks
 
 FORMAT_IDS = [f.name for f in FORMATS]
 GGUF_DEQUANTIZES = {f.name for f in FORMATS if f.name != "Q8_K"}  # gguf-py has no Q8_K class

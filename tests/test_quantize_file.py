@@ -1,4 +1,4 @@
-"""edgellm.quantize: llama.cpp's per-tensor mixes, the requantize guard, metadata carry-over, streaming memory,
+"""edgellm.prep.quantize: llama.cpp's per-tensor mixes, the requantize guard, metadata carry-over, streaming memory,
 and byte-identical output to llama-quantize on the real SmolLM2."""
 
 import hashlib
@@ -8,10 +8,10 @@ import gguf
 import numpy as np
 import pytest
 
-import edgellm.gguf as gguf_reader
+import edgellm.engine.gguf as gguf_reader
 from edgellm.cli import main as cli_main
 from edgellm.errors import EdgeLLMError
-from edgellm.quantize import metadata_value_types, plan_tensor_types, quantize_file
+from edgellm.prep.quantize import metadata_value_types, plan_tensor_types, quantize_file
 
 N_LAYER, D, FF, N_VOCAB = 8, 256, 512, 512
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -156,7 +156,7 @@ def test_output_keeps_every_key_with_its_type_and_dequantizes_close(f16_model, t
         assert b.metadata["tokenizer.chat_template"] == CHAT_TEMPLATE
         assert b.metadata["tokenizer.ggml.tokens"] == a.metadata["tokenizer.ggml.tokens"]
         assert b.metadata["test.signed"] == -5 and b.metadata["test.big"] == 1 << 40
-        from quant import dequantize
+        from edgellm.quant import dequantize
         for name in ("blk.1.attn_q.weight", "token_embd.weight"):
             x, y = (dequantize(t.data, t.ggml_type, t.shape) for t in (a.tensors[name], b.tensors[name]))
             assert b.tensors[name].ggml_type == "Q6_K"

@@ -12,11 +12,11 @@ import gguf
 import numpy as np
 import pytest
 
-import edgellm.gguf as gguf_reader
-from quant import dequantize
-from quant.kquants_quantize import quantize_k
-from quant.quantize_kernels import KERNELS, quantize_fast
-from quant.reference import quantize as reference_quantize
+import edgellm.engine.gguf as gguf_reader
+from edgellm.quant import dequantize
+from edgellm.quant.kquants_quantize import quantize_k
+from edgellm.quant.quantize_kernels import KERNELS, quantize_fast
+from edgellm.quant.reference import quantize as reference_quantize
 
 K_FORMATS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 LEGACY_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -133,7 +133,7 @@ ROUND_TRIP_RMS = {  # rms error of dequantize(quantize(x)) relative to rms(x), f
 
 
 def test_round_trip_through_a_gguf_file_and_edgellm_reader(tmp_path):
-    """Quantize with the fast path, write with gguf-py's GGUFWriter, read back with edgellm.gguf and dequantize
+    """Quantize with the fast path, write with gguf-py's GGUFWriter, read back with edgellm.engine.gguf and dequantize
     with quant.dequantize: shape, type and values survive, and equal gguf-py's own dequantization."""
     x = lcg_weights(rows=16, cols=512)
     path = tmp_path / "all_formats.gguf"

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from edgellm.errors import SamplingError
-from edgellm.sampling import (Candidates, Sampler, SamplingParams, apply_penalties, log_softmax, min_p_filter,
-                              top_k_filter, top_k_indices, top_p_filter, token_logprobs, typical_filter)
+from edgellm.generation.sampling import (Candidates, Sampler, SamplingParams, apply_penalties, log_softmax,
+                                         min_p_filter, top_k_filter, top_k_indices, top_p_filter, token_logprobs,
+                                         typical_filter)
 
 # 5-sigma of a binomial frequency at N draws is 5*sqrt(p(1-p)/N) <= 5*0.5/sqrt(N); N = 20000 gives 0.018
 N_DRAWS = 20_000

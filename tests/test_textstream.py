@@ -4,7 +4,7 @@ import random
 import pytest
 
 from edgellm.errors import SamplingError
-from edgellm.textstream import StopMatcher, TextStream
+from edgellm.generation.textstream import StopMatcher, TextStream
 
 MIXED = "Hi 你好，世界! 😀👍🏽 naïve — ok"
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quant.threading_layer import BUSY_SPIN_COUNT, busy_wait_settings
+from edgellm.quant.threading_layer import BUSY_SPIN_COUNT, busy_wait_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_busy_machine_gets_a_bounded_spin_and_user_choices_stand():
 
 def _policy_at_import(load: float, **env) -> tuple:
     """(GOMP_SPINCOUNT, OMP_WAIT_POLICY) after importing quant in a fresh process whose load average reads `load`."""
-    code = ("import os; os.getloadavg = lambda: (%r, 0.0, 0.0); import quant.threading_layer; "
+    code = ("import os; os.getloadavg = lambda: (%r, 0.0, 0.0); import edgellm.quant.threading_layer; "
             "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))" % load)
     clean = {k: v for k, v in os.environ.items()
              if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
@@ -46,13 +46,15 @@ def test_a_missing_openmp_runtime_warns_once_with_the_fix(tmp_path):
     assert names, "omppool does not name libgomp"
     (tmp_path / original.name).write_bytes(data.replace(names[0], b"libgomx" + names[0][len(b"libgomp"):]))
     code = ("import warnings, numba.np.ufunc as u; u.__path__.insert(0, %r); warnings.simplefilter('always'); "
-            "import quant.threading_layer as t; import quant.linear; print('CHOSEN', t.CHOSEN)" % str(tmp_path))
+            "import edgellm.quant.threading_layer as t; import edgellm.quant.linear; print('CHOSEN', t.CHOSEN)"
+            % str(tmp_path))
     clean = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean, capture_output=True, text=True,
                          check=True)
     assert run.stderr.count("SlowThreadingWarning") == 1, run.stderr
     assert "libgomx" in run.stderr and "apt install libgomp1" in run.stderr and "apk add libgomp" in run.stderr
     assert "CHOSEN omp" not in run.stdout and "CHOSEN " in run.stdout
-    ok = subprocess.run([sys.executable, "-W", "always", "-c", "import quant.threading_layer as t; print(t.CHOSEN)"],
+    ok = subprocess.run([sys.executable, "-W", "always", "-c",
+                         "import edgellm.quant.threading_layer as t; print(t.CHOSEN)"],
                         cwd=ROOT, env=clean, capture_output=True, text=True, check=True)
     assert ok.stdout.strip() == "omp" and "SlowThreadingWarning" not in ok.stderr

@@ -6,7 +6,7 @@ import codecs
 import pytest
 
 from conftest import GEMMA, SMOLLM2, load_reference
-from edgellm import gguf
+from edgellm.engine import gguf
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer import Tokenizer
 

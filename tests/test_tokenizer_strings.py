@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import edgellm.gguf as gguf_reader
+import edgellm.engine.gguf as gguf_reader
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer import Tokenizer
 from edgellm.tokenizer import strings

@@ -8,8 +8,9 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 import edgellm  # noqa: E402
-from edgellm.chat import JinjaChatTemplate  # noqa: E402
-from edgellm.tool_calls import ChatPlan, ToolError, check_tools, detect_format, parse_tool_calls, split_reasoning  # noqa: E402
+from edgellm.compat.chat import JinjaChatTemplate  # noqa: E402
+from edgellm.compat.tool_calls import (ChatPlan, ToolError, check_tools, detect_format, parse_tool_calls,  # noqa: E402
+                                       split_reasoning)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

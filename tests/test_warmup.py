@@ -17,8 +17,8 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import edgellm
-from edgellm.warmup import count_compiles, exercise
-from quant import cache_load
+from edgellm.prep.warmup import count_compiles, exercise
+from edgellm.quant import cache_load
 path, ref = sys.argv[1], sys.argv[2]
 with count_compiles() as compiled:
     m = edgellm.load(path, n_threads=2, n_ctx=512)

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from edgellm import ops
-from edgellm.kvcache import KVCache
+from edgellm.engine import ops
+from edgellm.engine.kvcache import KVCache
 
 # (name, query heads, KV heads, head size, window): SmolLM2-135M, and Gemma-3-270M's global and sliding layers
 SHAPES = [("smollm2", 9, 3, 64, 0), ("gemma3 global", 4, 1, 256, 0), ("gemma3 sliding", 4, 1, 256, 512)]

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgellm.cuda import check_device, simulator_enabled  # noqa: E402
+from edgellm.engine.cuda import check_device, simulator_enabled  # noqa: E402
 
 DEFAULT_MODELS = ("smollm2-135m", "gemma-3-270m")
 COPY_BYTES = 1 << 30  # large enough that the copy runs at full speed
@@ -48,7 +48,7 @@ def copy_bandwidth() -> float:
 
 def decode_bytes(model, n_past: int) -> int:
     """Bytes one decode step at position n_past must read: the weights and the visible K/V."""
-    from edgellm.cuda.weights import DeviceMatrix
+    from edgellm.engine.cuda.weights import DeviceMatrix
     total = 0
     for name, w in model.weights.items():
         if isinstance(w, DeviceMatrix):
@@ -62,11 +62,11 @@ def decode_bytes(model, n_past: int) -> int:
 
 
 def bench_model(source: str, n_prompt: int, n_gen: int, n_ctx: int, bandwidth: float) -> dict:
-    import edgellm.gguf
-    from edgellm import catalog
-    from edgellm.cuda import build_cuda_model
+    import edgellm.engine.gguf
+    from edgellm.store import catalog
+    from edgellm.engine.cuda import build_cuda_model
     path = source if Path(source).exists() else catalog.pull(source)
-    with edgellm.gguf.open(path) as f:
+    with edgellm.engine.gguf.open(path) as f:
         t0 = time.perf_counter()
         model = build_cuda_model(f, n_ctx=n_ctx)
         load_s = time.perf_counter() - t0

@@ -24,7 +24,7 @@ import numpy  # both readers need it; not part of the open
 before = rss()
 t0 = time.perf_counter()
 if which == "edgellm":
-    import edgellm.gguf as g
+    import edgellm.engine.gguf as g
     f = g.open(path)
     n = len(f.tensors)
 else:
@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gguf-py", action="store_true", help="also time gguf-py's GGUFReader (slow: ~20 s on Gemma)")
     args = ap.parse_args()
-    from edgellm import catalog
+    from edgellm.store import catalog
     print("| file | reader | open (s), median | RSS growth | file size |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name in args.models:

@@ -74,8 +74,8 @@ def measure_bandwidth(threads):
 def bench_case(ggml_type, n_out, n_in, threads, rng, with_matmul=True):
     import numba
 
-    import quant
-    from quant.testing import random_matrix_bytes
+    from edgellm import quant
+    from edgellm.quant.testing import random_matrix_bytes
 
     fmt = quant.format_by_name(ggml_type)
     one = random_matrix_bytes(fmt, n_out, n_in, rng)
@@ -116,15 +116,15 @@ def count_vector_instructions():
     """Per matmul kernel: how many vpmaddwd / vpmaddubsw / vfmadd*ps / ymm instructions its machine code has."""
     import re
 
-    from quant import kernels_float, kernels_legacy, matmul_kquant
-    from quant.formats import format_by_name
-    from quant.linear import _MATMUL
-    from quant.testing import random_matrix_bytes
+    from edgellm.quant import kernels_float, kernels_legacy, matmul_kquant
+    from edgellm.quant.formats import format_by_name
+    from edgellm.quant.linear import _MATMUL
+    from edgellm.quant.testing import random_matrix_bytes
 
     del kernels_float, kernels_legacy, matmul_kquant
     print("\n| kernel | vpmaddwd | vpmaddubsw | vfmadd*ps | ymm instructions |\n|---|---|---|---|---|")
     rng = np.random.default_rng(0)
-    import quant
+    from edgellm import quant
     for name, kernel in _MATMUL.items():
         fmt = format_by_name(name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, 8, 512, rng), name, (8, 512))
@@ -150,7 +150,7 @@ def main(argv=None):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import numba
 
-    import quant  # noqa: F401  (selects the threading layer before the first parallel region)
+    from edgellm import quant  # noqa: F401  (selects the threading layer before the first parallel region)
     threads = [int(t) for t in args.threads.split(",")]
     threads = [t for t in threads if t <= numba.config.NUMBA_NUM_THREADS]
 

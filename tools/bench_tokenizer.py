@@ -7,7 +7,8 @@ import random
 import statistics
 import time
 
-from edgellm import catalog, gguf
+from edgellm.store import catalog
+from edgellm.engine import gguf
 from edgellm.tokenizer import Tokenizer
 
 MODELS = ["smollm2-135m", "gemma-3-270m"]

@@ -130,7 +130,7 @@ def main(argv=None):
         print(json.dumps(fn(args.model, args.threads, args.test)))
         return 0
 
-    from edgellm import catalog
+    from edgellm.store import catalog
     path = str(catalog.resolve(args.model))
     tests = args.tests.split(",")
     raw = {t: {"edgellm": [], "llama.cpp": []} for t in tests}

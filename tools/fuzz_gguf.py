@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzz_gguf_cases import load_seeds, make_case, write_case  # noqa: E402
 
-from edgellm import gguf  # noqa: E402
+from edgellm.engine import gguf  # noqa: E402
 from edgellm.errors import GGUFError, TokenizerError  # noqa: E402
 
 PROBE_TEXT = "Hello world! 123 <|im_end|><end_of_turn> naïve 🙂\n\t x"

@@ -168,7 +168,7 @@ def condense(buf) -> tuple[bytes, int]:
 
 def real_model_paths() -> list[str]:
     """Paths of the real models already on disk ($EDGELLM_MODELS or the catalog's cache); nothing is downloaded."""
-    from edgellm import catalog
+    from edgellm.store import catalog
     paths = [catalog.models_dir() / catalog.lookup(name).file for name in REAL_MODELS]
     return [str(p) for p in paths if p.is_file()]
 

@@ -39,7 +39,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzz_gguf import limit_address_space, message_kind  # noqa: E402
 
-from edgellm import catalog, gguf  # noqa: E402
+from edgellm.store import catalog
+from edgellm.engine import gguf  # noqa: E402
 from edgellm.errors import TokenizerError  # noqa: E402
 from edgellm.tokenizer import Tokenizer  # noqa: E402
 from edgellm.tokenizer.unicode_classes import BYTE_TO_UNICODE  # noqa: E402

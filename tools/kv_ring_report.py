@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 
 import edgellm
-from edgellm.perplexity import perplexity
+from edgellm.prep.perplexity import perplexity
 
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ppl_text.txt"
 

@@ -8,7 +8,7 @@ with numpy and one hash() per entry.
 The key of an entry is Python's hash() of its decoded text, and a candidate is confirmed by comparing decoded text,
 so an index answers exactly as a dict keyed by the decoded strings did (two byte strings that decode, with
 errors="replace", to the same text are one key). hash() of a str is salted per process; an index is built and
-probed in the same one. A lookup is Python, ~10x a dict's time (0.4-1 us against 0.05-0.1 on a 2-core VM); the
+probed in the same one. A lookup is Python, several times a dict's time; the
 BPE and SPM word caches keep it off text made of words already seen.
 """
 from collections.abc import Mapping, Sequence

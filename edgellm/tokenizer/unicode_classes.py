@@ -3,11 +3,11 @@
 llama.cpp gives every code point one category flag (letter, number, punctuation, symbol, mark, separator, control,
 undefined) from tables generated from UCD 15.1 (src/unicode-data.cpp), plus an explicit whitespace set. Python's
 `re` has no \\p{L}, so the pre-tokenizer patterns are rewritten with explicit ranges built from those categories.
-Scanning 1.1M code points with `unicodedata` costs ~0.25 s, so the category runs are precomputed in
+Scanning 1.1M code points with `unicodedata` is slow at import, so the category runs are precomputed in
 `_unicode_ranges.py`; regenerate it with `python -m edgellm.tokenizer.unicode_classes`.
 
 Speed: `re` tests a set's code points above U+FFFF one range at a time (hundreds of ranges for \\p{L}), which made
-the splitter 6x slower. So the sets hold BMP ranges only, and text containing astral characters is first
+the splitter several times slower. So the sets hold BMP ranges only, and text containing astral characters is first
 "collapsed": each astral character becomes a BMP stand-in of the same category (`collapse_astral`), the way
 llama.cpp collapses code points for std::regex. Lengths are unchanged, so match spans carry over.
 
@@ -63,7 +63,7 @@ def compute_category_runs() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _runs():
-    from ._unicode_ranges import CATEGORY_RUNS
+    from ._unicode_ranges import CATEGORY_RUNS  # a large generated table, read once on first use
     items = [item.split(":") for item in CATEGORY_RUNS.split()]
     return [int(start, 16) for start, _ in items], [cls for _, cls in items]
 

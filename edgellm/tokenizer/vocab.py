@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from ..errors import TokenizerError
-from ..gguf import LazyStrings, Metadata
+from edgellm.engine.gguf import LazyStrings, Metadata
 from .strings import StringTable, TextIndex
 
 # token attributes: llama.h's llama_token_attr bits

@@ -1,0 +1,168 @@
+"""`Model.create_completion` and `Model.create_chat_completion`: llama-cpp-python's calls, defaults and dict
+shapes (built by edgellm/compat/completions.py), on edgellm's decode loop.
+
+Kept the same as llama-cpp-python 0.3: the defaults of each call (completion: max_tokens 16, temperature 0.8;
+chat: max_tokens None, temperature 0.2), max_tokens None or <= 0 meaning "until the context is full", usage
+counting every generated token, logprobs of the unmodified distribution, text_offset counted from the start of
+the prompt text, one final chunk with text "" and the finish_reason. Differs on purpose: a streamed chunk carries
+whole UTF-8 characters (llama-cpp-python may cut one), and the logprobs of the tokens that made its text; chat
+logprobs=True without top_logprobs gives the chosen tokens' logprobs (llama-cpp-python gives none); echo with
+logprobs is refused (the prompt's logprobs would need every prompt position's logits).
+"""
+from __future__ import annotations
+
+from edgellm.compat.completions import (chat_chunk, chat_chunks, chat_completion_id, chat_completion_response,
+                                        completion_chunk, completion_logprobs, completion_response,
+                                        new_completion_id, now)
+from edgellm.compat.tool_calls import ChatPlan
+from edgellm.errors import SamplingError
+from edgellm.generation.options import parse_options
+from edgellm.generation.results import Completion
+
+COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
+                       "top_k": 40, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+CHAT_DEFAULTS = {**COMPLETION_DEFAULTS, "max_tokens": None, "temperature": 0.2}
+
+
+def _normalise_max_tokens(kwargs: dict, default) -> None:
+    value = kwargs.get("max_tokens", default)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value <= 0):
+        kwargs["max_tokens"] = None
+
+
+def _logprobs_dict(infos, base_offset: int) -> dict:
+    return completion_logprobs([i.text for i in infos], [base_offset + i.offset for i in infos],
+                               [i.logprob for i in infos], [i.top_logprobs for i in infos])
+
+
+def _completion_result(events):
+    for event in events:
+        if isinstance(event, Completion):
+            return event
+    raise AssertionError("the decode loop ended without a Completion")
+
+
+def _prepare(llm, caller: str, ids_of, kwargs: dict, defaults: dict):
+    model_name = kwargs.get("model") or llm.path
+    _normalise_max_tokens(kwargs, defaults["max_tokens"])
+    opts = parse_options(caller, kwargs, defaults, allow_compat=True)
+    return model_name, opts, ids_of()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text completions
+# ---------------------------------------------------------------------------------------------------------------
+
+def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, **kwargs):
+    """A CreateCompletionResponse dict, or (stream=True) an iterator of completion chunks."""
+    model_name, opts, ids = _prepare(llm, "create_completion", lambda: llm.prompt_ids(prompt), kwargs,
+                                     COMPLETION_DEFAULTS)
+    if echo and opts.logprobs is not None:
+        raise SamplingError("echo=True with logprobs is not supported by edgellm")
+    prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
+    base_offset = 0 if echo else len(prompt_text)
+    events = llm.decode_events(ids, opts)
+    completion_id, created = new_completion_id(), now()
+    if stream:
+        return _completion_chunks(events, completion_id, created, model_name, opts, base_offset,
+                                  prompt_text if echo else "")
+    done = _completion_result(events)
+    logprobs = _logprobs_dict(done.token_info, base_offset) if opts.logprobs is not None else None
+    return completion_response(completion_id=completion_id, created=created, model=model_name,
+                               text=(prompt_text if echo else "") + done.text, finish_reason=done.finish_reason,
+                               prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+                               logprobs=logprobs)
+
+
+def _completion_chunks(events, completion_id, created, model_name, opts, base_offset, echo_text):
+    common = {"completion_id": completion_id, "created": created, "model": model_name}
+    try:
+        if echo_text:
+            yield completion_chunk(text=echo_text, **common)
+        pending = []  # tokens whose text has not been sent yet
+        for event in events:
+            if isinstance(event, Completion):
+                yield completion_chunk(text="", finish_reason=event.finish_reason, **common)
+                return
+            piece, info = event
+            if info is not None:
+                pending.append(info)
+            if piece:
+                logprobs = _logprobs_dict(pending, base_offset) if opts.logprobs is not None and pending else None
+                yield completion_chunk(text=piece, logprobs=logprobs, **common)
+                pending = []
+    finally:
+        events.close()  # a consumer that stops early frees the model at once
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Chat completions
+# ---------------------------------------------------------------------------------------------------------------
+
+def create_chat_completion(llm, messages, *, stream: bool = False, logprobs: bool | None = False,
+                           top_logprobs: int | None = None, tools=None, tool_choice=None, parallel_tool_calls=None,
+                           functions=None, function_call=None, chat_template_kwargs=None, **kwargs):
+    """A CreateChatCompletionResponse dict, or (stream=True) an iterator of chat.completion.chunk dicts.
+
+    tools / tool_choice / parallel_tool_calls (and the older functions / function_call) as OpenAI's API;
+    chat_template_kwargs are extra template variables (e.g. enable_thinking)."""
+    if logprobs not in (None, True, False):
+        raise SamplingError(f"logprobs must be True or False for a chat completion, got {logprobs!r}")
+    if top_logprobs is not None and not logprobs:
+        raise SamplingError("top_logprobs needs logprobs=True")
+    kwargs["logprobs"] = (top_logprobs or 0) if logprobs else None
+    plan = ChatPlan(llm, messages, tools, tool_choice, parallel_tool_calls, functions, function_call,
+                    chat_template_kwargs)
+    if plan.grammar is not None:
+        if any(kwargs.get(n) is not None and kwargs.get(n) != {"type": "text"}
+               for n in ("grammar", "response_format", "json_schema", "regex", "choice")):
+            raise SamplingError("tool_choice constrains the reply with the tools' schemas; it cannot be combined "
+                                "with grammar or response_format")
+        kwargs["grammar"] = plan.grammar
+    model_name, opts, ids = _prepare(llm, "create_chat_completion", lambda: plan.ids, kwargs, CHAT_DEFAULTS)
+    events = llm.decode_events(ids, opts)
+    completion_id, created = new_completion_id(), now()
+    if stream and plan.format is None:
+        return _chat_stream(_completion_chunks(events, completion_id, created, model_name, opts, 0, ""))
+    if stream:  # tool calls are known once parsed: the reply is sent as OpenAI's deltas when it is whole
+        return _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts)
+    done = _completion_result(events)
+    completion = _completion_dict(done, completion_id, created, model_name, opts)
+    message, finish = plan.reply(llm, done)
+    return chat_completion_response(completion, message, finish)
+
+
+def _completion_dict(done, completion_id, created, model_name, opts):
+    return completion_response(
+        completion_id=completion_id, created=created, model=model_name, text=done.text,
+        finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+        logprobs=_logprobs_dict(done.token_info, 0) if opts.logprobs is not None else None)
+
+
+def _chat_stream(chunks):
+    try:
+        yield from chat_chunks(chunks)
+    finally:
+        chunks.close()
+
+
+def _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts):
+    try:
+        done = _completion_result(events)
+    finally:
+        events.close()
+    message, finish = plan.reply(llm, done)
+    common = {"chat_id": chat_completion_id(completion_id), "created": created, "model": model_name}
+    yield chat_chunk(delta={"role": "assistant", "content": None if message.get("tool_calls") else ""}, **common)
+    if message.get("reasoning_content"):
+        yield chat_chunk(delta={"reasoning_content": message["reasoning_content"]}, **common)
+    if message.get("content"):
+        yield chat_chunk(delta={"content": message["content"]}, **common)
+    for index, call in enumerate(message.get("tool_calls") or []):
+        # as OpenAI streams a call: its id and name first, then the arguments' text
+        yield chat_chunk(delta={"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                                "function": {"name": call["function"]["name"], "arguments": ""}}]},
+                         **common)
+        yield chat_chunk(delta={"tool_calls": [{"index": index, "function": {
+            "arguments": call["function"]["arguments"]}}]}, **common)
+    yield chat_chunk(delta={}, finish_reason=finish, **common)

@@ -1,0 +1,257 @@
+"""Decoder models on the GPU: the same forward passes as edgellm/engine/models/llama.py and gemma3.py, with every
+weight, activation and the KV cache in device memory. Per batch the token ids and positions go up and the
+requested logits come back; nothing else crosses the bus.
+
+The configs and tensor lists are the CPU modules' own (one reading of the GGUF keys); the forward passes are
+repeated here op for op so each still reads top to bottom. The DecoderModel base gives the shared interface:
+forward(tokens, all_logits), reset(), n_past, n_vocab, n_ctx.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+from numba import cuda
+
+from edgellm.engine import ops as cpu_ops
+from edgellm.engine.cuda import weights as dev
+from edgellm.engine.cuda.device import simulator_enabled
+from edgellm.engine.cuda.kvcache import DeviceKVCache, kv_cache_nbytes
+from edgellm.engine.cuda.op_kernels import ACT_GELU_TANH, ACT_SILU, MAX_HEAD_DIM
+from edgellm.errors import MemoryBudgetError, ModelError
+from edgellm.engine.models import gemma3 as cpu_gemma3
+from edgellm.engine.models import llama as cpu_llama
+from edgellm.engine.models.base import DEFAULT_N_BATCH, DecoderModel
+from edgellm.engine.models.loading import VECTOR_TYPES, layer_weights
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def check_tensor(tensor, spec) -> None:
+    shape = tuple(int(s) for s in tensor.shape)
+    if shape != spec.shape:
+        raise ModelError(f"tensor {spec.name!r} has shape {shape}, expected {spec.shape} from the model config")
+    if not spec.is_matrix and tensor.ggml_type not in VECTOR_TYPES:
+        raise ModelError(f"tensor {spec.name!r} has type {tensor.ggml_type}; expected one of {VECTOR_TYPES}")
+
+
+def check_device_memory(needed: int) -> None:
+    """MemoryBudgetError when the GPU's free memory cannot hold `needed` bytes (skipped in the simulator)."""
+    if simulator_enabled():
+        return
+    free, total = cuda.current_context().get_memory_info()
+    if needed > free:
+        raise MemoryBudgetError(f"the model needs {needed / 2**20:.0f} MiB of GPU memory (weights, KV cache, "
+                                f"activations) but only {free / 2**20:.0f} of {total / 2**20:.0f} MiB are free; "
+                                "lower n_ctx or use the CPU")
+
+
+def upload_tensors(gguf_file, specs) -> dict:
+    """Check every spec, then upload: name -> DeviceMatrix (matrix), float32 device array (vector), None (absent)."""
+    tensors = gguf_file.tensors
+    for spec in specs:
+        if spec.name in tensors:
+            check_tensor(tensors[spec.name], spec)
+        elif not spec.optional:
+            raise ModelError(f"GGUF file lacks tensor {spec.name!r}")
+    loaded = {}
+    for spec in specs:
+        tensor = tensors.get(spec.name)
+        if tensor is None:
+            loaded[spec.name] = None
+        elif spec.is_matrix:
+            loaded[spec.name] = dev.DeviceMatrix(tensor.data, tensor.ggml_type, spec.shape, spec.name)
+        else:
+            loaded[spec.name] = dev.upload_vector(tensor)
+    return loaded
+
+
+def weights_nbytes(gguf_file, specs) -> int:
+    return sum(int(gguf_file.tensors[s.name].data.nbytes) for s in specs if s.name in gguf_file.tensors)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Activations on the device
+
+
+class DeviceBuffers:
+    """Device activations for up to n_batch tokens: name -> [n_batch, *tail]. for_tokens(T) gives views of the
+    first T rows (plus `*_flat` views [T, H*hd] of the per-head ones), cached for the decode and full sizes."""
+
+    def __init__(self, n_batch: int, **tails):
+        self.n_batch = n_batch
+        self._arrays = {name: cuda.device_array((n_batch, *tail), dtype=np.float32) for name, tail in tails.items()}
+        self._views = {}
+
+    def for_tokens(self, n: int) -> SimpleNamespace:
+        views = self._views.get(n)
+        if views is None:
+            views = SimpleNamespace()
+            for name, array in self._arrays.items():
+                rows = array[:n]
+                setattr(views, name, rows)
+                if rows.ndim == 3:
+                    setattr(views, name + "_flat", rows.reshape(n, rows.shape[1] * rows.shape[2]))
+            if n in (1, self.n_batch):
+                self._views[n] = views
+        return views
+
+
+class CudaDecoderModel(DecoderModel):
+    """What both architectures share on the device: uploading, token/position upload, the logits head."""
+
+    SUPPORTS_MULTI = False  # batched decoding (forward_multi) is CPU-only for now
+
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int, specs):
+        super().__init__(config, n_ctx, 1, n_batch, kv_type="f32")
+        self.context_shift = False  # DeviceKVCache cannot shift yet: a full context raises ModelError
+        if config.head_dim > MAX_HEAD_DIM:
+            raise ModelError(f"head size {config.head_dim} exceeds the CUDA attention kernel's {MAX_HEAD_DIM}")
+        windows = config.layer_windows()
+        kv_bytes = kv_cache_nbytes(self.n_ctx, config.n_head_kv, config.head_dim, windows, self.n_batch)
+        check_device_memory(weights_nbytes(gguf_file, specs) + kv_bytes + self.activation_nbytes())
+        self.weights = upload_tensors(gguf_file, specs)
+        self.cache = DeviceKVCache(self.n_ctx, config.n_head_kv, config.head_dim, windows, self.n_batch)
+        self._ids = cuda.device_array(self.n_batch, dtype=np.int32)
+        self._positions = cuda.device_array(self.n_batch, dtype=np.int32)
+        self._logits = cuda.device_array((1, self.n_vocab), dtype=np.float32)  # grown when more rows are asked
+
+    @staticmethod
+    def row_kinds(offsets, n):
+        """The GPU kernels' arithmetic is not mapped row by row: a row's code is its batch's shape and its place in
+        it, so only rows of an identically split prompt are reused."""
+        return (np.asarray(offsets, np.int64) << 32) | n
+
+    def activation_nbytes(self) -> int:
+        c = self.config
+        per_token = 2 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff
+        return 4 * (self.n_batch * per_token + self.n_vocab)
+
+    def upload_batch(self, tokens, positions):
+        n = len(tokens)
+        ids, pos = self._ids[:n], self._positions[:n]
+        ids.copy_to_device(np.ascontiguousarray(tokens, dtype=np.int32))
+        pos.copy_to_device(np.ascontiguousarray(positions, dtype=np.int32))
+        self.cache.record(np.asarray(positions))
+        return ids, pos
+
+    def logits_head(self, x, normed, logits_out):
+        """logits_out (host) <- output · rmsnorm(last rows of x) · output_norm; normed: device scratch [>= n, d]."""
+        n = logits_out.shape[0]
+        if self._logits.shape[0] < n:
+            self._logits = cuda.device_array((n, self.n_vocab), dtype=np.float32)
+        rows, normed, logits = x[x.shape[0] - n:], normed[:n], self._logits[:n]
+        dev.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
+        self.output.matmul(normed, logits)
+        logits.copy_to_host(logits_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Llama family (llama, mistral, qwen2, qwen3): see edgellm/engine/models/llama.py for the math
+
+
+class CudaLlamaModel(CudaDecoderModel):
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_llama.tensor_specs(config))
+        w = self.weights
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied if absent
+        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        factors = w["rope_freqs.weight"]  # llama3 per-pair frequency factors, when present
+        factors = None if factors is None else factors.copy_to_host()
+        self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
+                                                             factors))
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
+        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
+                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
+                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
+                                     gate=(config.n_ff,), up=(config.n_ff,))
+
+    def forward_batch(self, tokens, positions, logits_out):
+        cfg, eps = self.config, self.config.norm_eps
+        s = self.buffers.for_tokens(len(tokens))
+        ids, pos = self.upload_batch(tokens, positions)
+        end_pos = int(positions[-1]) + 1
+        self.token_embd.get_rows(ids, s.x)
+        for layer, kv in zip(self.layers, self.cache.layers):
+            # attention block
+            dev.rms_norm(s.x, layer.attn_norm, eps, s.xn)
+            layer.attn_q.matmul(s.xn, s.q_flat)
+            layer.attn_k.matmul(s.xn, s.k_flat)
+            layer.attn_v.matmul(s.xn, s.v_flat)
+            if cfg.qkv_bias:
+                dev.add_bias(s.q_flat, layer.attn_q_bias)
+                dev.add_bias(s.k_flat, layer.attn_k_bias)
+                dev.add_bias(s.v_flat, layer.attn_v_bias)
+            q_norm = layer.attn_q_norm if cfg.qk_norm else self.unit_norm
+            k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
+                                   eps, kv)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            layer.attn_output.matmul(s.attn_flat, s.x, accumulate=True)
+            # feed-forward block
+            dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
+            layer.ffn_gate.matmul(s.xn, s.gate)
+            layer.ffn_up.matmul(s.xn, s.up)
+            dev.gated_activation(s.gate, s.up, ACT_SILU)
+            layer.ffn_down.matmul(s.gate, s.x, accumulate=True)
+        if logits_out is not None:
+            self.logits_head(s.x, s.xn, logits_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Gemma 3: see edgellm/engine/models/gemma3.py for the math
+
+
+class CudaGemma3Model(CudaDecoderModel):
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_gemma3.tensor_specs(config))
+        w = self.weights
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied if absent
+        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        self.inv_freq_local = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base_local))
+        self.inv_freq_global = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base,
+                                                                    config.rope_freq_scale))
+        self.embd_scale = np.float32(math.sqrt(config.n_embd))
+        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
+                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
+                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
+                                     gate=(config.n_ff,), up=(config.n_ff,))
+
+    def forward_batch(self, tokens, positions, logits_out):
+        cfg, eps = self.config, self.config.norm_eps
+        s = self.buffers.for_tokens(len(tokens))
+        ids, pos = self.upload_batch(tokens, positions)
+        end_pos = int(positions[-1]) + 1
+        self.token_embd.get_rows(ids, s.x, scale=self.embd_scale)
+        for layer, kv in zip(self.layers, self.cache.layers):
+            inv_freq = self.inv_freq_local if kv.window else self.inv_freq_global
+            # attention block
+            dev.rms_norm(s.x, layer.attn_norm, eps, s.xn)
+            layer.attn_q.matmul(s.xn, s.q_flat)
+            layer.attn_k.matmul(s.xn, s.k_flat)
+            layer.attn_v.matmul(s.xn, s.v_flat)
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, layer.attn_q_norm, layer.attn_k_norm, True,
+                                   eps, kv)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            layer.attn_output.matmul(s.attn_flat, s.xn)
+            dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
+            # feed-forward block
+            dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
+            layer.ffn_gate.matmul(s.xn, s.gate)
+            layer.ffn_up.matmul(s.xn, s.up)
+            dev.gated_activation(s.gate, s.up, ACT_GELU_TANH)
+            layer.ffn_down.matmul(s.gate, s.xn)
+            dev.rms_norm(s.xn, layer.post_ffw_norm, eps, s.x, accumulate=True)
+        if logits_out is not None:
+            self.logits_head(s.x, s.xn, logits_out)
+
+
+# Architecture (after the CPU registry's aliases) -> device model class.
+CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "gemma3": CudaGemma3Model}

@@ -1,0 +1,314 @@
+"""What every decoder-only model shares: token validation, splitting a long input into batches, the KV cache
+position, logits buffers and thread count. Each architecture writes only forward_pass, the math over a Batch."""
+
+from typing import NamedTuple
+
+import numba
+from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
+import numpy as np
+
+from edgellm.engine import ops, profiler
+from edgellm.errors import Cancelled, ModelError
+from edgellm.engine.kvcache import KVCache
+from edgellm.engine.models.linear import group_projections
+from edgellm.engine.models.loading import fill_absent_qkv_steps, layer_weights, load_tensors
+
+# Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
+DEFAULT_N_BATCH = 512
+# Attention sinks: positions a full context keeps when it shifts (StreamingLLM's 4; llama.cpp's --keep).
+DEFAULT_N_KEEP = 4
+
+
+class TokenBuffers:
+    """Scratch activations for up to n_tokens tokens. Every array attribute has the token axis first;
+    for_tokens(T) returns the same buffers cut to T rows (views, nothing copied)."""
+
+    def __init__(self, n_tokens: int):
+        self.n_tokens = n_tokens
+        self._decode_view = None
+
+    def for_tokens(self, n: int):
+        if n == self.n_tokens:
+            return self
+        if n == 1 and self._decode_view is not None:
+            return self._decode_view
+        view = object.__new__(type(self))
+        for name, value in vars(self).items():
+            setattr(view, name, value[:n] if isinstance(value, np.ndarray) else value)
+        view.n_tokens = n
+        if n == 1:
+            self._decode_view = view
+        return view
+
+
+class RopeRows(NamedTuple):
+    """One rope's tables at a batch's positions, as ops.finish_qkv applies them."""
+    cos: np.ndarray  # [T, n_rot/2]
+    sin: np.ndarray  # [T, n_rot/2]
+    neox: bool  # NeoX pair ordering
+
+
+class Batch:
+    """The rows of one forward pass and where each row keeps its keys and values.
+
+    tokens, positions: [T] int32; logits_out: [T, n_vocab], [1, n_vocab] (the last row only) or None.
+    groups: ((row_begin, row_end, KVCache), ...) in row order, one per sequence: one group for a prompt batch or a
+        decode step, one single-row group per sequence when forward_multi decodes several.
+    sizes: the groups' row counts when there are several, else None: the matmuls give each group's rows the
+        arithmetic of a batch of its own size, as if it ran alone (quant.linear).
+    pool, seqs: set when every row is its own sequence of one KVPool that ops.attention_rows serves: the pool, and
+        [T] int32 each row's sequence in it; attention then runs as one call over all the rows."""
+
+    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs")
+
+    def __init__(self, tokens, positions, logits_out, groups, head_dim: int):
+        self.tokens, self.positions, self.logits_out, self.groups = tokens, positions, logits_out, groups
+        self.sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
+        self.pool = self.seqs = None
+        pool = groups[0][2].pool
+        if len(groups) == len(tokens) > 1 and pool is not None and all(c.pool is pool for _, _, c in groups) \
+                and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
+            self.pool, self.seqs = pool, np.array([c.pool_index for _, _, c in groups], np.int32)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def rope_rows(self, rope, cos, sin, neox: bool) -> RopeRows:
+        """The tables of `rope` (an ops.Rope) at this batch's positions, written into cos, sin [>= T, n_rot/2]."""
+        ops.rope_tables(self.positions, rope, cos, sin)
+        return RopeRows(cos, sin, neox)
+
+
+class DecoderModel:
+    """Subclasses call make_cache() once their weights are loaded, and implement forward_pass (the math, over a
+    Batch) and layer_rope.
+
+    A full context shifts (context_shift=True, the default): the first n_keep positions stay, the oldest half of
+    the rest is dropped (llama.cpp's context shift), so generation and long prompts go on past n_ctx."""
+
+    # Checked before each batch (api.Model.cancel sets it): True raises Cancelled with the cache holding exactly
+    # the batches already run, so a long prompt can be cancelled without leaving a half-written batch behind.
+    should_stop = None
+    SUPPORTS_MULTI = True  # forward_multi: several sequences per step, each in its own KVCache
+
+    def __init__(self, config, n_ctx: int, n_threads: int, n_batch: int, kv_type=None):
+        self.config = config
+        self.n_ctx = int(n_ctx)
+        self.n_threads = max(1, int(n_threads))
+        self.n_batch = int(n_batch)
+        self.n_vocab = config.n_vocab
+        self.kv_type = kv_type
+        self.n_keep = DEFAULT_N_KEEP
+        self.context_shift = True
+        self._all_positions = np.arange(self.n_ctx, dtype=np.int32)
+        self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
+        self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
+
+    @staticmethod
+    def tensor_specs(config) -> list:
+        """Every tensor the architecture reads (loading.matrix / loading.vector), checked before any is used."""
+        raise NotImplementedError
+
+    def load_weights(self, gguf_file, specs) -> dict:
+        """Check and load the tensors of specs (loading.TensorSpec). Sets token_embd, output_norm, output (token_embd
+        when the file has no output.weight: tied) and layers: each layer's tensors as attributes named like GGUF
+        (blk.3.attn_q.weight -> .attn_q), projections that share an input grouped (linear.group_projections),
+        absent q/k/v biases and QK norms as size-0 arrays. Returns name -> tensor for the architecture's others."""
+        w = load_tensors(gguf_file, specs)
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"] if w.get("output.weight") is not None else self.token_embd
+        self.layers = [layer_weights(w, il) for il in range(self.config.n_layer)]
+        for il, layer in enumerate(self.layers):
+            group_projections(layer)
+            fill_absent_qkv_steps(layer, il)
+        return w
+
+    def make_cache(self) -> KVCache:
+        """The model's own KV cache, each layer sized by its attention window (config.layer_windows())."""
+        self.cache = KVCache(self.n_ctx, self.config.n_head_kv, self.config.head_dim, self.config.layer_windows(),
+                             self.n_batch, self.kv_type)
+        return self.cache
+
+    _attn_scratch = None
+    _attn_scratch_capacity = -1  # the largest cache capacity _attn_scratch serves
+
+    def attn_scratch(self, kv) -> np.ndarray:
+        """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward
+        (this runs once per layer and token: the common case is one comparison)."""
+        capacity = kv.slot_pos.shape[0]
+        if capacity <= self._attn_scratch_capacity:
+            return self._attn_scratch
+        widest = max(max(layer.slot_pos.shape[0] for layer in self.cache.layers), capacity)
+        self._attn_scratch = ops.attention_scratch(widest, self.config.head_dim)
+        self._attn_scratch_capacity = widest
+        return self._attn_scratch
+
+    def layer_rope(self, il: int):
+        """(inv_freq, neox) of layer il's rotary embedding: what a context shift re-rotates keys with."""
+        raise NotImplementedError
+
+    @property
+    def n_past(self) -> int:
+        return self.cache.n_past
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def forward(self, tokens, all_logits: bool = False, cache=None) -> np.ndarray:
+        """Append tokens to the cache and return logits: [T, n_vocab] if all_logits else [1, n_vocab] for the last.
+        The [1, n_vocab] array is reused by the next call: copy it to keep it. cache: another KVCache of this
+        model's layout to append to (a batch's sequence), instead of self.cache."""
+        cache = self.cache if cache is None else cache
+        other_cache = cache is not self.cache  # then forward_batch gets it as the one group of rows
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n_tokens = tokens.shape[0]
+        if n_tokens == 0:
+            raise ModelError("forward() needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
+            raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        n_ctx = cache.n_ctx
+        step = self.prompt_step(cache)
+        if not self.context_shift:
+            if cache.n_past + n_tokens > n_ctx:
+                raise ModelError(f"context full: {cache.n_past} cached + {n_tokens} new tokens > n_ctx "
+                                 f"{n_ctx} (context_shift is off)")
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        result = np.empty((n_tokens, self.n_vocab), dtype=np.float32) if all_logits else self._last_logits
+        for begin in range(0, n_tokens, step):
+            if self.should_stop is not None and self.should_stop():
+                raise Cancelled(f"cancelled after {begin} of {n_tokens} tokens")
+            end = min(begin + step, n_tokens)
+            if all_logits:
+                logits_out = result[begin:end]
+            else:
+                logits_out = self._last_logits if end == n_tokens else None
+            start_pos = cache.n_past
+            if start_pos + end - begin > n_ctx:
+                self._shift_context(cache, start_pos + end - begin - n_ctx)
+                start_pos = cache.n_past
+            positions = self._all_positions[start_pos: start_pos + end - begin]
+            if other_cache:
+                self.forward_batch(tokens[begin:end], positions, logits_out, groups=((0, end - begin, cache),))
+            else:  # (the CUDA models' forward_batch takes no groups)
+                self.forward_batch(tokens[begin:end], positions, logits_out)
+            cache.n_past = start_pos + end - begin
+        return result
+
+    def prompt_step(self, cache=None) -> int:
+        """The tokens per batch forward() splits a prompt into."""
+        cache = self.cache if cache is None else cache
+        if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
+            return max(1, min(self.n_batch, cache.n_ctx - self._n_keep(cache)))
+        return self.n_batch
+
+    @staticmethod
+    def row_kinds(offsets: np.ndarray, n: int) -> np.ndarray:
+        """How forward_batch computes the rows at these offsets of a batch of n rows, as a code: rows of equal code,
+        token and earlier keys give equal bits. Bit 0: attention's several-row order (one row: the decode order);
+        bit 1: Q4_K's four-token gemm (all but the batch's last n % 4 rows); bit 2: Q6_K's tiled kernel (n >= 8).
+        Every other kernel computes a row the same whatever its batch (quant.linear, edgellm.engine.ops)."""
+        offsets = np.asarray(offsets, np.int64)
+        return ((n > 1) | ((offsets < n - n % 4) << 1) | ((n >= 8) << 2)).astype(np.int64)
+
+    def profile_step(self, tokens, n_steps: int = 1) -> dict:
+        """forward(tokens) n_steps times, timed per operation and layer: {(op, layer): seconds per step}
+        (edgellm.engine.profiler)."""
+        return profiler.profile_step(self, tokens, n_steps)
+
+    def _n_keep(self, cache) -> int:
+        """The attention sinks a shift of this cache keeps: n_keep, at most half its context."""
+        return min(max(0, int(self.n_keep)), cache.n_ctx // 2)
+
+    def _shift_context(self, cache, needed: int) -> None:
+        """Drop at least `needed` positions after the first n_keep: half of those after n_keep, as llama.cpp."""
+        n_keep, n_past = self._n_keep(cache), cache.n_past
+        n_discard = min(max(needed, (n_past - n_keep) // 2), n_past - n_keep)
+        cache.shift(n_keep, n_discard, self.layer_rope)
+
+    def forward_batch(self, tokens, positions, logits_out, groups=None):
+        """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None.
+        groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences (batched decoding);
+        None: all rows are one sequence in self.cache."""
+        groups = groups or ((0, len(tokens), self.cache),)
+        self.forward_pass(Batch(tokens, positions, logits_out, groups, self.config.head_dim))
+
+    def forward_pass(self, b: Batch) -> None:
+        """The architecture's math over one batch: embed b.tokens, run the layers (attend() between the q/k/v
+        projections and W_o), then logits_head() fills b.logits_out."""
+        raise NotImplementedError
+
+    def logits_head(self, s, b: Batch) -> None:
+        """b.logits_out <- output · rmsnorm(last rows of s.x) · output_norm (nothing when it is None). A non-finite
+        hidden state (corrupt weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of
+        the output matmul would otherwise turn it into finite garbage that the API's NaN check cannot see."""
+        logits_out = b.logits_out
+        if logits_out is None:
+            return
+        rows = s.x[b.n_tokens - logits_out.shape[0]:]
+        normed = s.xn[: rows.shape[0]]
+        ops.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
+        self.output.matmul(normed, logits_out, b.sizes)
+        if not np.isfinite(normed).all():
+            logits_out[~np.isfinite(normed).all(axis=1)] = np.nan
+
+    def attend(self, il: int, layer, s, b: Batch, rope: RopeRows) -> None:
+        """Layer il's steps between the q/k/v projections (s.q_heads, s.k_heads, s.v_heads) and W_o: the layer's
+        q/k/v biases and QK norms where it has them (size-0 arrays skip a step), rope, q_scale, the cache store
+        (ops.finish_qkv), then attention into s.attn_heads, each sequence's rows against its own cache."""
+        cfg = self.config
+        qkv = (s.q_heads, s.k_heads, s.v_heads)
+        bias_norm = (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias, layer.attn_q_norm, layer.attn_k_norm,
+                     cfg.norm_eps)
+        if b.pool is not None:  # one row per sequence of one KVPool: one call for all the rows
+            stacked = b.pool.stacked[il]
+            ops.finish_qkv_rows(*qkv, *bias_norm, rope.cos, rope.sin, rope.neox, b.positions, b.seqs, stacked,
+                                cfg.q_scale)
+            ops.attention_rows(s.q_heads, stacked, b.seqs, b.positions, cfg.attn_scale, s.attn_heads,
+                               self.attn_scratch(b.groups[0][2].layers[il]))
+            return
+        for b0, b1, cache in b.groups:
+            kv = cache.layers[il]
+            if b0 == 0 and b1 == b.n_tokens:
+                q, k, v, cos, sin, pos, out = *qkv, rope.cos, rope.sin, b.positions, s.attn_heads
+            else:
+                q, k, v, cos, sin, pos, out = (a[b0:b1] for a in (*qkv, rope.cos, rope.sin, b.positions,
+                                                                  s.attn_heads))
+            ops.finish_qkv(q, k, v, *bias_norm, cos, sin, rope.neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
+                           kv.v_scale, cfg.q_scale)
+            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, out, self.attn_scratch(kv),
+                          kv.k_scale, kv.v_scale)
+
+    def forward_multi(self, tokens, caches) -> np.ndarray:
+        """One decode step for len(tokens) sequences, token i appended to caches[i] (KVCaches of this model's
+        layout): the weights are read once for all of them. Returns logits [B, n_vocab] (reused by the next call).
+        Each row equals what forward() of that token alone on that cache gives, bit for bit."""
+        if not self.SUPPORTS_MULTI:
+            raise ModelError(f"{type(self).__name__} cannot decode several sequences at once")
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n = tokens.shape[0]
+        if n == 0 or n != len(caches) or n > self.n_batch:
+            raise ModelError(f"forward_multi needs 1 to n_batch ({self.n_batch}) tokens, one per cache; got "
+                             f"{n} tokens for {len(caches)} caches")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
+                             f"vocabulary [0, {self.n_vocab})")
+        if len({id(c) for c in caches}) != n:
+            raise ModelError("forward_multi needs a distinct cache per sequence")
+        positions = np.empty(n, np.int32)
+        for i, cache in enumerate(caches):
+            if cache.n_past + 1 > cache.n_ctx:
+                if not self.context_shift:
+                    raise ModelError(f"context full for sequence {i}: {cache.n_past} cached, n_ctx {cache.n_ctx}")
+                self._shift_context(cache, 1)
+            positions[i] = cache.n_past
+        if self._multi_logits is None or self._multi_logits.shape[0] < n:
+            self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
+        logits = self._multi_logits[:n]
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        for cache in caches:
+            cache.n_past += 1
+        return logits

@@ -1,0 +1,139 @@
+"""Gemma 3 decoder, as llama.cpp's src/models/gemma3.cpp (the sliding-window variant it always builds).
+
+    x = token_embd[ids] * sqrt(n_embd)
+    per layer:  n = rmsnorm(x)·attn_norm;  q, k = rmsnorm_per_head(W_q·n)·q_norm, (W_k·n)·k_norm;  v = W_v·n
+                h = x + rmsnorm(W_o · attention(rope(q), rope(k), v))·post_attention_norm
+                x = h + rmsnorm(W_down · (gelu_tanh(W_gate·m) * W_up·m))·post_ffw_norm,   m = rmsnorm(h)·ffn_norm
+    logits = token_embd · rmsnorm(x)·output_norm   (tied; llama.cpp applies no final softcap to Gemma 3)
+
+Five of every six layers attend over a sliding window with rope base 10000; every sixth layer (il % 6 == 5)
+attends globally with the file's rope base (and its linear rope scaling, if any).
+Norm weights are used as stored: the converter already folded Gemma's (1 + w) into the GGUF.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.engine import ops
+from edgellm.errors import ModelError
+from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
+from edgellm.engine.models.config import ModelConfig
+from edgellm.engine.models.llama import BlockBuffers
+from edgellm.engine.models.linear import project_gate_up, project_qkv
+from edgellm.engine.models.loading import matrix, vector
+
+SWA_PERIOD_DEFAULT = 6  # llama.cpp: hparams.set_swa_pattern(6) for gemma3
+ROPE_BASE_LOCAL_DEFAULT = 10000.0  # llama.cpp: rope_freq_base_train_swa for gemma3
+N_LAYER_27B = 62  # llama.cpp scales attention by n_embd / n_head instead of head size for the 27B model
+
+
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    # rope_base and rope_freq_scale are the global layers'; attn_scale is 1 (llama.cpp's Gemma graph scales q)
+    rope_base_local: float  # sliding-window layers, unscaled
+    sliding_window: int
+    swa_period: int  # layer il is global when il % swa_period == swa_period - 1
+
+    N_CTX_TRAIN_DEFAULT = 32768
+    ROPE_BASE_DEFAULT = 1000000.0
+    ROPE_NEOX = True
+
+    @classmethod
+    def read_keys(cls, keys) -> dict:
+        shared = super().read_keys(keys)
+        window = keys("attention.sliding_window")
+        if window <= 0:
+            raise ModelError(f"{keys.arch}.attention.sliding_window must be positive, got {window}")
+        n_layer, n_embd, n_head, head_dim = (shared[k] for k in ("n_layer", "n_embd", "n_head", "head_dim"))
+        scale_dim = n_embd / n_head if n_layer == N_LAYER_27B else head_dim
+        return {**shared,
+                "n_rot": head_dim,
+                "attn_scale": 1.0,
+                "q_scale": 1.0 / math.sqrt(scale_dim),
+                "rope_base_local": keys("rope.freq_base_swa", float, default=ROPE_BASE_LOCAL_DEFAULT),
+                "sliding_window": window,
+                "swa_period": keys("attention.sliding_window_pattern", default=SWA_PERIOD_DEFAULT)}
+
+    def layer_windows(self) -> tuple:
+        return tuple(self.sliding_window if il % self.swa_period < self.swa_period - 1 else 0
+                     for il in range(self.n_layer))
+
+    def is_sliding(self, il: int) -> bool:
+        return self.layer_windows()[il] != 0
+
+
+def tensor_specs(cfg: Gemma3Config):
+    d, q_dim, kv_dim, hd = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.head_dim
+    specs = [matrix("token_embd.weight", (cfg.n_vocab, d)), vector("output_norm.weight", d),
+             matrix("output.weight", (cfg.n_vocab, d), optional=True)]
+    for il in range(cfg.n_layer):
+        blk = f"blk.{il}."
+        specs += [
+            vector(blk + "attn_norm.weight", d),
+            matrix(blk + "attn_q.weight", (q_dim, d)),
+            matrix(blk + "attn_k.weight", (kv_dim, d)),
+            matrix(blk + "attn_v.weight", (kv_dim, d)),
+            vector(blk + "attn_q_norm.weight", hd),
+            vector(blk + "attn_k_norm.weight", hd),
+            matrix(blk + "attn_output.weight", (d, q_dim)),
+            vector(blk + "post_attention_norm.weight", d),
+            vector(blk + "ffn_norm.weight", d),
+            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
+            vector(blk + "post_ffw_norm.weight", d),
+        ]
+    return specs
+
+
+class Gemma3Buffers(BlockBuffers):
+    def __init__(self, cfg: Gemma3Config, n_tokens: int):
+        super().__init__(cfg, n_tokens)
+        T, f32, half = n_tokens, np.float32, cfg.n_rot // 2
+        self.cos_local = np.zeros((T, half), f32)  # [T, n_rot/2] sliding-window layers' rope
+        self.sin_local = np.zeros((T, half), f32)
+        self.cos_global = np.zeros((T, half), f32)  # [T, n_rot/2] global layers' rope
+        self.sin_global = np.zeros((T, half), f32)
+
+
+class Gemma3Model(DecoderModel):
+    tensor_specs = staticmethod(tensor_specs)
+
+    def __init__(self, gguf_file, config: Gemma3Config, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
+                 kv_type=None):
+        super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
+        self.load_weights(gguf_file, self.tensor_specs(config))
+        self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
+        self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
+        self.embd_scale = np.float32(math.sqrt(config.n_embd))
+        self.windows = config.layer_windows()
+        self.make_cache()
+        self.buffers = Gemma3Buffers(config, self.n_batch)
+
+    def layer_rope(self, il: int):
+        return (self.rope_local if self.windows[il] else self.rope_global).inv_freq, self.config.rope_neox
+
+    def forward_pass(self, b: Batch):
+        cfg, eps, sizes = self.config, self.config.norm_eps, b.sizes
+        s = self.buffers.for_tokens(b.n_tokens)
+        rope_local = b.rope_rows(self.rope_local, s.cos_local, s.sin_local, cfg.rope_neox)
+        rope_global = b.rope_rows(self.rope_global, s.cos_global, s.sin_global, cfg.rope_neox)
+        self.token_embd.get_rows(b.tokens, s.x)
+        s.x *= self.embd_scale
+        for il, layer in enumerate(self.layers):
+            rope = rope_local if self.windows[il] else rope_global
+            # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
+            ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
+            project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
+            self.attend(il, layer, s, b, rope)
+            layer.attn_output.matmul(s.attn, s.xn, sizes)
+            ops.add_post_norm(s.x, s.xn, layer.post_attention_norm, eps)
+            # feed-forward block: m = norm(x); x += post_norm(W_down · (gelu(W_gate m) * W_up m))
+            ops.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
+            project_gate_up(layer, s.xn, s.gate, s.up, sizes)
+            ops.gelu_tanh_mul(s.gate, s.up)
+            layer.ffn_down.matmul(s.gate, s.xn, sizes)
+            ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
+        self.logits_head(s, b)

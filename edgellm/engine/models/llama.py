@@ -1,0 +1,120 @@
+"""Llama-family decoder (llama, mistral, smollm...). Qwen2 (q/k/v biases) and Qwen3 (per-head QK RMSNorm) reuse
+this forward pass with their own config; the optional tensors switch those steps on.
+
+Per layer, as llama.cpp's src/models/llama.cpp:
+    h = x + W_o · attention(rope(W_q·n), rope(W_k·n), W_v·n)     n = rmsnorm(x) · attn_norm
+    x = h + W_down · (silu(W_gate·m) * W_up·m)                   m = rmsnorm(h) · ffn_norm
+then logits = W_out · rmsnorm(x) · output_norm, W_out = token_embd when output.weight is absent (tied).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.engine import ops
+from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel, TokenBuffers
+from edgellm.engine.models.config import ModelConfig
+from edgellm.engine.models.loading import matrix, vector
+from edgellm.engine.models.linear import project_gate_up, project_qkv
+
+
+@dataclass(frozen=True)
+class LlamaConfig(ModelConfig):
+    qkv_bias: bool  # qwen2
+    qk_norm: bool  # qwen3
+
+    QKV_BIAS = False
+    QK_NORM = False
+
+    @classmethod
+    def read_keys(cls, keys) -> dict:
+        return {**super().read_keys(keys), "qkv_bias": cls.QKV_BIAS, "qk_norm": cls.QK_NORM}
+
+
+def tensor_specs(cfg: LlamaConfig):
+    d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    specs = [
+        matrix("token_embd.weight", (cfg.n_vocab, d)),
+        vector("output_norm.weight", d),
+        matrix("output.weight", (cfg.n_vocab, d), optional=True),
+        vector("rope_freqs.weight", cfg.n_rot // 2, optional=True),  # llama3 per-pair frequency factors
+    ]
+    for il in range(cfg.n_layer):
+        blk = f"blk.{il}."
+        specs += [
+            vector(blk + "attn_norm.weight", d),
+            matrix(blk + "attn_q.weight", (q_dim, d)),
+            matrix(blk + "attn_k.weight", (kv_dim, d)),
+            matrix(blk + "attn_v.weight", (kv_dim, d)),
+            matrix(blk + "attn_output.weight", (d, q_dim)),
+            vector(blk + "ffn_norm.weight", d),
+            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
+        ]
+        for name, length in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            specs.append(vector(blk + name + ".bias", length, optional=not cfg.qkv_bias))
+        specs += [vector(blk + "attn_q_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
+                  vector(blk + "attn_k_norm.weight", cfg.head_dim, optional=not cfg.qk_norm)]
+    return specs
+
+
+class BlockBuffers(TokenBuffers):
+    """Activations of one transformer block for T tokens; each architecture adds its rope tables."""
+
+    def __init__(self, cfg, n_tokens: int):
+        super().__init__(n_tokens)
+        T, f32, hd = n_tokens, np.float32, cfg.head_dim
+        self.x = np.zeros((T, cfg.n_embd), f32)  # [T, d] residual stream
+        self.xn = np.zeros((T, cfg.n_embd), f32)  # [T, d] normed block input, then block output
+        self.q = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd]
+        self.k = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
+        self.v = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
+        self.attn = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd] attention output, heads side by side
+        self.q_heads = self.q.reshape(T, cfg.n_head, hd)  # views of the same memory, [T, heads, hd]
+        self.k_heads = self.k.reshape(T, cfg.n_head_kv, hd)
+        self.v_heads = self.v.reshape(T, cfg.n_head_kv, hd)
+        self.attn_heads = self.attn.reshape(T, cfg.n_head, hd)
+        self.gate = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
+        self.up = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
+
+
+class LlamaBuffers(BlockBuffers):
+    def __init__(self, cfg: LlamaConfig, n_tokens: int):
+        super().__init__(cfg, n_tokens)
+        self.rope_cos = np.zeros((n_tokens, cfg.n_rot // 2), np.float32)  # [T, n_rot/2]
+        self.rope_sin = np.zeros((n_tokens, cfg.n_rot // 2), np.float32)  # [T, n_rot/2]
+
+
+class LlamaModel(DecoderModel):
+    tensor_specs = staticmethod(tensor_specs)  # an architecture that shares this forward pass may give its own
+
+    def __init__(self, gguf_file, config: LlamaConfig, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
+                 kv_type=None):
+        super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
+        w = self.load_weights(gguf_file, self.tensor_specs(config))
+        self.rope = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, w.get("rope_freqs.weight"))
+        self.make_cache()
+        self.buffers = LlamaBuffers(config, self.n_batch)
+
+    def layer_rope(self, il: int):
+        return self.rope.inv_freq, self.config.rope_neox
+
+    def forward_pass(self, b: Batch):
+        cfg, eps, sizes = self.config, self.config.norm_eps, b.sizes
+        s = self.buffers.for_tokens(b.n_tokens)
+        rope = b.rope_rows(self.rope, s.rope_cos, s.rope_sin, cfg.rope_neox)
+        self.token_embd.get_rows(b.tokens, s.x)
+        for il, layer in enumerate(self.layers):
+            # attention block: n = norm(x); x += W_o · attention(rope(W_q n), rope(W_k n), W_v n)
+            ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
+            project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
+            self.attend(il, layer, s, b, rope)
+            layer.attn_output.matmul(s.attn, s.xn, sizes)
+            ops.add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn)  # the residual add, then m = norm(x)
+            # feed-forward block: x += W_down · (silu(W_gate m) * W_up m)
+            project_gate_up(layer, s.xn, s.gate, s.up, sizes)
+            ops.silu_mul(s.gate, s.up)
+            layer.ffn_down.matmul(s.gate, s.xn, sizes)
+            s.x += s.xn
+        self.logits_head(s, b)

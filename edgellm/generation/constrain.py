@@ -1,0 +1,329 @@
+"""Constrained decoding through llguidance: JSON (any object or a JSON Schema), GBNF/Lark grammars, regexes and a
+choice among strings.
+
+Sections: `ConstraintSpec`, a checked grammar built from the user's arguments (before any model work, so a bad
+schema or grammar fails with GrammarError first); `LlamaGrammar`, llama-cpp-python's grammar object shape; the
+llguidance tokenizer built once per model from the GGUF vocabulary (every token's bytes; control tokens marked
+with a 0xFF prefix so no text can spell them, as llguidance's llama.cpp bridge does); `SequenceConstraint`, one
+sequence's matcher: a token mask applied before the sampler chain, advanced on each sampled token.
+
+The mask sets disallowed tokens to -inf before penalties, top-k/p, min-p, temperature and the draw, so every
+sampler and logit_bias keep working on the tokens the grammar allows. When the grammar is complete and nothing
+more can follow, generation ends with finish_reason "stop".
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.errors import GrammarError
+from edgellm.tokenizer.vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED
+
+# JSON as Python's json.dumps writes it: one space after ',' and ':', no free whitespace, so a small model
+# cannot wander into endless newlines inside an object.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _llg():
+    try:
+        import llguidance  # a slow import (a Rust extension): loaded with the first grammar
+    except ImportError as e:  # a core dependency; only a broken install gets here
+        raise GrammarError("constrained decoding needs the llguidance package (pip install llguidance)") from e
+    return llguidance
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What to enforce
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """A validated llguidance grammar; `kind` and `source` say what the user gave, for messages."""
+
+    kind: str  # "json_schema", "gbnf", "lark", "regex", "choice"
+    source: str
+    grammar: str  # llguidance's serialized grammar
+
+    @classmethod
+    def json_schema(cls, schema, what: str = "schema") -> "ConstraintSpec":
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"{what} is not valid JSON: {e}") from None
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        if not isinstance(schema, dict):
+            raise GrammarError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
+        llg = _llg()
+        try:
+            grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"{what} cannot be compiled: {e}") from None
+        return cls._checked("json_schema", json.dumps(schema), grammar, what)
+
+    @classmethod
+    def gbnf(cls, text: str, what: str = "grammar") -> "ConstraintSpec":
+        """A llama.cpp GBNF grammar (its start rule is `root`); llguidance also reads Lark syntax here."""
+        if not isinstance(text, str) or not text.strip():
+            raise GrammarError(f"{what} must be a non-empty GBNF grammar string")
+        llg = _llg()
+        from llguidance.gbnf_to_lark import any_to_lark  # loaded with the first grammar, as llguidance is
+        try:
+            lark = any_to_lark(text)
+        except Exception as e:  # the converter raises plain exceptions for syntax errors
+            raise GrammarError(f"{what} is not a valid GBNF grammar: {e}") from None
+        # the converter writes GBNF's \U0010FFFF as \U10FFFF, which the regex engine refuses; \u{10FFFF} it reads
+        lark = re.sub(r"(?<!\\)\\U([0-9A-Fa-f]{1,8})", lambda m: "\\u{%X}" % int(m.group(1), 16), lark)
+        grammar = llg.LLMatcher.grammar_from_lark(lark)
+        return cls._checked("gbnf", text, grammar, what)
+
+    @classmethod
+    def regex(cls, pattern: str, what: str = "regex") -> "ConstraintSpec":
+        if not isinstance(pattern, str) or not pattern:
+            raise GrammarError(f"{what} must be a non-empty regular expression string")
+        return cls._checked("regex", pattern, _llg().LLMatcher.grammar_from_regex(pattern), what)
+
+    @classmethod
+    def choice(cls, options, what: str = "choice") -> "ConstraintSpec":
+        if isinstance(options, (str, bytes)) or not isinstance(options, (list, tuple)) or not options:
+            raise GrammarError(f"{what} must be a non-empty list of strings")
+        for i, option in enumerate(options):
+            if not isinstance(option, str) or not option:
+                raise GrammarError(f"{what}[{i}] must be a non-empty string, got {option!r}")
+        lark = "start: " + " | ".join(json.dumps(o) for o in options)
+        return cls._checked("choice", json.dumps(list(options)), _llg().LLMatcher.grammar_from_lark(lark), what)
+
+    @classmethod
+    def lark(cls, text: str, what: str = "grammar") -> "ConstraintSpec":
+        """A grammar in llguidance's Lark syntax (e.g. one built from tool schemas)."""
+        return cls._checked("lark", text, _llg().LLMatcher.grammar_from_lark(text), what)
+
+    @classmethod
+    def _checked(cls, kind, source, grammar, what) -> "ConstraintSpec":
+        error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
+        if error:
+            raise GrammarError(f"{what} cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
+        return cls(kind, source, grammar)
+
+
+class LlamaGrammar:
+    """llama-cpp-python's LlamaGrammar: from_string(gbnf), from_file(path), from_json_schema(json text)."""
+
+    def __init__(self, *, _grammar: str, _spec: ConstraintSpec | None = None):
+        self._grammar = _grammar
+        self._spec = _spec or ConstraintSpec.gbnf(_grammar)
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_file(cls, file, verbose: bool = True) -> "LlamaGrammar":
+        try:
+            with open(file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise GrammarError(f"cannot read the grammar file {str(file)!r}: {e.strerror}") from None
+        return cls(_grammar=text)
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
+        spec = ConstraintSpec.json_schema(json_schema)
+        return cls(_grammar=spec.source, _spec=spec)
+
+    def __repr__(self):
+        return f"LlamaGrammar({self._spec.kind}, {len(self._grammar)} chars)"
+
+
+def closed_objects(schema):
+    """The schema with additionalProperties false wherever an object lists properties and says nothing else:
+    OpenAI's strict mode, which keeps a small model from inventing keys."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) if k not in ("enum", "const", "default", "examples") else v
+           for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def response_format_spec(value) -> ConstraintSpec | None:
+    """OpenAI's and llama-cpp-python's response_format: text, json_object (optionally with "schema"), json_schema."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise GrammarError("response_format must be an object with a 'type': 'text', 'json_object' or 'json_schema'")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return ConstraintSpec.json_schema({"type": "object"} if schema is None else schema,
+                                          "response_format.schema")
+    if kind == "json_schema":
+        body = value.get("json_schema")
+        if not isinstance(body, dict):
+            raise GrammarError("response_format.json_schema must be an object with 'name' and 'schema'")
+        schema = body.get("schema")
+        if body.get("strict") and isinstance(schema, dict):
+            schema = closed_objects(schema)
+        return ConstraintSpec.json_schema({"type": "object"} if schema is None else schema,
+                                          "response_format.json_schema.schema")
+    raise GrammarError(f"response_format type {kind!r} is not supported (accepted: 'text', 'json_object', "
+                       "'json_schema')")
+
+
+def constraint_from_options(values: dict) -> ConstraintSpec | None:
+    """The one constraint named among grammar=, response_format=, json_schema=, regex=, choice= (None: none)."""
+    given = [n for n in ("grammar", "response_format", "json_schema", "regex", "choice") if values.get(n) is not None]
+    if "response_format" in given and response_format_spec(values["response_format"]) is None:
+        given.remove("response_format")  # {"type": "text"} constrains nothing
+    if not given:
+        return None
+    if len(given) > 1:
+        raise GrammarError(f"give at most one of grammar, response_format, json_schema, regex, choice (got "
+                           f"{', '.join(given)})")
+    name = given[0]
+    value = values[name]
+    if name == "grammar":
+        if isinstance(value, ConstraintSpec):
+            return value
+        if isinstance(value, LlamaGrammar):
+            return value._spec
+        if hasattr(value, "_grammar") and isinstance(value._grammar, str):  # llama_cpp.LlamaGrammar itself
+            return ConstraintSpec.gbnf(value._grammar)
+        if isinstance(value, str):
+            return ConstraintSpec.gbnf(value)
+        raise GrammarError(f"grammar must be a GBNF string or a LlamaGrammar, got {type(value).__name__}")
+    if name == "response_format":
+        return response_format_spec(value)
+    if name == "json_schema":
+        return ConstraintSpec.json_schema(value, "json_schema")
+    if name == "regex":
+        return ConstraintSpec.regex(value)
+    return ConstraintSpec.choice(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The llguidance tokenizer of a model
+# ---------------------------------------------------------------------------------------------------------------
+
+class _VocabWrapper:
+    """What llguidance's LLTokenizer reads from a Python tokenizer: token bytes, special ids, a tokenize call."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        vocab = tokenizer.vocab
+        tokens, special = [], []
+        for i in range(tokenizer.n_vocab):
+            attr = int(vocab.attrs[i])
+            if attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                piece = b"\xff" + vocab.tokens[i].encode("utf-8")
+                special.append(i)
+            else:
+                piece = tokenizer.token_to_bytes(i)
+                if attr & ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">"):
+                    piece = b"\xff" + piece  # e.g. <tool_call>: written by the model as one token, not spelled
+                    special.append(i)
+            tokens.append(piece)
+        self.tokens = tokens
+        self.special_token_ids = special
+        self.eos_token_id = tokenizer.eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.is_tokenizer_wrapper = True
+
+    def __call__(self, text):
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special=False)
+
+
+_TOKENIZER_LOCK = threading.Lock()
+_LLG_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> its llguidance tokenizer
+
+
+def llg_tokenizer(tokenizer):
+    """The llguidance tokenizer of an edgellm Tokenizer, built on first use (it takes a
+    noticeable fraction of a second) and kept on it; every end-of-generation token ends a grammar."""
+    with _TOKENIZER_LOCK:
+        cached = _LLG_TOKENIZERS.get(tokenizer)
+        if cached is None:
+            eog = sorted(tokenizer.eog_ids) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
+            cached = _llg().LLTokenizer(_VocabWrapper(tokenizer), n_vocab=tokenizer.n_vocab, eos_token=eog)
+            _LLG_TOKENIZERS[tokenizer] = cached
+        return cached
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One sequence's matcher
+# ---------------------------------------------------------------------------------------------------------------
+
+class SequenceConstraint:
+    """The grammar state of one sequence: mask(scores) before each draw, advance(token) after it."""
+
+    def __init__(self, spec: ConstraintSpec, tokenizer, n_vocab: int):
+        llg = _llg()
+        self.spec = spec
+        self.n_vocab = n_vocab
+        self.matcher = llg.LLMatcher(llg_tokenizer(tokenizer), spec.grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"the {spec.kind} cannot be enforced: {self.matcher.get_error()}")
+        self._words = np.empty((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, one bit per token
+        self.mask_s = 0.0  # time spent computing and applying masks
+
+    def allowed(self) -> np.ndarray:
+        """The token ids the grammar allows next."""
+        self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if self.matcher.is_error():
+            raise GrammarError(f"the {self.spec.kind} constraint failed: {self.matcher.get_error()}")
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little", count=self.n_vocab)
+        return np.flatnonzero(bits)
+
+    def mask(self, scores: np.ndarray) -> np.ndarray:
+        """A copy of scores with every token the grammar forbids at -inf."""
+        t0 = time.perf_counter()
+        ids = self.allowed()
+        if ids.size == 0:
+            raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
+        out = np.full(scores.shape, -np.inf, dtype=np.float32)
+        out[ids] = scores[ids]
+        self.mask_s += time.perf_counter() - t0
+        return out
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.consume_token(int(token)):
+            raise GrammarError(f"the {self.spec.kind} constraint rejected token {token}: {self.matcher.get_error()}")
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more can follow (only an end-of-generation token would)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+
+def accepts(spec: ConstraintSpec, tokenizer, token_ids) -> bool:
+    """Whether these tokens form a complete string of the grammar (an independent check for outputs)."""
+    llg = _llg()
+    matcher = llg.LLMatcher(llg_tokenizer(tokenizer), spec.grammar, log_level=0)
+    return matcher.consume_tokens([int(t) for t in token_ids]) and matcher.is_accepting()
+
+
+def text_accepted(spec: ConstraintSpec, tokenizer, text: str) -> bool:
+    """Whether text is a complete string of the grammar, whatever tokens would spell it."""
+    llg = _llg()
+    lltok = llg_tokenizer(tokenizer)
+    matcher = llg.LLMatcher(lltok, spec.grammar, log_level=0)
+    ids = lltok.tokenize_str(text)
+    return matcher.consume_tokens(ids) and matcher.is_accepting()

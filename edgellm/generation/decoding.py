@@ -1,0 +1,120 @@
+"""One sequence's generation step by step: logit bias and processors, the sampler, end-of-generation, stop
+strings and criteria, per-token info and log-probabilities, UTF-8-safe text pieces.
+
+Shared by Model's single-sequence decode loop (edgellm/api.py) and batched generation (edgellm/generation/batch.py), so
+a sequence behaves the same alone or in a batch: the forward passes differ, the choice of tokens does not.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from edgellm.errors import NumericalError, SamplingError
+from edgellm.generation.constrain import SequenceConstraint
+from edgellm.generation.results import Completion, TokenInfo, top_logprobs_entry
+from edgellm.generation.sampling import Sampler, token_logprobs
+from edgellm.generation.textstream import TextStream
+
+
+def max_new_tokens(requested, n_ctx: int, n_prompt: int, context_shift: bool) -> int:
+    """How many tokens a sequence may generate: max_tokens None runs until the context is full (as
+    llama-cpp-python); an explicit count is capped by the context only where a full context cannot shift."""
+    limit = n_ctx - n_prompt
+    if requested is None:
+        return max(limit, 1 if context_shift else 0)
+    return requested if context_shift else min(requested, limit)
+
+
+def check_finite(logits: np.ndarray, where: str) -> None:
+    """NumericalError when a row of logits holds NaN or Inf, before anything is sampled from it."""
+    # one reduction over a bool array: small beside a decode step, even for a 262,144-token vocabulary
+    if np.isfinite(logits).all():
+        return
+    n_nan = int(np.isnan(logits).sum())
+    n_inf = int(np.isinf(logits).sum())
+    raise NumericalError(f"the model's logits {where} hold {n_nan} NaN and {n_inf} Inf of {logits.size} values: "
+                         "a weight of this file is corrupt or overflows float32 (e.g. huge quantization "
+                         "scales); nothing was sampled")
+
+
+def logit_bias_arrays(opts, n_vocab: int):
+    """opts.logit_bias as (ids, values) arrays, checked against the vocabulary; None without one."""
+    if not opts.logit_bias:
+        return None
+    bias_ids = np.array(list(opts.logit_bias), dtype=np.int64)
+    bad = bias_ids[(bias_ids < 0) | (bias_ids >= n_vocab)]
+    if bad.size:
+        raise SamplingError(f"logit_bias names token id {int(bad[0])}, outside the vocabulary [0, {n_vocab})")
+    return bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32)
+
+
+class SequenceState:
+    """Feed step() the logits after the prompt, then after each token it returned; stop when it returns None
+    (an end-of-generation token) or .done is set (stop string, max_tokens, stopping criterion)."""
+
+    def __init__(self, model, prompt_ids, opts, max_tokens: int, bias=None):
+        self.model, self.opts, self.bias, self.max_tokens = model, opts, bias, max_tokens
+        self.prompt_ids = list(prompt_ids)
+        self.sampler = Sampler(opts.sampling, seed=opts.seed)
+        self.text = TextStream(opts.stop)
+        self.history = list(prompt_ids)
+        self.generated: list[int] = []
+        self.infos: list = []
+        self.stop_reason = "length"
+        self.done = max_tokens <= 0
+        self.sample_s = 0.0
+        self.constraint = None
+        if opts.constraint is not None:  # each sequence its own matcher, from the grammar checked in the options
+            self.constraint = SequenceConstraint(opts.constraint, model.tokenizer, model.n_vocab)
+
+    def step(self, logits: np.ndarray):
+        """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation."""
+        opts, tok = self.opts, self.model.tokenizer
+        ts = time.perf_counter()
+        scores = logits
+        if self.bias is not None:
+            scores = scores.copy()
+            scores[self.bias[0]] += self.bias[1]
+        if opts.logits_processor is not None:
+            scores = np.asarray(opts.logits_processor(np.asarray(self.history, dtype=np.intc), scores.copy()),
+                                dtype=np.float32)
+        if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
+            scores = self.constraint.mask(scores)
+        token = self.sampler.sample(scores, self.history)
+        self.sample_s += time.perf_counter() - ts
+        if tok.is_eog(token) and (not opts.ignore_eos or self.constraint is not None):
+            # under a grammar an end-of-generation token is only allowed where the grammar is complete
+            self.stop_reason, self.done = "eog", True
+            return None
+        info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), self.text.decoded_chars)
+        if opts.logprobs is not None:
+            # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
+            lp = token_logprobs(logits, token, opts.logprobs)
+            info.logprob = lp.logprob
+            info.top_logprobs = top_logprobs_entry(
+                info.text, lp.logprob, [(tok.token_to_bytes(int(i)).decode("utf-8", errors="ignore"), v)
+                                        for i, v in zip(lp.top_ids, lp.top_logprobs)])
+        self.generated.append(token)
+        self.history.append(token)
+        self.infos.append(info)
+        piece = self.text.push(tok.token_to_bytes(token))
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        if self.text.stopped:
+            self.stop_reason, self.done = "stop_string", True
+        elif self.constraint is not None and self.constraint.complete:
+            self.stop_reason, self.done = "constraint", True
+        elif len(self.generated) >= self.max_tokens:
+            self.done = True
+        elif opts.stopping_criteria is not None and opts.stopping_criteria(
+                np.asarray(self.history, dtype=np.intc), logits):
+            self.stop_reason, self.done = "criteria", True
+        return piece, info
+
+    def finish(self):
+        """(the last text piece held back for stop strings, the Completion)."""
+        finish = "length" if self.stop_reason == "length" else "stop"
+        piece = self.text.finish(finish)
+        return piece, Completion(self.text.text, self.generated, finish, len(self.prompt_ids), self.stop_reason,
+                                 self.text.stop_string, self.infos)

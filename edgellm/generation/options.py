@@ -1,0 +1,141 @@
+"""Generation options: every keyword `generate`, `stream`, `chat` and the llama-cpp-python-shaped calls accept,
+checked once, by name, before any work is done.
+
+Sections: the accepted names (edgellm's own, plus llama-cpp-python's that edgellm accepts only at their neutral
+value); `GenerationOptions`, the validated bundle the decode loop reads; `parse_options`, which builds it and names
+the offending argument in every error.
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+from dataclasses import dataclass, fields
+from typing import Callable
+
+from edgellm.generation.constrain import constraint_from_options
+from edgellm.errors import SamplingError
+from edgellm.generation.sampling import SamplingParams, _check_seed
+from edgellm.generation.textstream import _as_stop_list
+
+SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
+GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "logit_bias", "logits_processor",
+                    "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice")
+
+# llama-cpp-python arguments with no edgellm counterpart: accepted at the value that means "off", so code passing
+# its defaults explicitly still runs; anything else is refused rather than silently ignored.
+NEUTRAL_VALUES = {
+    "tfs_z": (1.0,),
+    "mirostat_mode": (0,),
+    "mirostat_tau": None,  # None: any value (only read when mirostat_mode is on)
+    "mirostat_eta": None,
+    "suffix": (None,),
+    "functions": (None,),
+    "function_call": (None,),
+    "tools": (None,),
+    "tool_choice": (None,),
+    "model": None,  # only names the model in the response, as in llama-cpp-python
+}
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    sampling: SamplingParams
+    max_tokens: int | None = 128  # None: until end-of-generation or a full context
+    stop: tuple = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n most likely alternatives'
+    logit_bias: dict | None = None  # token id -> added to its logit before sampling
+    logits_processor: Callable | None = None  # f(input_ids, scores) -> scores, llama-cpp-python's signature
+    stopping_criteria: Callable | None = None  # f(input_ids, logits) -> bool: True ends with finish_reason "stop"
+    constraint: object | None = None  # edgellm.generation.constrain.ConstraintSpec: what every generated token must fit
+
+
+def _unexpected(caller: str, name: str, accepted) -> TypeError:
+    close = difflib.get_close_matches(name, list(accepted), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _check_logit_bias(value) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SamplingError(f"logit_bias must be a dict of token id -> bias, got {type(value).__name__}")
+    out = {}
+    for key, bias in value.items():
+        try:  # OpenAI clients send the ids as JSON object keys, i.e. strings
+            token = int(key)
+        except (TypeError, ValueError):
+            raise SamplingError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real):
+            raise SamplingError(f"logit_bias[{key!r}] must be a number, got {bias!r}")
+        out[token] = float(bias)
+    return out
+
+
+def _check_callable(name: str, value):
+    if value is not None and not callable(value):
+        raise SamplingError(f"{name} must be callable (or a list of callables), got {type(value).__name__}")
+    return value
+
+
+def _as_callable_chain(name: str, value, combine):
+    # llama-cpp-python's LogitsProcessorList / StoppingCriteriaList are lists of callables
+    if isinstance(value, (list, tuple)):
+        funcs = [_check_callable(f"{name}[{i}]", f) for i, f in enumerate(value)]
+        return combine(funcs) if funcs else None
+    return _check_callable(name, value)
+
+
+def _chain_processors(funcs):
+    def run(input_ids, scores):
+        for f in funcs:
+            scores = f(input_ids, scores)
+        return scores
+    return run
+
+
+def _any_criterion(funcs):
+    return lambda input_ids, logits: any(f(input_ids, logits) for f in funcs)
+
+
+def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool = False) -> GenerationOptions:
+    """Validate keyword arguments for `caller` (named in errors); `defaults` fills what the caller left out.
+
+    allow_compat admits llama-cpp-python's extra names (at their neutral values)."""
+    accepted = set(SAMPLING_NAMES) | set(GENERATION_NAMES) | (set(NEUTRAL_VALUES) if allow_compat else set())
+    for name in kwargs:
+        if name not in accepted:
+            raise _unexpected(caller, name, accepted)
+    values = {**defaults, **kwargs}
+    for name, allowed in NEUTRAL_VALUES.items():
+        if name in values and allowed is not None and values[name] not in allowed:
+            raise SamplingError(f"{name}={values[name]!r} is not supported by edgellm "
+                                f"(accepted: {', '.join(repr(a) for a in allowed)})")
+
+    sampling = SamplingParams(**{n: values[n] for n in SAMPLING_NAMES if n in values and values[n] is not None})
+    max_tokens = values.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
+                                   or max_tokens < 0):
+        raise SamplingError(f"max_tokens must be None or an integer >= 0, got {max_tokens!r}")
+    logprobs = values.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, numbers.Integral)
+                                 or logprobs < 0):
+        raise SamplingError(f"logprobs must be None or an integer >= 0 (the number of alternatives), "
+                            f"got {logprobs!r}")
+    ignore_eos = values.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise SamplingError(f"ignore_eos must be True or False, got {ignore_eos!r}")
+    return GenerationOptions(
+        sampling=sampling,
+        max_tokens=None if max_tokens is None else int(max_tokens),
+        stop=_as_stop_list(values.get("stop")),
+        seed=_check_seed(values.get("seed")),
+        ignore_eos=ignore_eos,
+        logprobs=None if logprobs is None else int(logprobs),
+        logit_bias=_check_logit_bias(values.get("logit_bias")),
+        logits_processor=_as_callable_chain("logits_processor", values.get("logits_processor"), _chain_processors),
+        stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
+        constraint=constraint_from_options(values),
+    )

@@ -1,0 +1,80 @@
+"""What generating calls return: Timings (llama.cpp's timing figures), TokenInfo (one generated token), Completion.
+
+Re-exported by edgellm.api, where they were first defined."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class Timings:
+    """What the last generation cost, as llama.cpp reports it."""
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    reused_tokens: int = 0  # of prompt_tokens, taken from the KV cache rather than evaluated
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+    sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        # The first generated token comes from the prompt's logits; the rest each cost one decode step.
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def sample_share(self) -> float:
+        return self.sample_s / self.generate_s if self.generate_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} t/s | "
+                f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s")
+
+
+@dataclass
+class TokenInfo:
+    """One generated token: its text, where that text starts in the completion, and its log-probabilities."""
+    id: int
+    text: str
+    offset: int  # characters into the generated text (stop strings included) where this token's text begins
+    logprob: float | None = None
+    top_logprobs: dict | None = None  # token text -> logprob for the top-n alternatives and the chosen token
+
+
+def top_logprobs_entry(token_text: str, token_logprob: float, alternatives: Iterable[tuple[str, float]]) -> dict:
+    """One top_logprobs item: {text: logprob} for the top-n alternatives, then the chosen token's own entry.
+
+    Keyed by token text as llama-cpp-python does, so two tokens with the same text share one key.
+    """
+    entry = {text: float(lp) for text, lp in alternatives}
+    entry[token_text] = float(token_logprob)
+    return entry
+
+
+@dataclass
+class Completion:
+    """The result of a generation.
+
+    finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
+    "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length",
+    "constraint" (a grammar or schema completed), or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
+    """
+    text: str
+    tokens: list = field(default_factory=list)
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    stop_reason: str = "length"
+    stop_string: str | None = None
+    # TokenInfo per generated token (logprobs filled when asked); as in llama-cpp-python, the tokens of a matched
+    # stop string are included (and counted in usage) although their text is cut
+    token_info: list = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
