@@ -7,6 +7,7 @@ float16 scales are set to sane values. No tokenizer metadata: the models are dri
 """
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
@@ -109,36 +110,64 @@ def add_typed_keys(writer, keys):
             writer.add_uint32(key, value)
 
 
-def write_tiny_model(path, spec: TinySpec):
-    rng = np.random.default_rng(spec.seed)
+def tiny_metadata(spec: TinySpec) -> dict:
+    """The architecture's metadata keys for spec (general.architecture aside), in the order they are written."""
     arch = spec.arch
-    writer = GGUFWriter(str(path), arch)
-    writer.add_uint32(f"{arch}.block_count", spec.n_layer)
-    writer.add_uint32(f"{arch}.context_length", spec.context_length)
-    writer.add_uint32(f"{arch}.embedding_length", spec.n_embd)
-    writer.add_uint32(f"{arch}.feed_forward_length", spec.n_ff)
-    writer.add_uint32(f"{arch}.attention.head_count", spec.n_head)
-    writer.add_uint32(f"{arch}.attention.head_count_kv", spec.n_head_kv)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{arch}.rope.freq_base", spec.rope_base)
+    keys = {f"{arch}.block_count": spec.n_layer, f"{arch}.context_length": spec.context_length,
+            f"{arch}.embedding_length": spec.n_embd, f"{arch}.feed_forward_length": spec.n_ff,
+            f"{arch}.attention.head_count": spec.n_head, f"{arch}.attention.head_count_kv": spec.n_head_kv,
+            f"{arch}.attention.layer_norm_rms_epsilon": 1e-6, f"{arch}.rope.freq_base": float(spec.rope_base)}
     if spec.head_dim:
-        writer.add_uint32(f"{arch}.attention.key_length", spec.head_dim)
-        writer.add_uint32(f"{arch}.attention.value_length", spec.head_dim)
+        keys[f"{arch}.attention.key_length"] = keys[f"{arch}.attention.value_length"] = spec.head_dim
     if spec.sliding_window:
-        writer.add_uint32(f"{arch}.attention.sliding_window", spec.sliding_window)
-    add_typed_keys(writer, spec.extra_keys)
-    for name, (shape, is_matrix) in tensor_shapes(spec).items():
-        if is_matrix:
-            ggml_type = spec.embd_type if name == "token_embd.weight" and spec.embd_type else spec.weight_type
-            # embeddings are larger (like real models) so the residual stream is not dominated by the blocks
-            scale = 1.0 if name == "token_embd.weight" else 0.1
-            _add(writer, name, random_matrix_bytes(rng, shape, ggml_type, scale), ggml_type)
-        elif name.endswith(".bias"):
-            writer.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
-        else:  # norm weights near 1, as trained models have
-            writer.add_tensor(name, (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32))
+        keys[f"{arch}.attention.sliding_window"] = spec.sliding_window
+    return {**keys, **spec.extra_keys}
+
+
+def _write_tensor(writer, rng, spec: TinySpec, name, shape, is_matrix):
+    if is_matrix:
+        ggml_type = spec.embd_type if name == "token_embd.weight" and spec.embd_type else spec.weight_type
+        # embeddings are larger (like real models) so the residual stream is not dominated by the blocks
+        scale = 1.0 if name == "token_embd.weight" else 0.1
+        _add(writer, name, random_matrix_bytes(rng, shape, ggml_type, scale), ggml_type)
+    elif name.endswith(".bias"):
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    else:  # norm weights near 1, as trained models have
+        writer.add_tensor(name, (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32))
+
+
+def _write(path, spec: TinySpec, shapes):
+    rng = np.random.default_rng(spec.seed)
+    writer = GGUFWriter(str(path), spec.arch)
+    add_typed_keys(writer, tiny_metadata(spec))
+    for name, (shape, is_matrix) in shapes.items():
+        _write_tensor(writer, rng, spec, name, shape, is_matrix)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_model(path, spec: TinySpec):
+    return _write(path, spec, tensor_shapes(spec))
+
+
+class _MetadataOnly:
+    """What a config reads before any tensor data: the metadata, token_embd's shape and the tensor count."""
+
+    def __init__(self, spec: TinySpec):
+        self.metadata = {"general.architecture": spec.arch, **tiny_metadata(spec)}
+        self.tensors = {"token_embd.weight": SimpleNamespace(shape=(spec.n_vocab, spec.n_embd))}
+        self.tensors.update({f"blk.{il}": None for il in range(spec.n_layer)})  # the block_count check's count
+
+
+def write_tiny_from_registry(path, spec: TinySpec):
+    """A tiny model of whatever architecture spec.arch names in edgellm's registry, holding exactly the tensors its
+    tensor_specs require (GGUF names, numpy shapes: llama.cpp's converter layout), the optional ones left out (so
+    the output is tied). A newly registered architecture gets one with no edit here."""
+    from edgellm.engine.models import get_architecture
+    arch = get_architecture(spec.arch)
+    config = arch.config_class.from_gguf(_MetadataOnly(spec))
+    shapes = {t.name: (t.shape, t.is_matrix) for t in arch.model_class.tensor_specs(config) if not t.optional}
+    return _write(path, spec, shapes)

@@ -57,7 +57,7 @@ def interrupt_at(model, layer, weight, at, exc=KeyboardInterrupt):
     formats that cannot be grouped (the same bits), so that the proxy sees its matrix's call."""
     layer_weights = model.model.layers[layer]
     original = getattr(layer_weights, weight)
-    groups = {name: getattr(layer_weights, name, None) for name in ("attn_qkv", "ffn_gate_up")}
+    groups = {name: getattr(layer_weights, name, None) for name in ("qkv_group", "gate_up_group")}
     proxy = InterruptingWeight(original, at, exc)
     setattr(layer_weights, weight, proxy)
     for name in groups:

@@ -12,9 +12,9 @@ import pytest
 import edgellm.engine.gguf
 import edgellm.engine.models.linear
 from edgellm.errors import ModelError
-from edgellm.engine.models import build_model, get_architecture
+from edgellm.engine.models import ALIASES, ARCHITECTURES, build_model, get_architecture
 from edgellm.engine.reference import ReferenceModel
-from helpers_tiny_gguf import TinySpec, write_tiny_model
+from helpers_tiny_gguf import TinySpec, write_tiny_from_registry, write_tiny_model
 
 # Fast path with float32 matmuls vs float64 reference: float32 rounding only.
 EXACT_VS_REFERENCE_NMSE = 1e-9
@@ -176,6 +176,31 @@ def test_gemma3_window_matters(tmp_path):
     assert nmse(windowed[-1], unwindowed[-1]) > 1e-3
 
 
+# --- every registered architecture, from its own tensor list ----------------------------------------------------
+
+# The loosest of the activations' own rounding (Gemma's float16 GELU table, above); a structural slip gives ~1.
+ANY_ARCH_VS_REFERENCE_NMSE = GEMMA_VS_REFERENCE_NMSE
+# Seven layers, so that a period-6 sliding-window pattern has a global layer; the window is shorter than the prompt.
+REGISTRY_SPEC = dict(weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_kv=1, head_dim=32,
+                     sliding_window=GEMMA_WINDOW)
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(ALIASES)))
+def test_every_registered_architecture_against_the_reference(tmp_path, exact_linear, arch):
+    """A tiny model holding exactly the tensors the architecture's tensor_specs require: the fast path against the
+    float64 reference (edgellm/reference.py, which a new architecture must also be written into), cached decoding
+    against one batch, and the KV cache sized by its layer_windows()."""
+    spec = TinySpec(arch=arch, **REGISTRY_SPEC)
+    path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
+    with edgellm.engine.gguf.open(path) as f:
+        model = build_model(f, n_ctx=64, n_threads=2, kv_type="f32")
+        tokens = tokens_for(spec)
+        fast = model.forward(tokens, all_logits=True)
+        assert nmse(fast, ReferenceModel(f).logits(tokens)) < ANY_ARCH_VS_REFERENCE_NMSE
+        assert tuple(kv.window for kv in model.cache.layers) == model.config.layer_windows()
+        check_decode_matches_batch(model, tokens, fast)
+
+
 # --- registry and refusals ------------------------------------------------------------------------------------
 
 def test_registry_aliases_and_unknown_architecture():
@@ -281,3 +306,47 @@ def test_norm_vectors_read_as_gguf_py_dequantizes_them(ggml_type):
     assert got.dtype == np.float32 and got.shape == (576,)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit, signed zeros included
     assert np.shares_memory(got, raw) == (ggml_type == "F32")
+
+
+# --- fused GGUF tensors ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_fused_projections_load_as_themselves_and_split_into_the_separate_products(n_tokens):
+    """A fused blk.N.attn_qkv.weight (Q, K, V stacked by rows, as llama.cpp's converter writes phi3) and an ffn_up
+    holding gate then up keep their own names on the layer (the derived QuantGroups are qkv_group / gate_up_group,
+    names no GGUF tensor has), and their split product equals the separate matrices' bit for bit (Q8_0: every row
+    is its own dot product, whatever the matrix's height)."""
+    from edgellm.quant import QuantLinear
+
+    from edgellm.engine.models.linear import group_projections, project_gate_up, project_qkv
+    from edgellm.engine.models.loading import layer_weights
+    from helpers_tiny_gguf import random_matrix_bytes
+
+    rng = np.random.default_rng(3)
+    d, q_dim, kv_dim, n_ff = 64, 64, 32, 96
+    parts = {name: random_matrix_bytes(rng, (rows, d), "Q8_0")
+             for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim), ("ffn_gate", n_ff),
+                                ("ffn_up", n_ff))}
+    separate = {f"blk.0.{name}.weight": QuantLinear(b, "Q8_0", (b.shape[0], d)) for name, b in parts.items()}
+    qkv_bytes = np.concatenate([parts["attn_q"], parts["attn_k"], parts["attn_v"]])
+    gate_up_bytes = np.concatenate([parts["ffn_gate"], parts["ffn_up"]])
+    fused = {"blk.0.attn_qkv.weight": QuantLinear(qkv_bytes, "Q8_0", (q_dim + 2 * kv_dim, d)),
+             "blk.0.ffn_up.weight": QuantLinear(gate_up_bytes, "Q8_0", (2 * n_ff, d))}
+
+    plain, joined = layer_weights(separate, 0), layer_weights(fused, 0)
+    for layer in (plain, joined):
+        group_projections(layer)
+    assert joined.attn_qkv is fused["blk.0.attn_qkv.weight"] and joined.ffn_up is fused["blk.0.ffn_up.weight"]
+    assert joined.qkv_group is None and joined.gate_up_group is None
+    assert plain.qkv_group is not None and plain.gate_up_group is not None  # Q8_0 groups: the grouped path runs
+
+    x = rng.standard_normal((n_tokens, d)).astype(np.float32)
+    outs = {}
+    for key, layer in (("plain", plain), ("joined", joined)):
+        q, k, v = (np.empty((n_tokens, n), np.float32) for n in (q_dim, kv_dim, kv_dim))
+        gate, up = (np.empty((n_tokens, n_ff), np.float32) for _ in range(2))
+        project_qkv(layer, x, q, k, v, None)
+        project_gate_up(layer, x, gate, up, None)
+        outs[key] = (q, k, v, gate, up)
+    for want, got in zip(outs["plain"], outs["joined"]):
+        np.testing.assert_array_equal(got, want)

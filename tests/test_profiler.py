@@ -38,7 +38,7 @@ def test_every_layer_reports_its_products_and_attention(tiny):
     for il in range(n_layer):
         ops_here = {op for op, layer in times if layer == il}
         assert {"attention", "finish_qkv", "attn_output", "ffn_down"} <= ops_here, (il, ops_here)
-        assert ops_here & {"attn_qkv", "attn_q"} and ops_here & {"ffn_gate_up", "ffn_gate"}, (il, ops_here)
+        assert ops_here & {"qkv_group", "attn_q"} and ops_here & {"gate_up_group", "ffn_gate"}, (il, ops_here)
     outside = {op for op, layer in times if layer is None}
     assert {"embed", "output", OTHER} <= outside
     assert {layer for _, layer in times} == set(range(n_layer)) | {None}

@@ -3,7 +3,7 @@ normal path: for the duration of one step the model's matrices and the edgellm.e
 timers, and the layer loop reports which layer runs.
 
 Attribution:
-  - a matrix product is named after the layer attribute that holds it (attn_qkv, attn_output, ffn_gate_up,
+  - a matrix product is named after the layer attribute that holds it (qkv_group, attn_output, gate_up_group,
     ffn_down, ...); outside the layers, "embed" (the embedding rows) and "output" (the logits);
   - an ops function by its name (rms_norm, attention, finish_qkv, ...), timed where the model modules call it
     (their module-level name `ops` points at a timed stand-in for the step; edgellm.engine.ops is left as it is);

@@ -134,11 +134,7 @@ def _config_and_windows(gguf_file):
     config = arch.config_class.from_gguf(gguf_file)
     if not 0 < config.n_layer <= len(gguf_file.tensors):   # every layer has tensors: more layers is a corrupt count
         raise ModelError(f"block_count {config.n_layer} is impossible for a file of {len(gguf_file.tensors)} tensors")
-    if hasattr(config, "is_sliding"):
-        windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
-    else:
-        windows = [0] * config.n_layer
-    return config, windows
+    return config, list(config.layer_windows())
 
 
 def model_memory_needs(gguf_file, n_ctx: int | None = None, n_batch: int | None = None,

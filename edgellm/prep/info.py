@@ -53,9 +53,7 @@ def memory_plan(gguf_file, n_ctx: int | None = None, kv_type=None) -> MemoryPlan
     kvt = parse_kv_type(kv_type)
     config = get_architecture(gguf_file.architecture).config_class.from_gguf(gguf_file)
     n_ctx = n_ctx or config.n_ctx_train
-    window = getattr(config, "sliding_window", 0) or 0
-    is_sliding = getattr(config, "is_sliding", lambda il: False)
-    windows = [window if window and is_sliding(il) else 0 for il in range(config.n_layer)]
+    windows = config.layer_windows()
     counts = defaultdict(int)
     for w in windows:
         counts[w] += 1

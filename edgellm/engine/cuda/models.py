@@ -105,11 +105,12 @@ class CudaDecoderModel(DecoderModel):
 
     SUPPORTS_MULTI = False  # batched decoding (forward_multi) is CPU-only for now
 
-    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int, specs, windows):
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int, specs):
         super().__init__(config, n_ctx, 1, n_batch, kv_type="f32")
         self.context_shift = False  # DeviceKVCache cannot shift yet: a full context raises ModelError
         if config.head_dim > MAX_HEAD_DIM:
             raise ModelError(f"head size {config.head_dim} exceeds the CUDA attention kernel's {MAX_HEAD_DIM}")
+        windows = config.layer_windows()
         kv_bytes = kv_cache_nbytes(self.n_ctx, config.n_head_kv, config.head_dim, windows, self.n_batch)
         check_device_memory(weights_nbytes(gguf_file, specs) + kv_bytes + self.activation_nbytes())
         self.weights = upload_tensors(gguf_file, specs)
@@ -154,7 +155,7 @@ class CudaDecoderModel(DecoderModel):
 
 class CudaLlamaModel(CudaDecoderModel):
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_llama.tensor_specs(config), [0] * config.n_layer)
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_llama.tensor_specs(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -208,8 +209,7 @@ class CudaLlamaModel(CudaDecoderModel):
 
 class CudaGemma3Model(CudaDecoderModel):
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_gemma3.tensor_specs(config), windows)
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_gemma3.tensor_specs(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -237,7 +237,7 @@ class CudaGemma3Model(CudaDecoderModel):
             layer.attn_q.matmul(s.xn, s.q_flat)
             layer.attn_k.matmul(s.xn, s.k_flat)
             layer.attn_v.matmul(s.xn, s.v_flat)
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, True, layer.attn_q_norm, layer.attn_k_norm, True,
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, layer.attn_q_norm, layer.attn_k_norm, True,
                                    eps, kv)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
             layer.attn_output.matmul(s.attn_flat, s.xn)

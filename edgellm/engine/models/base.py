@@ -1,5 +1,7 @@
 """What every decoder-only model shares: token validation, splitting a long input into batches, the KV cache
-position, logits buffers and thread count. Each architecture writes only forward_batch, the math."""
+position, logits buffers and thread count. Each architecture writes only forward_pass, the math over a Batch."""
+
+from typing import NamedTuple
 
 import numba
 from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
@@ -8,6 +10,8 @@ import numpy as np
 from edgellm.engine import ops, profiler
 from edgellm.errors import Cancelled, ModelError
 from edgellm.engine.kvcache import KVCache
+from edgellm.engine.models.linear import group_projections
+from edgellm.engine.models.loading import fill_absent_qkv_steps, layer_weights, load_tensors
 
 # Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
 DEFAULT_N_BATCH = 512
@@ -37,8 +41,48 @@ class TokenBuffers:
         return view
 
 
+class RopeRows(NamedTuple):
+    """One rope's tables at a batch's positions, as ops.finish_qkv applies them."""
+    cos: np.ndarray  # [T, n_rot/2]
+    sin: np.ndarray  # [T, n_rot/2]
+    neox: bool  # NeoX pair ordering
+
+
+class Batch:
+    """The rows of one forward pass and where each row keeps its keys and values.
+
+    tokens, positions: [T] int32; logits_out: [T, n_vocab], [1, n_vocab] (the last row only) or None.
+    groups: ((row_begin, row_end, KVCache), ...) in row order, one per sequence: one group for a prompt batch or a
+        decode step, one single-row group per sequence when forward_multi decodes several.
+    sizes: the groups' row counts when there are several, else None: the matmuls give each group's rows the
+        arithmetic of a batch of its own size, as if it ran alone (quant.linear).
+    pool, seqs: set when every row is its own sequence of one KVPool that ops.attention_rows serves: the pool, and
+        [T] int32 each row's sequence in it; attention then runs as one call over all the rows."""
+
+    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs")
+
+    def __init__(self, tokens, positions, logits_out, groups, head_dim: int):
+        self.tokens, self.positions, self.logits_out, self.groups = tokens, positions, logits_out, groups
+        self.sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
+        self.pool = self.seqs = None
+        pool = groups[0][2].pool
+        if len(groups) == len(tokens) > 1 and pool is not None and all(c.pool is pool for _, _, c in groups) \
+                and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
+            self.pool, self.seqs = pool, np.array([c.pool_index for _, _, c in groups], np.int32)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def rope_rows(self, rope, cos, sin, neox: bool) -> RopeRows:
+        """The tables of `rope` (an ops.Rope) at this batch's positions, written into cos, sin [>= T, n_rot/2]."""
+        ops.rope_tables(self.positions, rope, cos, sin)
+        return RopeRows(cos, sin, neox)
+
+
 class DecoderModel:
-    """Subclasses call make_cache(windows), implement forward_batch and layer_rope.
+    """Subclasses call make_cache() once their weights are loaded, and implement forward_pass (the math, over a
+    Batch) and layer_rope.
 
     A full context shifts (context_shift=True, the default): the first n_keep positions stay, the oldest half of
     the rest is dropped (llama.cpp's context shift), so generation and long prompts go on past n_ctx."""
@@ -61,14 +105,34 @@ class DecoderModel:
         self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
         self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
 
-    def make_cache(self, windows) -> KVCache:
-        self.cache = KVCache(self.n_ctx, self.config.n_head_kv, self.config.head_dim, windows, self.n_batch,
-                             self.kv_type)
+    @staticmethod
+    def tensor_specs(config) -> list:
+        """Every tensor the architecture reads (loading.matrix / loading.vector), checked before any is used."""
+        raise NotImplementedError
+
+    def load_weights(self, gguf_file, specs) -> dict:
+        """Check and load the tensors of specs (loading.TensorSpec). Sets token_embd, output_norm, output (token_embd
+        when the file has no output.weight: tied) and layers: each layer's tensors as attributes named like GGUF
+        (blk.3.attn_q.weight -> .attn_q), projections that share an input grouped (linear.group_projections),
+        absent q/k/v biases and QK norms as size-0 arrays. Returns name -> tensor for the architecture's others."""
+        w = load_tensors(gguf_file, specs)
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"] if w.get("output.weight") is not None else self.token_embd
+        self.layers = [layer_weights(w, il) for il in range(self.config.n_layer)]
+        for il, layer in enumerate(self.layers):
+            group_projections(layer)
+            fill_absent_qkv_steps(layer, il)
+        return w
+
+    def make_cache(self) -> KVCache:
+        """The model's own KV cache, each layer sized by its attention window (config.layer_windows())."""
+        self.cache = KVCache(self.n_ctx, self.config.n_head_kv, self.config.head_dim, self.config.layer_windows(),
+                             self.n_batch, self.kv_type)
         return self.cache
 
     _attn_scratch = None
     _attn_scratch_capacity = -1  # the largest cache capacity _attn_scratch serves
-    _pool_rows = None  # (KVPool, int32 sequence index per row) while forward_multi runs over one pool's caches
 
     def attn_scratch(self, kv) -> np.ndarray:
         """Attention's per-thread scratch, big enough for layer cache kv; allocated once, at the first forward
@@ -168,44 +232,54 @@ class DecoderModel:
         """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None.
         groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences (batched decoding);
         None: all rows are one sequence in self.cache."""
+        groups = groups or ((0, len(tokens), self.cache),)
+        self.forward_pass(Batch(tokens, positions, logits_out, groups, self.config.head_dim))
+
+    def forward_pass(self, b: Batch) -> None:
+        """The architecture's math over one batch: embed b.tokens, run the layers (attend() between the q/k/v
+        projections and W_o), then logits_head() fills b.logits_out."""
         raise NotImplementedError
 
-    def logits_head(self, s, T, logits_out, sizes=None):
-        """logits_out <- output · rmsnorm(last rows of s.x) · output_norm. A non-finite hidden state (corrupt
-        weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of the output matmul
-        would otherwise turn it into finite garbage that the API's NaN check cannot see."""
-        rows = s.x[T - logits_out.shape[0]:]
+    def logits_head(self, s, b: Batch) -> None:
+        """b.logits_out <- output · rmsnorm(last rows of s.x) · output_norm (nothing when it is None). A non-finite
+        hidden state (corrupt weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of
+        the output matmul would otherwise turn it into finite garbage that the API's NaN check cannot see."""
+        logits_out = b.logits_out
+        if logits_out is None:
+            return
+        rows = s.x[b.n_tokens - logits_out.shape[0]:]
         normed = s.xn[: rows.shape[0]]
         ops.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
-        self.output.matmul(normed, logits_out, sizes)
+        self.output.matmul(normed, logits_out, b.sizes)
         if not np.isfinite(normed).all():
             logits_out[~np.isfinite(normed).all(axis=1)] = np.nan
 
-    def attend(self, il, s, positions, cos, sin, neox, biases, norms, groups):
-        """Layer il's steps between the q/k/v projections and W_o, for each group of rows in its own cache:
-        biases, QK norms, rope, the cache store (ops.finish_qkv), then attention into s.attn_heads."""
-        eps, scale, q_scale = self.config.norm_eps, self.config.attn_scale, self.config.q_scale
-        rows = self._pool_rows
-        if rows is not None and len(groups) == len(positions) > 1:  # forward_multi over one KVPool's caches
-            pool, seqs = rows
-            stacked = pool.stacked[il]
-            if ops.attention_rows_supported(stacked, self.config.head_dim):
-                ops.finish_qkv_rows(s.q_heads, s.k_heads, s.v_heads, *biases, *norms, eps, cos, sin, neox, positions,
-                                    seqs, stacked, q_scale)
-                ops.attention_rows(s.q_heads, stacked, seqs, positions, scale, s.attn_heads,
-                                   self.attn_scratch(groups[0][2].layers[il]))
-                return
-        for b0, b1, cache in groups:
+    def attend(self, il: int, layer, s, b: Batch, rope: RopeRows) -> None:
+        """Layer il's steps between the q/k/v projections (s.q_heads, s.k_heads, s.v_heads) and W_o: the layer's
+        q/k/v biases and QK norms where it has them (size-0 arrays skip a step), rope, q_scale, the cache store
+        (ops.finish_qkv), then attention into s.attn_heads, each sequence's rows against its own cache."""
+        cfg = self.config
+        qkv = (s.q_heads, s.k_heads, s.v_heads)
+        bias_norm = (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias, layer.attn_q_norm, layer.attn_k_norm,
+                     cfg.norm_eps)
+        if b.pool is not None:  # one row per sequence of one KVPool: one call for all the rows
+            stacked = b.pool.stacked[il]
+            ops.finish_qkv_rows(*qkv, *bias_norm, rope.cos, rope.sin, rope.neox, b.positions, b.seqs, stacked,
+                                cfg.q_scale)
+            ops.attention_rows(s.q_heads, stacked, b.seqs, b.positions, cfg.attn_scale, s.attn_heads,
+                               self.attn_scratch(b.groups[0][2].layers[il]))
+            return
+        for b0, b1, cache in b.groups:
             kv = cache.layers[il]
-            if b0 == 0 and b1 == len(positions):
-                q, k, v, c, sn, pos, out = s.q_heads, s.k_heads, s.v_heads, cos, sin, positions, s.attn_heads
+            if b0 == 0 and b1 == b.n_tokens:
+                q, k, v, cos, sin, pos, out = *qkv, rope.cos, rope.sin, b.positions, s.attn_heads
             else:
-                q, k, v, c, sn, pos, out = (a[b0:b1] for a in (s.q_heads, s.k_heads, s.v_heads, cos, sin,
-                                                               positions, s.attn_heads))
-            ops.finish_qkv(q, k, v, *biases, *norms, eps, c, sn, neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
-                           kv.v_scale, q_scale)
-            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, scale, out, self.attn_scratch(kv), kv.k_scale,
-                          kv.v_scale)
+                q, k, v, cos, sin, pos, out = (a[b0:b1] for a in (*qkv, rope.cos, rope.sin, b.positions,
+                                                                  s.attn_heads))
+            ops.finish_qkv(q, k, v, *bias_norm, cos, sin, rope.neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
+                           kv.v_scale, cfg.q_scale)
+            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, out, self.attn_scratch(kv),
+                          kv.k_scale, kv.v_scale)
 
     def forward_multi(self, tokens, caches) -> np.ndarray:
         """One decode step for len(tokens) sequences, token i appended to caches[i] (KVCaches of this model's
@@ -234,13 +308,7 @@ class DecoderModel:
             self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
         logits = self._multi_logits[:n]
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
-        pool = caches[0].pool
-        if pool is not None and all(c.pool is pool for c in caches):  # one kernel call per layer for them all
-            self._pool_rows = (pool, np.array([c.pool_index for c in caches], np.int32))
-        try:
-            self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
-        finally:
-            self._pool_rows = None
+        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
         for cache in caches:
             cache.n_past += 1
         return logits

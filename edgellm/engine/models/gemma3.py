@@ -18,10 +18,11 @@ import numpy as np
 
 from edgellm.engine import ops
 from edgellm.errors import ModelError
-from edgellm.engine.models.base import DEFAULT_N_BATCH, DecoderModel
-from edgellm.engine.models.llama import BlockBuffers, linear_rope_scale
-from edgellm.engine.models.linear import group_projections, project_gate_up, project_qkv
-from edgellm.engine.models.loading import check_shape_keys, layer_weights, load_tensors, matrix, read_key, vector
+from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
+from edgellm.engine.models.config import ModelConfig
+from edgellm.engine.models.llama import BlockBuffers
+from edgellm.engine.models.linear import project_gate_up, project_qkv
+from edgellm.engine.models.loading import matrix, vector
 
 SWA_PERIOD_DEFAULT = 6  # llama.cpp: hparams.set_swa_pattern(6) for gemma3
 ROPE_BASE_LOCAL_DEFAULT = 10000.0  # llama.cpp: rope_freq_base_train_swa for gemma3
@@ -29,68 +30,38 @@ N_LAYER_27B = 62  # llama.cpp scales attention by n_embd / n_head instead of hea
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
-    architecture: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    norm_eps: float
-    rope_base: float  # global layers
-    rope_freq_scale: float  # global layers (1 / linear scaling factor)
+class Gemma3Config(ModelConfig):
+    # rope_base and rope_freq_scale are the global layers'; attn_scale is 1 (llama.cpp's Gemma graph scales q)
     rope_base_local: float  # sliding-window layers, unscaled
-    n_rot: int
     sliding_window: int
     swa_period: int  # layer il is global when il % swa_period == swa_period - 1
-    attn_scale: float  # on the scores: 1, since llama.cpp's Gemma graph scales q instead
-    q_scale: float  # on q after rope, in float32, before attention rounds q to f16
 
-    def is_sliding(self, il: int) -> bool:
-        return il % self.swa_period < self.swa_period - 1
+    N_CTX_TRAIN_DEFAULT = 32768
+    ROPE_BASE_DEFAULT = 1000000.0
+    ROPE_NEOX = True
 
     @classmethod
-    def from_gguf(cls, gguf_file):
-        meta, arch = gguf_file.metadata, gguf_file.metadata.get("general.architecture")
-        n_embd = read_key(meta, f"{arch}.embedding_length")
-        n_layer = read_key(meta, f"{arch}.block_count")
-        n_head = read_key(meta, f"{arch}.attention.head_count")
-        n_head_kv = read_key(meta, f"{arch}.attention.head_count_kv", default=n_head)
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise ModelError(f"head_count {n_head} must be a positive multiple of head_count_kv {n_head_kv}")
-        head_dim = read_key(meta, f"{arch}.attention.key_length", default=n_embd // n_head)
-        check_shape_keys(gguf_file, arch, read_key(meta, f"{arch}.block_count"), n_embd, n_head, head_dim)
-        if read_key(meta, f"{arch}.attention.value_length", default=head_dim) != head_dim:
-            raise ModelError("attention.value_length differs from key_length; not supported")
-        window = read_key(meta, f"{arch}.attention.sliding_window")
+    def read_keys(cls, keys) -> dict:
+        shared = super().read_keys(keys)
+        window = keys("attention.sliding_window")
         if window <= 0:
-            raise ModelError(f"{arch}.attention.sliding_window must be positive, got {window}")
-        if "token_embd.weight" not in gguf_file.tensors:
-            raise ModelError("GGUF file lacks tensor 'token_embd.weight'")
+            raise ModelError(f"{keys.arch}.attention.sliding_window must be positive, got {window}")
+        n_layer, n_embd, n_head, head_dim = (shared[k] for k in ("n_layer", "n_embd", "n_head", "head_dim"))
         scale_dim = n_embd / n_head if n_layer == N_LAYER_27B else head_dim
-        return cls(
-            architecture=arch,
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            n_ff=read_key(meta, f"{arch}.feed_forward_length"),
-            n_vocab=int(gguf_file.tensors["token_embd.weight"].shape[0]),
-            n_ctx_train=read_key(meta, f"{arch}.context_length", default=32768),
-            norm_eps=read_key(meta, f"{arch}.attention.layer_norm_rms_epsilon", float),
-            rope_base=read_key(meta, f"{arch}.rope.freq_base", float, default=1000000.0),
-            rope_freq_scale=linear_rope_scale(meta, arch),
-            rope_base_local=read_key(meta, f"{arch}.rope.freq_base_swa", float, default=ROPE_BASE_LOCAL_DEFAULT),
-            n_rot=head_dim,
-            sliding_window=window,
-            swa_period=read_key(meta, f"{arch}.attention.sliding_window_pattern", default=SWA_PERIOD_DEFAULT),
-            attn_scale=1.0,
-            q_scale=1.0 / math.sqrt(scale_dim),
-        )
+        return {**shared,
+                "n_rot": head_dim,
+                "attn_scale": 1.0,
+                "q_scale": 1.0 / math.sqrt(scale_dim),
+                "rope_base_local": keys("rope.freq_base_swa", float, default=ROPE_BASE_LOCAL_DEFAULT),
+                "sliding_window": window,
+                "swa_period": keys("attention.sliding_window_pattern", default=SWA_PERIOD_DEFAULT)}
+
+    def layer_windows(self) -> tuple:
+        return tuple(self.sliding_window if il % self.swa_period < self.swa_period - 1 else 0
+                     for il in range(self.n_layer))
+
+    def is_sliding(self, il: int) -> bool:
+        return self.layer_windows()[il] != 0
 
 
 def tensor_specs(cfg: Gemma3Config):
@@ -127,47 +98,36 @@ class Gemma3Buffers(BlockBuffers):
         self.sin_global = np.zeros((T, half), f32)
 
 
-NONE = np.zeros(0, np.float32)  # no q/k/v biases in Gemma
-
-
 class Gemma3Model(DecoderModel):
+    tensor_specs = staticmethod(tensor_specs)
+
     def __init__(self, gguf_file, config: Gemma3Config, n_ctx: int, n_threads: int, n_batch: int = DEFAULT_N_BATCH,
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
-        w = load_tensors(gguf_file, tensor_specs(config))
-        self.token_embd = w["token_embd.weight"]
-        self.output_norm = w["output_norm.weight"]
-        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied when absent
-        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
-        for layer in self.layers:
-            group_projections(layer)
+        self.load_weights(gguf_file, self.tensor_specs(config))
         self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
         self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
-        windows = [config.sliding_window if config.is_sliding(il) else 0 for il in range(config.n_layer)]
-        self.make_cache(windows)
+        self.windows = config.layer_windows()
+        self.make_cache()
         self.buffers = Gemma3Buffers(config, self.n_batch)
 
     def layer_rope(self, il: int):
-        return (self.rope_local if self.config.is_sliding(il) else self.rope_global).inv_freq, True
+        return (self.rope_local if self.windows[il] else self.rope_global).inv_freq, self.config.rope_neox
 
-    def forward_batch(self, tokens, positions, logits_out, groups=None):
-        cfg, eps, T = self.config, self.config.norm_eps, len(tokens)
-        groups = groups or ((0, T, self.cache),)
-        # several sequences: each one's rows get the arithmetic of a batch of its own size, as if run alone
-        sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
-        s = self.buffers.for_tokens(T)
-        ops.rope_tables(positions, self.rope_local, s.cos_local, s.sin_local)
-        ops.rope_tables(positions, self.rope_global, s.cos_global, s.sin_global)
-        self.token_embd.get_rows(tokens, s.x)
+    def forward_pass(self, b: Batch):
+        cfg, eps, sizes = self.config, self.config.norm_eps, b.sizes
+        s = self.buffers.for_tokens(b.n_tokens)
+        rope_local = b.rope_rows(self.rope_local, s.cos_local, s.sin_local, cfg.rope_neox)
+        rope_global = b.rope_rows(self.rope_global, s.cos_global, s.sin_global, cfg.rope_neox)
+        self.token_embd.get_rows(b.tokens, s.x)
         s.x *= self.embd_scale
         for il, layer in enumerate(self.layers):
-            cos, sin = (s.cos_global, s.sin_global) if self.cache.layers[il].window == 0 else (s.cos_local, s.sin_local)
+            rope = rope_local if self.windows[il] else rope_global
             # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
-            self.attend(il, s, positions, cos, sin, True, (NONE, NONE, NONE), (layer.attn_q_norm, layer.attn_k_norm),
-                        groups)
+            self.attend(il, layer, s, b, rope)
             layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_attention_norm, eps)
             # feed-forward block: m = norm(x); x += post_norm(W_down · (gelu(W_gate m) * W_up m))
@@ -176,5 +136,4 @@ class Gemma3Model(DecoderModel):
             ops.gelu_tanh_mul(s.gate, s.up)
             layer.ffn_down.matmul(s.gate, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
-        if logits_out is not None:
-            self.logits_head(s, T, logits_out, sizes)
+        self.logits_head(s, b)

@@ -44,15 +44,25 @@ def make_linear(tensor):
 def group_projections(layer) -> None:
     """Group a layer's projections that share an input (Q, K, V; gate, up) into QuantGroups where their formats
     allow: one kernel call, one activation quantization and one parallel region per group. Q and K alone form a group
-    where V's format differs (Gemma-3 has Q8_0 V beside Q5_0 Q and K in half its layers)."""
-    layer.attn_qkv = QuantGroup.of(layer.attn_q, layer.attn_k, layer.attn_v) or \
-        QuantGroup.of(layer.attn_q, layer.attn_k)
-    layer.ffn_gate_up = QuantGroup.of(layer.ffn_gate, layer.ffn_up)
+    where V's format differs (Gemma-3 has Q8_0 V beside Q5_0 Q and K in half its layers). The groups are kept as
+    qkv_group and gate_up_group, names no GGUF tensor has: a file's own fused blk.N.attn_qkv.weight loads as
+    layer.attn_qkv and stays that matrix."""
+    layer.qkv_group = layer.gate_up_group = None
+    if getattr(layer, "attn_qkv", None) is None:
+        layer.qkv_group = QuantGroup.of(layer.attn_q, layer.attn_k, layer.attn_v) or \
+            QuantGroup.of(layer.attn_q, layer.attn_k)
+    if getattr(layer, "ffn_gate", None) is not None:
+        layer.gate_up_group = QuantGroup.of(layer.ffn_gate, layer.ffn_up)
 
 
 def project_qkv(layer, x, q, k, v, sizes) -> None:
-    """q, k, v = W_q x, W_k x, W_v x (see group_projections)."""
-    group = layer.attn_qkv
+    """q, k, v = W_q x, W_k x, W_v x (see group_projections). A fused attn_qkv holds W_q, W_k, W_v stacked by
+    rows (llama.cpp's converter layout): one product, then its columns are split."""
+    fused = getattr(layer, "attn_qkv", None)
+    if fused is not None:
+        _split_product(fused, x, (q, k, v), sizes)
+        return
+    group = layer.qkv_group
     if group is None:
         layer.attn_q.matmul(x, q, sizes)
         layer.attn_k.matmul(x, k, sizes)
@@ -65,9 +75,26 @@ def project_qkv(layer, x, q, k, v, sizes) -> None:
 
 
 def project_gate_up(layer, x, gate, up, sizes) -> None:
-    """gate, up = W_gate x, W_up x (see group_projections)."""
-    if layer.ffn_gate_up is None:
+    """gate, up = W_gate x, W_up x (see group_projections). Without ffn_gate, ffn_up holds W_gate then W_up stacked
+    by rows ([2 n_ff, d], llama.cpp's fused SwiGLU layout, as phi3 has): one product, then split."""
+    if getattr(layer, "ffn_gate", None) is None:
+        _split_product(layer.ffn_up, x, (gate, up), sizes)
+    elif layer.gate_up_group is None:
         layer.ffn_gate.matmul(x, gate, sizes)
         layer.ffn_up.matmul(x, up, sizes)
     else:
-        layer.ffn_gate_up.matmul(x, (gate, up), sizes)
+        layer.gate_up_group.matmul(x, (gate, up), sizes)
+
+
+def _split_product(fused, x, outs, sizes) -> None:
+    """outs = the column blocks of fused · x, in order (each out [T, its width]): the fused matrix's own product,
+    as llama.cpp computes it before taking views of it."""
+    widths = [out.shape[1] for out in outs]
+    if fused.n_out != sum(widths):
+        raise ValueError(f"fused matrix has {fused.n_out} rows; the outputs take {sum(widths)}")
+    whole = np.empty((x.shape[0], fused.n_out), np.float32)  # only files with fused tensors pay this allocation
+    fused.matmul(x, whole, sizes)
+    begin = 0
+    for out, width in zip(outs, widths):
+        out[...] = whole[:, begin:begin + width]
+        begin += width

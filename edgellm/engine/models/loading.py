@@ -128,3 +128,20 @@ def layer_weights(loaded: dict, il: int) -> SimpleNamespace:
             stem, kind = name[len(prefix):].rsplit(".", 1)
             fields[stem if kind == "weight" else f"{stem}_{kind}"] = value
     return SimpleNamespace(**fields)
+
+
+NONE = np.zeros(0, np.float32)  # an absent bias or norm: ops.finish_qkv skips that step
+# Steps between the q/k/v projections and attention that a layer has in full or not at all.
+OPTIONAL_QKV_STEPS = (("attn_q_bias", "attn_k_bias", "attn_v_bias"), ("attn_q_norm", "attn_k_norm"))
+
+
+def fill_absent_qkv_steps(layer, il: int) -> None:
+    """Set the layer's absent q/k/v biases and QK norms to NONE (size 0), as DecoderModel.attend reads them;
+    ModelError when a layer has only some of one group."""
+    for group in OPTIONAL_QKV_STEPS:
+        present = [getattr(layer, name, None) is not None for name in group]
+        if any(present) and not all(present):
+            raise ModelError(f"layer {il} has only some of {group}; expected all or none")
+        for name in group:
+            if getattr(layer, name, None) is None:
+                setattr(layer, name, NONE)

@@ -1,0 +1,102 @@
+"""What every architecture's config shares: the keys read from GGUF metadata (`{arch}.block_count`, ...), their
+checks, and the attention window of each layer. An architecture subclasses ModelConfig, adds its own fields and
+extends read_keys; the cache, validation and `edgellm info` size everything from layer_windows()."""
+
+import math
+from dataclasses import dataclass
+
+from edgellm.errors import ModelError
+from edgellm.engine.models.loading import check_shape_keys, read_key
+
+
+class ArchKeys:
+    """Reads `{arch}.<name>` keys of one file: keys("block_count") -> metadata["llama.block_count"]."""
+
+    def __init__(self, gguf_file):
+        self.gguf_file = gguf_file
+        self.metadata = gguf_file.metadata
+        self.arch = gguf_file.metadata.get("general.architecture")
+
+    def __call__(self, name: str, kind=int, **default):
+        return read_key(self.metadata, f"{self.arch}.{name}", kind, **default)
+
+
+def linear_rope_scale(keys: ArchKeys) -> float:
+    """1/factor for linear rope scaling; other scaling schemes (yarn, longrope) are refused, not approximated."""
+    kind = keys("rope.scaling.type", str, default="none")
+    factor = keys("rope.scaling.factor", float, default=0.0)
+    if kind not in ("none", "linear") and factor not in (0.0, 1.0):
+        raise ModelError(f"rope scaling type {kind!r} is not supported")
+    return 1.0 / factor if factor > 0.0 else 1.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # general.architecture as the file names it (an alias stays itself, e.g. "mistral")
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # attention.key_length (= value_length), default n_embd / n_head
+    n_ff: int
+    n_vocab: int  # rows of token_embd
+    n_ctx_train: int
+    norm_eps: float  # RMSNorm epsilon
+    rope_base: float
+    rope_freq_scale: float  # 1 / linear rope scaling factor
+    n_rot: int  # leading dimensions of each head that rope rotates (partial rotary when < head_dim)
+    rope_neox: bool  # NeoX pair ordering (i, i + n_rot/2) instead of adjacent pairs (2i, 2i + 1)
+    attn_scale: float  # on the scores, q·k * attn_scale
+    q_scale: float  # on q after rope, in float32, for graphs that scale q rather than the scores (1: none)
+
+    # Defaults an architecture may change: what llama.cpp assumes when the file lacks the key.
+    N_CTX_TRAIN_DEFAULT = 4096
+    ROPE_BASE_DEFAULT = 10000.0
+    ROPE_NEOX = False
+
+    @classmethod
+    def from_gguf(cls, gguf_file):
+        return cls(**cls.read_keys(ArchKeys(gguf_file)))
+
+    @classmethod
+    def read_keys(cls, keys: ArchKeys) -> dict:
+        """The shared fields from the file's metadata, checked before anything is sized from them. An architecture
+        extends the dict with its own fields (and may replace a shared one, e.g. attn_scale)."""
+        n_embd = keys("embedding_length")
+        n_head = keys("attention.head_count")
+        n_head_kv = keys("attention.head_count_kv", default=n_head)
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise ModelError(f"head_count {n_head} must be a positive multiple of head_count_kv {n_head_kv}")
+        head_dim = keys("attention.key_length", default=n_embd // n_head)
+        n_layer = keys("block_count")
+        check_shape_keys(keys.gguf_file, keys.arch, n_layer, n_embd, n_head, head_dim)
+        if keys("attention.value_length", default=head_dim) != head_dim:
+            raise ModelError("attention.value_length differs from key_length; not supported")
+        n_rot = keys("rope.dimension_count", default=head_dim)
+        if n_rot % 2 or n_rot > head_dim:
+            raise ModelError(f"rope.dimension_count {n_rot} must be even and at most the head size {head_dim}")
+        if "token_embd.weight" not in keys.gguf_file.tensors:
+            raise ModelError("GGUF file lacks tensor 'token_embd.weight'")
+        return dict(
+            architecture=keys.arch,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            n_ff=keys("feed_forward_length"),
+            n_vocab=int(keys.gguf_file.tensors["token_embd.weight"].shape[0]),
+            n_ctx_train=keys("context_length", default=cls.N_CTX_TRAIN_DEFAULT),
+            norm_eps=keys("attention.layer_norm_rms_epsilon", float),
+            rope_base=keys("rope.freq_base", float, default=cls.ROPE_BASE_DEFAULT),
+            rope_freq_scale=linear_rope_scale(keys),
+            n_rot=n_rot,
+            rope_neox=cls.ROPE_NEOX,
+            attn_scale=keys("attention.scale", float, default=0.0) or 1.0 / math.sqrt(head_dim),
+            q_scale=1.0,
+        )
+
+    def layer_windows(self) -> tuple:
+        """Each layer's attention window in positions, 0 for global attention: the one place that says which
+        layers slide (the KV cache's ring sizes, the memory checks and `edgellm info` all read it)."""
+        return (0,) * self.n_layer
