@@ -26,6 +26,7 @@ import numpy as np
 from . import gguf as gguf_reader
 from .atomic import replace_synced, unique_temp_path
 from .errors import EdgeLLMError
+from quant.registry import records as format_records
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. file types
@@ -50,7 +51,7 @@ FILE_TYPES = {ft.name: ft for ft in (
 )}
 FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize
 FLOAT_TYPES = ("F32", "F16", "BF16")
-TENSOR_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TENSOR_TYPES = FLOAT_TYPES + tuple(r.name for r in format_records() if r.quantizer)  # those with a Numba quantizer
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 
 
