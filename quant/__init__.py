@@ -7,6 +7,7 @@
   kernels_dequant.py  Numba block decoders for every format
   activations.py      Numba activation quantization (Q8_0-style, Q8_K-style)
   dots_block32.py     row dots of the 32-element formats with Q8_0 activations (Q4_0 .. Q8_0)
+  iq4_nl.py           IQ4_NL's block decoder, row dots and quantizer (a 16-value non-linear table)
   kernels_kquant.py,
   matmul_kquant.py    int8 matmul for Q2_K .. Q6_K, Q8_K (pieces; row dots and drivers)
   kernels_float.py    float matmul for F32, F16, BF16

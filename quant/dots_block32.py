@@ -134,11 +134,13 @@ def _pack_lane_sums(xq, nb, n8, n4, n_tokens):
 
 @njit(cache=True)
 def _tile_scratch(xq, xd, n_tokens, n_in):
-    """The tiles' part of the scratch (see the matmul contract above): xp int8[T*n_in] after the token-by-token quants, xl
-    int8[T*n_in] after that (lane sums, read as int32), xt f32[5*T*n_in/32] after the token-by-token scales."""
+    """The tiles' part of the scratch (see the matmul contract above): xp int8[T*n_in] after the token-by-token
+    quants, xl int8[T*n_in] after that (lane sums, read as int32), xt f32[5*T*n_in/32] after the token-by-token
+    scales."""
     n, nb = n_tokens * n_in, n_tokens * (n_in // 32)
     if xq.shape[0] < 3 * n or xd.shape[0] < 6 * nb:  # (QuantLinear sizes these; a direct caller might not)
-        raise ValueError("32-element block matmul scratch too small: xq needs 3*T*n_in bytes, xd 6*T*n_in/32 floats")
+        raise ValueError("32-element block matmul scratch too small: xq needs 3*T*n_in bytes, "
+                         "xd 6*T*n_in/32 floats")
     return xq[n:2 * n], xq[2 * n:3 * n], xd[nb:6 * nb]
 
 

@@ -73,6 +73,8 @@ FORMATS: tuple[BlockFormat, ...] = (
                 _dtype(("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", _F16)), "k"),
     BlockFormat("Q8_K", 15, QK_K, 4 + QK_K + QK_K // 16 * 2,
                 _dtype(("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))), "k"),
+    BlockFormat("IQ4_NL", 20, 32, 2 + 32 // 2,
+                _dtype(("d", _F16), ("qs", "u1", (16,))), "block32"),
     BlockFormat("BF16", 30, 1, 2, _dtype(("v", "<u2")), "float"),
 )
 

@@ -1,10 +1,10 @@
 """Integer matmul kernels for the K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K.
 
-Same scheme as the 32-element formats (quant.dots_block32) over 256-element super-blocks, with Q8_K-style activations (int8, one float
-scale per 256, int sums of each 16 for the mins). Within a super-block everything is integer, as in
-llama.cpp's vec_dot_<fmt>_q8_K: sub-block scales multiply int32 lanes, the super-block's lanes are scaled by
-d_w * d_x once, and the mins term dmin * d_x * sum(m_s * bsum_s) is accumulated apart and subtracted at the
-end of the row.
+Same scheme as the 32-element formats (quant.dots_block32) over 256-element super-blocks, with Q8_K-style
+activations (int8, one float scale per 256, int sums of each 16 for the mins). Within a super-block everything
+is integer, as in llama.cpp's vec_dot_<fmt>_q8_K: sub-block scales multiply int32 lanes, the super-block's
+lanes are scaled by d_w * d_x once, and the mins term dmin * d_x * sum(m_s * bsum_s) is accumulated apart and
+subtracted at the end of the row.
 
 Each format supplies `_group_<fmt>(w, o, g)` (here): quants 32g..32g+31 of the super-block at byte o as
 I8x32, with the scales and mins of its two 16-element halves, and `_scales_<fmt>` (d, dmin). Around them,

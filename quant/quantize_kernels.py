@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .formats import QK_K, format_by_name
+from .formats import format_by_name
 from .registry import kernels_for
 
 F32 = np.float32

@@ -196,6 +196,14 @@ def dequantize_q6_k(b):
     return (d * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
 
 
+# IQ4_NL's 16 non-linear levels (llama.cpp's kvalues_iq4nl), indexed by each 4-bit field (gguf-py's IQ4_NL)
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def dequantize_iq4_nl(b):
+    return _f32(b["d"])[:, None] * KVALUES_IQ4NL[_nibbles_lo_then_hi(b["qs"])].astype(np.float32)
+
+
 def dequantize_q8_k(b):  # not in gguf-py; the int8 quants times the float32 scale
     return b["qs"].astype(np.float32) * b["d"][:, None]
 
@@ -323,6 +331,55 @@ def quantize(x, ggml_type) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, fmt.block_size)
     return quantizer(x).view(np.uint8).reshape(*shape[:-1], fmt.row_bytes(shape[-1]))
 
+
+# IQ4_NL: llama.cpp's quantize_iq4_nl without an importance matrix (quantize_row_iq4_nl_impl, one 32-element block
+# per super-block, 7 tries): weights x^2; a first scale max / 127 refined by a weighted least-squares fit; 15 more
+# candidate scales (itry - 127) / max, the fit that explains most of the weighted variance wins; then every value
+# takes the nearest level at that scale. As kquants_quantize: float32 in C's order, sequential sums, no FMA, so the
+# bytes equal a build of ggml-quants.c without FMA contraction.
+IQ4_NL_TRIES = 7
+GROUP_MAX_EPS = np.float32(1e-15)
+
+
+def _nearest_iq4nl(v: np.ndarray) -> np.ndarray:
+    """best_index_int8 over KVALUES_IQ4NL: the nearest level's index, the upper one unless the lower is strictly
+    nearer (values below the first or above the last level clamp)."""
+    levels = KVALUES_IQ4NL.astype(np.float32)
+    mu = np.clip(np.searchsorted(levels, v, side="right"), 1, 15)
+    lower = (v - levels[mu - 1]) < (levels[mu] - v)
+    idx = np.where(lower, mu - 1, mu)
+    return np.where(v <= levels[0], 0, np.where(v >= levels[15], 15, idx))
+
+
+def _iq4nl_fit(x, w, inv):
+    """(sumqx, sumq2) of the levels nearest inv * x, each a sequential float32 sum of (w*q)*x and (w*q)*q."""
+    q = KVALUES_IQ4NL.astype(np.float32)[_nearest_iq4nl(inv[:, None] * x)]
+    wq = w * q
+    return (np.cumsum(wq * x, axis=1, dtype=np.float32)[:, -1], np.cumsum(wq * q, axis=1, dtype=np.float32)[:, -1])
+
+
+@_fills_blocks
+def quantize_iq4_nl(x, out):
+    n = x.shape[0]
+    w = x * x
+    first = np.abs(x).argmax(axis=1)
+    amax, vmax = np.abs(x)[np.arange(n), first], x[np.arange(n), first]
+    live = amax >= GROUP_MAX_EPS
+    safe_max = np.where(live, vmax, np.float32(1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = -safe_max / np.float32(KVALUES_IQ4NL[0])
+        sumqx, sumq2 = _iq4nl_fit(x, w, np.float32(1) / d)
+        d = np.where(sumq2 > 0, sumqx / sumq2, np.float32(0)).astype(np.float32)
+        best = d * sumqx
+        for itry in range(-IQ4_NL_TRIES, IQ4_NL_TRIES + 1):
+            sumqx, sumq2 = _iq4nl_fit(x, w, np.float32(itry + int(KVALUES_IQ4NL[0])) / safe_max)
+            better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+            d = np.where(better, sumqx / sumq2, d)
+            best = np.where(better, d * sumqx, best)
+        scale = np.where(live, d, np.float32(0)).astype(np.float32)
+        inv = np.where(scale != 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    idx = _nearest_iq4nl(inv[:, None] * x).astype(np.uint8)
+    out["d"], out["qs"] = scale, _pack_lo_then_hi(idx)
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. activation quantization for the integer kernels

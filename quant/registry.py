@@ -133,6 +133,8 @@ RECORDS: tuple[FormatKernels, ...] = (
     _kquant("Q5_K", cuda=True),
     _kquant("Q6_K", cuda=True),
     _kquant("Q8_K", quantizer=False),
+    _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
+             cuda=False),
 )
 
 
@@ -149,7 +151,8 @@ def _check() -> dict[str, FormatKernels]:
         fmt = r.format
         want = {"float": FLOAT, "block32": Q8_0, "k": Q8_K}[fmt.family]
         if r.activation != want:
-            raise AssertionError(f"{r.name}: a {fmt.family} format computes with {want} activations, not {r.activation}")
+            raise AssertionError(f"{r.name}: a {fmt.family} format computes with {want} activations, "
+                                 f"not {r.activation}")
         if r.activation == Q8_0 and (fmt.block_size != 32 or r.dots is None or r.driver not in
                                      (DRIVER_PLAIN, DRIVER_MINS, DRIVER_LANE_SUMS)):
             raise AssertionError(f"{r.name}: a Q8_0-activation format needs 32-element blocks, dots and a driver")

@@ -642,8 +642,8 @@ def test_i32x8_hsum8_and_lane_conversions_match_numpy():
 
 
 def test_block32_matmul_refuses_scratch_too_small_for_its_tiles():
-    """The 32-element block kernels keep the eight-token tiles' copy of the activations after the token-by-token quants in
-    the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
+    """The 32-element block kernels keep the eight-token tiles' copy of the activations after the token-by-token quants
+    in the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
     matmul_q8_0 = kernels_for("Q8_0").matmul_kernel()
     fmt = quant.format_by_name("Q8_0")
     layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))

@@ -166,10 +166,10 @@ def matmul_block32() -> str:
             template = MATMUL
         body.append(f"\n\n# --- {r.name} " + "-" * (110 - len(r.name)) + "\n")
         body.append(ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
-    doc = ("The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block of\n"
-           "ROW_BLOCK rows x every token (eight-token tiles, four-token tiles, then single tokens two rows at a time),\n"
-           "matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The contract, the dots they\n"
-           "call and the activation layouts are in quant.dots_block32.")
+    doc = ("The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block\n"
+           "of ROW_BLOCK rows x every token (eight-token tiles, four-token tiles, then single tokens two rows at a\n"
+           "time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The contract, the\n"
+           "dots they call and the activation layouts are in quant.dots_block32.")
     head = ("from numba import njit, prange\n"
             "from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)\n\n")
     return _module(doc, head + _imports(imports) + "".join(body))
