@@ -1,6 +1,6 @@
 """Numba activation quantization for the integer kernels; bit-exact with quant.reference.quantize_act_*.
 
-Q8_0-style (32 per block) feeds the legacy formats, Q8_K-style (256 per block, with int sums of each 16)
+Q8_0-style (32 per block) feeds the 32-element block formats, Q8_K-style (256 per block, with int sums of each 16)
 feeds the K-quants. No fastmath: the int8 values and scales must be exactly the reference's (and llama.cpp's,
 whose matmuls these reproduce bit for bit).
 """

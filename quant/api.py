@@ -6,7 +6,7 @@ import numpy as np
 
 from . import reference
 from .formats import format_by_name
-from .kernels_dequant import DEQUANTIZE_ROWS
+from .registry import kernels_for
 
 
 def dequantize(data, ggml_type, shape) -> np.ndarray:
@@ -21,12 +21,12 @@ def dequantize(data, ggml_type, shape) -> np.ndarray:
     n_rows = int(np.prod(shape[:-1], dtype=np.int64))
     out = np.empty((n_rows, row_len), np.float32)
     if out.size:
-        DEQUANTIZE_ROWS[fmt.name](raw, fmt.row_bytes(row_len), np.arange(n_rows), out)
+        kernels_for(fmt).dequantize_rows()(raw, fmt.row_bytes(row_len), np.arange(n_rows), out)
     return out.reshape(shape)
 
 
 def quantize(x, ggml_type) -> np.ndarray:
     """float32 array (..., n) -> uint8 array (..., bytes per row) of `ggml_type` blocks.
 
-    Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (bit-exact with gguf.quants.quantize)."""
+    Supported: the formats gguf-py quantizes, bit-exact with gguf.quants.quantize (quant.reference)."""
     return reference.quantize(x, ggml_type)

@@ -32,7 +32,7 @@ class BlockFormat:
     block_size: int      # elements per block
     type_size: int       # bytes per block
     block_dtype: np.dtype  # numpy structured dtype of one block (itemsize == type_size)
-    family: str          # "float" (no blocks), "legacy" (32-element blocks) or "k" (256-element super-blocks)
+    family: str          # "float" (no blocks), "block32" (32-element blocks) or "k" (256-element super-blocks)
 
     def row_bytes(self, n_elements: int) -> int:
         """Bytes taken by one row of n_elements (which must be a multiple of block_size)."""
@@ -51,15 +51,15 @@ FORMATS: tuple[BlockFormat, ...] = (
     BlockFormat("F32", 0, 1, 4, _dtype(("v", "<f4")), "float"),
     BlockFormat("F16", 1, 1, 2, _dtype(("v", _F16)), "float"),
     BlockFormat("Q4_0", 2, 32, 2 + 32 // 2,
-                _dtype(("d", _F16), ("qs", "u1", (16,))), "legacy"),
+                _dtype(("d", _F16), ("qs", "u1", (16,))), "block32"),
     BlockFormat("Q4_1", 3, 32, 2 + 2 + 32 // 2,
-                _dtype(("d", _F16), ("m", _F16), ("qs", "u1", (16,))), "legacy"),
+                _dtype(("d", _F16), ("m", _F16), ("qs", "u1", (16,))), "block32"),
     BlockFormat("Q5_0", 6, 32, 2 + 4 + 32 // 2,
-                _dtype(("d", _F16), ("qh", "u1", (4,)), ("qs", "u1", (16,))), "legacy"),
+                _dtype(("d", _F16), ("qh", "u1", (4,)), ("qs", "u1", (16,))), "block32"),
     BlockFormat("Q5_1", 7, 32, 2 + 2 + 4 + 32 // 2,
-                _dtype(("d", _F16), ("m", _F16), ("qh", "u1", (4,)), ("qs", "u1", (16,))), "legacy"),
+                _dtype(("d", _F16), ("m", _F16), ("qh", "u1", (4,)), ("qs", "u1", (16,))), "block32"),
     BlockFormat("Q8_0", 8, 32, 2 + 32,
-                _dtype(("d", _F16), ("qs", "i1", (32,))), "legacy"),
+                _dtype(("d", _F16), ("qs", "i1", (32,))), "block32"),
     BlockFormat("Q2_K", 10, QK_K, QK_K // 16 + QK_K // 4 + 2 + 2,
                 _dtype(("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", _F16), ("dmin", _F16)), "k"),
     BlockFormat("Q3_K", 11, QK_K, QK_K // 8 + QK_K // 4 + 12 + 2,
@@ -73,6 +73,8 @@ FORMATS: tuple[BlockFormat, ...] = (
                 _dtype(("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", _F16)), "k"),
     BlockFormat("Q8_K", 15, QK_K, 4 + QK_K + QK_K // 16 * 2,
                 _dtype(("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))), "k"),
+    BlockFormat("IQ4_NL", 20, 32, 2 + 32 // 2,
+                _dtype(("d", _F16), ("qs", "u1", (16,))), "block32"),
     BlockFormat("BF16", 30, 1, 2, _dtype(("v", "<u2")), "float"),
 )
 

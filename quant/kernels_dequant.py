@@ -1,20 +1,15 @@
 """Numba dequantization for every format, bit-exact with quant.reference (and so with gguf-py).
 
-Per format: `_block_<fmt>(w, o, out, p)` dequantizes the block at byte offset `o` of `w` into
+Per format: `block_<fmt>(w, o, out, p)` dequantizes the block at byte offset `o` of `w` into
 out[p : p + block_size], with the same float32 operations in the same order as the numpy reference (no
-fastmath: contracting d*q + m into an FMA would change the bits). `dequantize_rows_<fmt>(w, row_bytes,
-rows, out)` runs it over out[i] = row rows[i] of the tensor, in parallel over rows; it serves both the whole
-tensor (rows = arange) and embedding lookup (rows = token ids). Callers (quant.api, quant.linear) validate
-sizes and ids first: these kernels do not bounds-check.
-
-Written out per format rather than generated, because Numba's on-disk cache misses for closures.
+fastmath: contracting d*q + m into an FMA would change the bits). The row drivers that run them,
+`dequantize_rows_<fmt>`, are generated into quant.dequantize_rows (tools/gen_kernels.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
+from numba import njit
 
 from .simd import load_bf16, load_f16, load_f32, load_u8, load_u32
 
@@ -22,22 +17,22 @@ _F32 = np.float32
 
 
 @njit(cache=True)
-def _block_f32(w, o, out, p):
+def block_f32(w, o, out, p):
     out[p] = load_f32(w, o)
 
 
 @njit(cache=True)
-def _block_f16(w, o, out, p):
+def block_f16(w, o, out, p):
     out[p] = load_f16(w, o)
 
 
 @njit(cache=True)
-def _block_bf16(w, o, out, p):
+def block_bf16(w, o, out, p):
     out[p] = load_bf16(w, o)
 
 
 @njit(cache=True)
-def _block_q4_0(w, o, out, p):
+def block_q4_0(w, o, out, p):
     d = load_f16(w, o)
     for j in range(16):
         q = np.int32(w[o + 2 + j])
@@ -46,7 +41,7 @@ def _block_q4_0(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q4_1(w, o, out, p):
+def block_q4_1(w, o, out, p):
     d, m = load_f16(w, o), load_f16(w, o + 2)
     for j in range(16):
         q = np.int32(w[o + 4 + j])
@@ -55,7 +50,7 @@ def _block_q4_1(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q5_0(w, o, out, p):
+def block_q5_0(w, o, out, p):
     d, qh = load_f16(w, o), load_u32(w, o + 2)
     for j in range(16):
         q = np.int32(w[o + 6 + j])
@@ -64,7 +59,7 @@ def _block_q5_0(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q5_1(w, o, out, p):
+def block_q5_1(w, o, out, p):
     d, m, qh = load_f16(w, o), load_f16(w, o + 2), load_u32(w, o + 4)
     for j in range(16):
         q = np.int32(w[o + 8 + j])
@@ -73,14 +68,14 @@ def _block_q5_1(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q8_0(w, o, out, p):
+def block_q8_0(w, o, out, p):
     d = load_f16(w, o)
     for j in range(32):
         out[p + j] = _F32(np.int8(w[o + 2 + j])) * d
 
 
 @njit(cache=True)
-def _block_q2_k(w, o, out, p):
+def block_q2_k(w, o, out, p):
     d, dmin = load_f16(w, o + 80), load_f16(w, o + 82)
     for h in range(2):
         for j in range(4):
@@ -100,7 +95,7 @@ def q3_k_scale(w, o_scales, s):
 
 
 @njit(cache=True)
-def _block_q3_k(w, o, out, p):
+def block_q3_k(w, o, out, p):
     d = load_f16(w, o + 108)
     for h in range(2):
         for j in range(4):
@@ -133,7 +128,7 @@ def k_scale_min(w, o_scales, j):
 
 
 @njit(cache=True)
-def _block_q4_k(w, o, out, p):
+def block_q4_k(w, o, out, p):
     d, dmin = load_f16(w, o), load_f16(w, o + 2)
     for j in range(8):
         sc, mn = k_scale_min(w, o + 4, j)
@@ -144,7 +139,7 @@ def _block_q4_k(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q5_k(w, o, out, p):
+def block_q5_k(w, o, out, p):
     d, dmin = load_f16(w, o), load_f16(w, o + 2)
     for j in range(8):
         sc, mn = k_scale_min(w, o + 4, j)
@@ -156,7 +151,7 @@ def _block_q5_k(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q6_k(w, o, out, p):
+def block_q6_k(w, o, out, p):
     d = load_f16(w, o + 208)
     for h in range(2):
         for j in range(4):  # element h*128 + j*32 + l: nibble j//2 of ql[h*64 + (j%2)*32 + l], crumb j of qh
@@ -169,117 +164,10 @@ def _block_q6_k(w, o, out, p):
 
 
 @njit(cache=True)
-def _block_q8_k(w, o, out, p):
+def block_q8_k(w, o, out, p):
     d = load_f32(w, o)
     for j in range(256):
         out[p + j] = _F32(np.int8(w[o + 4 + j])) * d
 
 
 # --- drivers: out[i, :] = row rows[i] ----------------------------------------------------------------------
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_f32(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1]):
-            _block_f32(w, rows[i] * row_bytes + b * 4, out[i], b)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_f16(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1]):
-            _block_f16(w, rows[i] * row_bytes + b * 2, out[i], b)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_bf16(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1]):
-            _block_bf16(w, rows[i] * row_bytes + b * 2, out[i], b)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q4_0(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 32):
-            _block_q4_0(w, rows[i] * row_bytes + b * 18, out[i], b * 32)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q4_1(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 32):
-            _block_q4_1(w, rows[i] * row_bytes + b * 20, out[i], b * 32)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q5_0(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 32):
-            _block_q5_0(w, rows[i] * row_bytes + b * 22, out[i], b * 32)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q5_1(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 32):
-            _block_q5_1(w, rows[i] * row_bytes + b * 24, out[i], b * 32)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q8_0(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 32):
-            _block_q8_0(w, rows[i] * row_bytes + b * 34, out[i], b * 32)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q2_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q2_k(w, rows[i] * row_bytes + b * 84, out[i], b * 256)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q3_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q3_k(w, rows[i] * row_bytes + b * 110, out[i], b * 256)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q4_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q4_k(w, rows[i] * row_bytes + b * 144, out[i], b * 256)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q5_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q5_k(w, rows[i] * row_bytes + b * 176, out[i], b * 256)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q6_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q6_k(w, rows[i] * row_bytes + b * 210, out[i], b * 256)
-
-
-@njit(parallel=True, cache=True)
-def dequantize_rows_q8_k(w, row_bytes, rows, out):
-    for i in prange(rows.shape[0]):
-        for b in range(out.shape[1] // 256):
-            _block_q8_k(w, rows[i] * row_bytes + b * 292, out[i], b * 256)
-
-
-DEQUANTIZE_ROWS = {
-    "F32": dequantize_rows_f32, "F16": dequantize_rows_f16, "BF16": dequantize_rows_bf16,
-    "Q4_0": dequantize_rows_q4_0, "Q4_1": dequantize_rows_q4_1, "Q5_0": dequantize_rows_q5_0,
-    "Q5_1": dequantize_rows_q5_1, "Q8_0": dequantize_rows_q8_0, "Q2_K": dequantize_rows_q2_k,
-    "Q3_K": dequantize_rows_q3_k, "Q4_K": dequantize_rows_q4_k, "Q5_K": dequantize_rows_q5_k,
-    "Q6_K": dequantize_rows_q6_k, "Q8_K": dequantize_rows_q8_k,
-}

@@ -102,5 +102,4 @@ def matmul_bf16(w, row_bytes, x, out):
         _matmul_rows(w, row_bytes, x, out, _KIND_BF16, 2, r)
 
 
-MATMUL = {"F32": matmul_f32, "F16": matmul_f16, "BF16": matmul_bf16}
 

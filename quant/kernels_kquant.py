@@ -1,10 +1,10 @@
 """Integer matmul kernels for the K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K.
 
-Same scheme as kernels_legacy over 256-element super-blocks, with Q8_K-style activations (int8, one float
-scale per 256, int sums of each 16 for the mins). Within a super-block everything is integer, as in
-llama.cpp's vec_dot_<fmt>_q8_K: sub-block scales multiply int32 lanes, the super-block's lanes are scaled by
-d_w * d_x once, and the mins term dmin * d_x * sum(m_s * bsum_s) is accumulated apart and subtracted at the
-end of the row.
+Same scheme as the 32-element formats (quant.dots_block32) over 256-element super-blocks, with Q8_K-style
+activations (int8, one float scale per 256, int sums of each 16 for the mins). Within a super-block everything
+is integer, as in llama.cpp's vec_dot_<fmt>_q8_K: sub-block scales multiply int32 lanes, the super-block's
+lanes are scaled by d_w * d_x once, and the mins term dmin * d_x * sum(m_s * bsum_s) is accumulated apart and
+subtracted at the end of the row.
 
 Each format supplies `_group_<fmt>(w, o, g)` (here): quants 32g..32g+31 of the super-block at byte o as
 I8x32, with the scales and mins of its two 16-element halves, and `_scales_<fmt>` (d, dmin). Around them,
@@ -13,7 +13,7 @@ functions as arguments):
   _superblock_<fmt>   one super-block x one token                       (decode path, T < 4)
   _decode_<fmt>       one super-block -> int8 quants + int scales/mins  (prompt path, reused by 4 tokens)
   vec_dot_<fmt>_q8_k  one row x one token
-  matmul_<fmt>(w, row_bytes, x, xq, xd, bsums, out), same contract as kernels_legacy
+  matmul_<fmt>(w, row_bytes, x, xq, xd, bsums, out), same contract as quant.matmul_block32
       (xq int8[T*n_in], xd f32[T*n_in/256], bsums int32[T*n_in/16] are scratch).
 For T >= 4 rows are decoded ROW_CHUNK at a time into a per-chunk buffer and `gemm_decoded` (here) runs the
 same integer lanes and float steps per token as vec_dot, four tokens per decoded group, so matmul rows

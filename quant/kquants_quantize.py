@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import QK_K, format_by_name
+from .registry import Q8_K, kernels_for, records
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)  # below this a group counts as all zero (ggml-quants.c)
@@ -320,17 +321,12 @@ def quantize_q8_k(x: np.ndarray) -> np.ndarray:
     return out
 
 
-QUANTIZE_K_BLOCKS = {
-    "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k,
-    "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k, "Q8_K": quantize_q8_k,
-}
-
-
 def quantize_k(x, ggml_type) -> np.ndarray:
     """float32 array (..., n), n a multiple of 256 -> uint8 array (..., bytes per row) of K-quant blocks."""
     fmt = format_by_name(ggml_type)
-    if fmt.name not in QUANTIZE_K_BLOCKS:
-        raise ValueError(f"{fmt.name} is not a K-quant format; K-quants: {', '.join(QUANTIZE_K_BLOCKS)}")
+    k_quants = [r.name for r in records(Q8_K)]
+    if fmt.name not in k_quants:
+        raise ValueError(f"{fmt.name} is not a K-quant format; K-quants: {', '.join(k_quants)}")
     x = np.asarray(x)
     if x.ndim == 0 or x.shape[-1] % QK_K:
         raise ValueError(f"{fmt.name} needs rows that are a multiple of {QK_K} elements, got shape {x.shape}")
@@ -338,5 +334,5 @@ def quantize_k(x, ggml_type) -> np.ndarray:
     blocks = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
     # inf/NaN appear in the search for degenerate groups exactly as in C, and are masked out there
     with np.errstate(all="ignore"):
-        out = QUANTIZE_K_BLOCKS[fmt.name](blocks) if blocks.shape[0] else np.zeros(0, fmt.block_dtype)
+        out = kernels_for(fmt).reference_quantizer()(blocks) if blocks.shape[0] else np.zeros(0, fmt.block_dtype)
     return out.view(np.uint8).reshape(*shape[:-1], fmt.row_bytes(shape[-1]))

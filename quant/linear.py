@@ -20,26 +20,24 @@ import threading
 
 import numpy as np
 
-from . import kernels_float, kernels_legacy, matmul_kquant
-from .kernels_dequant import DEQUANTIZE_ROWS
+from . import matmul_kquant
 from .formats import BlockFormat, format_by_name
 from .reference import as_checked_bytes, check_shape
-
-_MATMUL = {**kernels_legacy.MATMUL, **matmul_kquant.MATMUL, **kernels_float.MATMUL}
+from .registry import FLOAT, Q8_0, kernels_for
 
 
 class _ActivationScratch:
     """int8 quants + per-block scales (+ sums) for up to `capacity` tokens of width n_in."""
 
-    def __init__(self, family: str, n_in: int):
-        self.family, self.n_in, self.capacity = family, n_in, 0
+    def __init__(self, activation: str, n_in: int):
+        self.activation, self.n_in, self.capacity = activation, n_in, 0
         self.args: tuple = ()
         self.reserve(1)
 
     def reserve(self, n_tokens: int) -> tuple:
         if n_tokens > self.capacity:  # matmul only: matvec always fits
             n = n_tokens * self.n_in
-            if self.family == "legacy":  # xq, d per 32, d*sum(q) per 32, each followed by the 8-token tiles' copy
+            if self.activation == Q8_0:  # xq, d per 32, d*sum(q) per 32, each followed by the 8-token tiles' copy
                 self.args = (np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
                              np.empty(n // 32, np.float32))
             else:                        # xq, d per 256, int sums per 16
@@ -48,7 +46,7 @@ class _ActivationScratch:
         return self.args
 
 
-_THREAD_SCRATCH = threading.local()  # .buffers: {(family, n_in): _ActivationScratch} for this thread
+_THREAD_SCRATCH = threading.local()  # .buffers: {(activation, n_in): _ActivationScratch} for this thread
 _UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
 
 
@@ -92,8 +90,11 @@ class QuantLinear:
         self.n_out, self.n_in = shape
         self.ggml_type = self.format.name
         self.row_bytes = self.format.row_bytes(self.n_in)
-        self._kernel = _MATMUL[self.format.name]
-        self._scratch_key = None if self.format.family == "float" else (self.format.family, self.n_in)
+        self.kernels = kernels_for(self.format)
+        self._kernel = self.kernels.matmul_kernel()
+        self._dequantize_rows = self.kernels.dequantize_rows()
+        activation = self.kernels.activation
+        self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
 
     @classmethod
@@ -168,7 +169,7 @@ class QuantLinear:
 
     def dequantize(self) -> np.ndarray:
         out = np.empty((self.n_out, self.n_in), np.float32)
-        DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, np.arange(self.n_out), out)
+        self._dequantize_rows(self.data, self.row_bytes, np.arange(self.n_out), out)
         return out
 
     def get_rows(self, ids, out: np.ndarray) -> None:
@@ -182,7 +183,7 @@ class QuantLinear:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.n_out:
             raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
-        DEQUANTIZE_ROWS[self.ggml_type](self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
+        self._dequantize_rows(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
 
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute
@@ -199,12 +200,12 @@ class QuantGroup:
         if not 2 <= len(layers) <= 3 or not all(isinstance(layer, QuantLinear) for layer in layers):
             raise ValueError(f"QuantGroup needs two or three QuantLinear, got {layers!r}")
         first = layers[0]
-        if first.format.name not in kernels_legacy.MATMUL3 or any(
-                layer.ggml_type != first.ggml_type or layer.n_in != first.n_in for layer in layers):
-            raise ValueError("QuantGroup needs layers of one 32-element block format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) "
+        kernel = first.kernels.matmul3_kernel()
+        if kernel is None or any(layer.ggml_type != first.ggml_type or layer.n_in != first.n_in for layer in layers):
+            raise ValueError("QuantGroup needs layers of one 32-element block format with Q8_0 activations "
                              "and one input width, got " + ", ".join(repr(layer) for layer in layers))
         self.layers, self.n_in = layers, first.n_in
-        self._kernel = kernels_legacy.MATMUL3[first.format.name]
+        self._kernel = kernel
         self._weights = tuple(layer.data for layer in layers) + ((layers[1].data,) if len(layers) == 2 else ())
         self._scratch_key = first._scratch_key
 

@@ -15,7 +15,7 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q4_k,
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
-from .dots_legacy import PREFETCH_BYTES
+from .dots_block32 import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
@@ -29,7 +29,7 @@ _F32 = np.float32
 
 @njit(cache=True, inline="always")
 def _prefetch_block(w, o, nbytes):
-    """Hint the cache lines of the nbytes-long super-block PREFETCH_BYTES past byte o (see dots_legacy)."""
+    """Hint the cache lines of the nbytes-long super-block PREFETCH_BYTES past byte o (see dots_block32)."""
     for k in range(0, nbytes, 64):
         prefetch(w, o + PREFETCH_BYTES + k)
 
@@ -692,19 +692,17 @@ def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
     return kinds
 
 
-MATMUL = {"Q2_K": matmul_q2_k, "Q3_K": matmul_q3_k, "Q4_K": matmul_q4_k, "Q5_K": matmul_q5_k,
-          "Q6_K": matmul_q6_k, "Q8_K": matmul_q8_k}
-# The same formats' kernels for batches that need none of the eight-token paths (see kernel_for); kept apart so that
-# decode and short prompts compile less (a first run's Q4_K kernel compiled for 22-25 s with its eight-token gemm).
-MATMUL_FEW = {"Q4_K": matmul_q4_k_few, "Q6_K": matmul_q6_k_few}
+# ROW_KIND_FORMATS also have matmul_<fmt>_few, the kernel for batches that need none of the eight-token paths (see
+# kernel_for); kept apart so that decode and short prompts compile less (with its eight-token gemm, a first run's
+# Q4_K kernel compiles for tens of seconds).
 
 
 def kernel_for(name: str, kinds: np.ndarray):
-    """The kernel for a batch of these row kinds: MATMUL_FEW's unless the batch has eight-token work (Q4_K: an
+    """The kernel for a batch of these row kinds: matmul_<fmt>_few unless the batch has eight-token work (Q4_K: an
     aligned group of eight gemm tokens; Q6_K: any tiled row)."""
     if name == "Q6_K":
         eight = bool(kinds.any())
     else:
         groups = kinds[:len(kinds) - len(kinds) % 8].reshape(-1, 8)
         eight = bool(groups.all(axis=1).any())
-    return MATMUL[name] if eight else MATMUL_FEW[name]
+    return globals()[f"matmul_{name.lower()}" + ("" if eight else "_few")]

@@ -2,13 +2,13 @@
 edgellm.quantize uses.
 
 Sections: scalar helpers (rounding, half floats); the three scale searches; one block kernel per K-quant;
-block kernels for the legacy formats; parallel drivers; `quantize_fast`.
+block kernels for the 32-element formats; `quantize_fast`. The parallel drivers that run the block kernels,
+`quantize_blocks_<fmt>`, are generated into quant.quantize_blocks (tools/gen_kernels.py).
 
 Each kernel repeats its reference's float32 operations in the same order (quant.kquants_quantize for the
 K-quants, quant.reference for Q4_0 ... Q8_0, which is bit-exact with gguf-py): every literal is a float32,
 every int is converted to float32 before it meets a float (Numba would otherwise promote to float64), sums
 run in element order, and there is no fastmath, so LLVM never contracts `a*b + c` into an FMA.
-Parallel over chunks of blocks, each chunk with its own scratch buffers.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
-from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
+from numba import njit
 
-from .formats import QK_K, format_by_name
+from .formats import format_by_name
+from .registry import kernels_for
 
 F32 = np.float32
 GROUP_MAX_EPS = np.float32(1e-15)
-BLOCKS_PER_CHUNK = 64  # K-quant super-blocks (64 * 256 values) per unit of parallel work
 
 # ---------------------------------------------------------------------------------------------------------
 # scalar helpers
@@ -277,7 +276,7 @@ def _pack_crumbs(L, out, o):
 
 
 @njit(cache=True)
-def _q2_k_block(x, out, L, Laux, w, scales, mins, packed):
+def quantize_block_q2_k(x, out, L, Laux, w, scales, mins, packed):
     for j in range(16):
         for l in range(16):
             w[l] = abs(x[16 * j + l])
@@ -318,7 +317,7 @@ def _q2_k_block(x, out, L, Laux, w, scales, mins, packed):
 
 
 @njit(cache=True)
-def _q3_k_block(x, out, L, scales, ls):
+def quantize_block_q3_k(x, out, L, Laux, w, scales, mins, ls):
     max_scale = np.float32(0.0)
     amax = np.float32(0.0)
     for j in range(16):
@@ -396,7 +395,7 @@ def _q45_k_search(x, out, L, Laux, w, scales, mins, nmax, rmin, nstep):
 
 
 @njit(cache=True)
-def _q4_k_block(x, out, L, Laux, w, scales, mins):
+def quantize_block_q4_k(x, out, L, Laux, w, scales, mins, ints):
     _q45_k_search(x, out, L, Laux, w, scales, mins, 15, np.float32(-1.0), 20)
     for t in range(4):
         for l in range(32):
@@ -404,7 +403,7 @@ def _q4_k_block(x, out, L, Laux, w, scales, mins):
 
 
 @njit(cache=True)
-def _q5_k_block(x, out, L, Laux, w, scales, mins):
+def quantize_block_q5_k(x, out, L, Laux, w, scales, mins, ints):
     _q45_k_search(x, out, L, Laux, w, scales, mins, 31, np.float32(-0.5), 15)
     for l in range(32):
         bits = 0
@@ -417,7 +416,7 @@ def _q5_k_block(x, out, L, Laux, w, scales, mins):
 
 
 @njit(cache=True)
-def _q6_k_block(x, out, L, scales):
+def quantize_block_q6_k(x, out, L, Laux, w, scales, mins, ints):
     max_scale = np.float32(0.0)
     max_abs_scale = np.float32(0.0)
     for j in range(16):
@@ -447,7 +446,7 @@ def _q6_k_block(x, out, L, scales):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# legacy block kernels (32 values), the operations of quant.reference's _quant_q*
+# 32-element block kernels, the operations of quant.reference's quantize_q*
 
 
 @njit(cache=True, inline="always")
@@ -456,7 +455,7 @@ def _reciprocal_or_zero(d):
 
 
 @njit(cache=True)
-def _q4_0_block(x, out):
+def quantize_block_q4_0(x, out, q):
     vmax = _first_absmax(x, 0, 32)
     d = vmax / np.float32(-8.0)
     inv = _reciprocal_or_zero(d)
@@ -478,7 +477,7 @@ def _min_max(x):
 
 
 @njit(cache=True)
-def _q4_1_block(x, out):
+def quantize_block_q4_1(x, out, q):
     lo, hi = _min_max(x)
     d = (hi - lo) / np.float32(15.0)
     inv = _reciprocal_or_zero(d)
@@ -502,7 +501,7 @@ def _put_q5(out, o_qh, o_qs, q):
 
 
 @njit(cache=True)
-def _q5_0_block(x, out, q):
+def quantize_block_q5_0(x, out, q):
     vmax = _first_absmax(x, 0, 32)
     d = vmax / np.float32(-16.0)
     inv = _reciprocal_or_zero(d)
@@ -513,7 +512,7 @@ def _q5_0_block(x, out, q):
 
 
 @njit(cache=True)
-def _q5_1_block(x, out, q):
+def quantize_block_q5_1(x, out, q):
     lo, hi = _min_max(x)
     d = (hi - lo) / np.float32(31.0)
     inv = _reciprocal_or_zero(d)
@@ -525,7 +524,7 @@ def _q5_1_block(x, out, q):
 
 
 @njit(cache=True)
-def _q8_0_block(x, out):
+def quantize_block_q8_0(x, out, q):
     amax = np.float32(0.0)
     for j in range(32):
         amax = max(amax, abs(x[j]))
@@ -541,69 +540,18 @@ def _q8_0_block(x, out):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# parallel drivers: x (n_blocks, block_size) float32, out (n_blocks, type_size) uint8. One driver per family,
-# the format chosen by a code (a parallel kernel is slow to compile; five would cost five times as much)
-
-K_CODES = {"Q2_K": 0, "Q3_K": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
-LEGACY_CODES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4}
-LEGACY_CHUNK = 2048  # 32-value blocks per unit of parallel work
-
-
-@njit(parallel=True, cache=True)
-def quantize_blocks_k(x, out, code):
-    n_chunks = (x.shape[0] + BLOCKS_PER_CHUNK - 1) // BLOCKS_PER_CHUNK
-    for c in prange(n_chunks):
-        L, Laux, w = np.empty(QK_K, np.int64), np.empty(32, np.int64), np.empty(32, np.float32)
-        scales, mins, ints = np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.int64)
-        for b in range(c * BLOCKS_PER_CHUNK, min(x.shape[0], (c + 1) * BLOCKS_PER_CHUNK)):
-            if code == 0:
-                _q2_k_block(x[b], out[b], L, Laux, w, scales, mins, ints)
-            elif code == 1:
-                _q3_k_block(x[b], out[b], L, scales, ints)
-            elif code == 2:
-                _q4_k_block(x[b], out[b], L, Laux, w, scales, mins)
-            elif code == 3:
-                _q5_k_block(x[b], out[b], L, Laux, w, scales, mins)
-            else:
-                _q6_k_block(x[b], out[b], L, scales)
-
-
-@njit(parallel=True, cache=True)
-def quantize_blocks_legacy(x, out, code):
-    n_chunks = (x.shape[0] + LEGACY_CHUNK - 1) // LEGACY_CHUNK
-    for c in prange(n_chunks):
-        q = np.empty(32, np.int64)
-        for b in range(c * LEGACY_CHUNK, min(x.shape[0], (c + 1) * LEGACY_CHUNK)):
-            if code == 0:
-                _q4_0_block(x[b], out[b])
-            elif code == 1:
-                _q4_1_block(x[b], out[b])
-            elif code == 2:
-                _q5_0_block(x[b], out[b], q)
-            elif code == 3:
-                _q5_1_block(x[b], out[b], q)
-            else:
-                _q8_0_block(x[b], out[b])
-
-
-KERNELS = {**{name: (quantize_blocks_k, code) for name, code in K_CODES.items()},
-           **{name: (quantize_blocks_legacy, code) for name, code in LEGACY_CODES.items()}}
-
-
-# ---------------------------------------------------------------------------------------------------------
 # entry point
 
 
 def _reference_quantize(x: np.ndarray, fmt) -> np.ndarray:
     """The numpy path for formats without a kernel (F32, F16, BF16, Q8_K)."""
-    if fmt.name == "Q8_K":
-        from .kquants_quantize import quantize_k  # the numpy K-quant search, loaded only for Q8_K
-        return quantize_k(x, fmt.name)
-    try:
-        from . import quantize as public_quantize  # the quant package's public API, once it exports one
-    except ImportError:
-        from .reference import quantize as public_quantize  # the numpy reference meanwhile
-    return public_quantize(x, fmt.name)
+    quantizer = kernels_for(fmt).reference_quantizer()
+    if quantizer is None:
+        raise ValueError(f"quantizing to {fmt.name} is not supported")
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, fmt.block_size)
+    with np.errstate(all="ignore"):  # (the K-quant searches meet inf/NaN in degenerate groups, as C does)
+        out = quantizer(blocks) if blocks.shape[0] else np.zeros(0, fmt.block_dtype)
+    return out.view(np.uint8)
 
 
 def quantize_fast(x, ggml_type) -> np.ndarray:
@@ -616,11 +564,11 @@ def quantize_fast(x, ggml_type) -> np.ndarray:
     if x.shape[1] % fmt.block_size:
         raise ValueError(f"{fmt.name} tensor of shape {x.shape}: row length {x.shape[1]} is not a multiple of "
                          f"the block size {fmt.block_size}")
-    if fmt.name not in KERNELS:
+    driver = kernels_for(fmt).quantize_blocks()
+    if driver is None:
         return np.ascontiguousarray(_reference_quantize(x, fmt)).reshape(x.shape[0], -1)
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, fmt.block_size)
     out = np.empty((blocks.shape[0], fmt.type_size), dtype=np.uint8)
     if blocks.shape[0]:
-        driver, code = KERNELS[fmt.name]
-        driver(blocks, out, code)
+        driver(blocks, out)
     return out.reshape(x.shape[0], fmt.row_bytes(x.shape[1]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import QK_K, BlockFormat, format_by_name
+from .registry import kernels_for
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. validation
@@ -67,7 +68,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 
 def _nibbles_lo_then_hi(qs: np.ndarray) -> np.ndarray:
-    """(n, 16) bytes -> (n, 32): low nibbles are elements 0..15, high nibbles 16..31 (legacy formats)."""
+    """(n, 16) bytes -> (n, 32): low nibbles are elements 0..15, high nibbles 16..31 (32-element formats)."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
@@ -76,39 +77,39 @@ def _bits32(qh: np.ndarray) -> np.ndarray:
     return np.unpackbits(qh, axis=-1, bitorder="little")
 
 
-def _dequant_f32(b):
+def dequantize_f32(b):
     return b["v"].astype(np.float32).reshape(-1, 1)
 
 
-def _dequant_f16(b):
+def dequantize_f16(b):
     return b["v"].astype(np.float32).reshape(-1, 1)
 
 
-def _dequant_bf16(b):
+def dequantize_bf16(b):
     return (b["v"].astype(np.int32) << 16).view(np.float32).reshape(-1, 1)
 
 
-def _dequant_q4_0(b):
+def dequantize_q4_0(b):
     q = _nibbles_lo_then_hi(b["qs"]).astype(np.int8) - np.int8(8)
     return _f32(b["d"])[:, None] * q.astype(np.float32)
 
 
-def _dequant_q4_1(b):
+def dequantize_q4_1(b):
     q = _nibbles_lo_then_hi(b["qs"]).astype(np.float32)
     return _f32(b["d"])[:, None] * q + _f32(b["m"])[:, None]
 
 
-def _dequant_q5_0(b):
+def dequantize_q5_0(b):
     q = (_nibbles_lo_then_hi(b["qs"]) | (_bits32(b["qh"]) << 4)).astype(np.int8) - np.int8(16)
     return _f32(b["d"])[:, None] * q.astype(np.float32)
 
 
-def _dequant_q5_1(b):
+def dequantize_q5_1(b):
     q = (_nibbles_lo_then_hi(b["qs"]) | (_bits32(b["qh"]) << 4)).astype(np.float32)
     return _f32(b["d"])[:, None] * q + _f32(b["m"])[:, None]
 
 
-def _dequant_q8_0(b):
+def dequantize_q8_0(b):
     return b["qs"].astype(np.float32) * _f32(b["d"])[:, None]
 
 
@@ -119,7 +120,7 @@ def _crumbs_by_shift(qs: np.ndarray) -> np.ndarray:
     return ((qs.reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, QK_K)
 
 
-def _dequant_q2_k(b):
+def dequantize_q2_k(b):
     n = b.shape[0]
     sc = b["scales"]
     dl = (_f32(b["d"])[:, None] * (sc & 0xF).astype(np.float32)).reshape(n, 16, 1)
@@ -139,7 +140,7 @@ def q3_k_scales(scales: np.ndarray) -> np.ndarray:
     return (low | (high.reshape(n, 16) << 4)).astype(np.int8) - np.int8(32)
 
 
-def _dequant_q3_k(b):
+def dequantize_q3_k(b):
     n = b.shape[0]
     dl = (_f32(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(np.float32)).reshape(n, 16, 1)
     low = _crumbs_by_shift(b["qs"])
@@ -167,7 +168,7 @@ def _k_nibbles(qs: np.ndarray) -> np.ndarray:
     return (q & 0x0F).reshape(n, 8, 32)
 
 
-def _dequant_q4_k(b):
+def dequantize_q4_k(b):
     n = b.shape[0]
     sc, mn = k_scale_min(b["scales"])
     d = (_f32(b["d"])[:, None] * sc.astype(np.float32)).reshape(n, 8, 1)
@@ -175,7 +176,7 @@ def _dequant_q4_k(b):
     return (d * _k_nibbles(b["qs"]).astype(np.float32) - dm).reshape(n, QK_K)
 
 
-def _dequant_q5_k(b):
+def dequantize_q5_k(b):
     n = b.shape[0]
     sc, mn = k_scale_min(b["scales"])
     d = (_f32(b["d"])[:, None] * sc.astype(np.float32)).reshape(n, 8, 1)
@@ -186,7 +187,7 @@ def _dequant_q5_k(b):
     return (d * q - dm).reshape(n, QK_K)
 
 
-def _dequant_q6_k(b):
+def dequantize_q6_k(b):
     n = b.shape[0]
     d = (_f32(b["d"])[:, None] * b["scales"].astype(np.float32)).reshape(n, 16, 1)
     # element h*128 + s*64 + k: low 4 bits are nibble s of ql[h*64 + k], high 2 bits come from qh like Q2_K
@@ -195,16 +196,18 @@ def _dequant_q6_k(b):
     return (d * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
 
 
-def _dequant_q8_k(b):  # not in gguf-py; the int8 quants times the float32 scale
+# IQ4_NL's 16 non-linear levels (llama.cpp's kvalues_iq4nl), indexed by each 4-bit field (gguf-py's IQ4_NL)
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def dequantize_iq4_nl(b):
+    return _f32(b["d"])[:, None] * KVALUES_IQ4NL[_nibbles_lo_then_hi(b["qs"])].astype(np.float32)
+
+
+def dequantize_q8_k(b):  # not in gguf-py; the int8 quants times the float32 scale
     return b["qs"].astype(np.float32) * b["d"][:, None]
 
 
-DEQUANTIZE_BLOCKS = {
-    "F32": _dequant_f32, "F16": _dequant_f16, "BF16": _dequant_bf16,
-    "Q4_0": _dequant_q4_0, "Q4_1": _dequant_q4_1, "Q5_0": _dequant_q5_0, "Q5_1": _dequant_q5_1,
-    "Q8_0": _dequant_q8_0, "Q2_K": _dequant_q2_k, "Q3_K": _dequant_q3_k, "Q4_K": _dequant_q4_k,
-    "Q5_K": _dequant_q5_k, "Q6_K": _dequant_q6_k, "Q8_K": _dequant_q8_k,
-}
 
 
 def dequantize(data, ggml_type, shape) -> np.ndarray:
@@ -213,11 +216,29 @@ def dequantize(data, ggml_type, shape) -> np.ndarray:
     shape = check_shape(fmt, shape)
     raw = as_checked_bytes(data, fmt, shape)
     blocks = raw.view(fmt.block_dtype)
-    return DEQUANTIZE_BLOCKS[fmt.name](blocks).astype(np.float32, copy=False).reshape(shape)
+    return kernels_for(fmt).reference_dequantize()(blocks).astype(np.float32, copy=False).reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # 3. quantize: float32 (n_blocks, block_size) -> (n_blocks,) structured blocks
+
+
+# The formats gguf-py quantizes, which quantize() reproduces byte for byte; the others have their own quantizers
+# (quant.kquants_quantize), named in the registry.
+GGUF_PY_QUANTIZABLE = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def _fills_blocks(fill):
+    """quantize_<fmt>(x) -> (n_blocks,) block records, from fill(x, out) writing the fields of out."""
+    fmt = format_by_name(fill.__name__.removeprefix("quantize_"))
+
+    def quantize_blocks(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(x.shape[0], dtype=fmt.block_dtype)
+        fill(x, out)
+        return out
+    quantize_blocks.__name__ = quantize_blocks.__qualname__ = fill.__name__
+    quantize_blocks.__doc__ = f"float32 (n_blocks, {fmt.block_size}) -> (n_blocks,) {fmt.name} blocks."
+    return quantize_blocks
 
 
 def _reciprocal_or_zero(d: np.ndarray) -> np.ndarray:
@@ -241,42 +262,49 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * (whole + np.floor(np.float32(2) * (a - whole)))
 
 
-def _quant_f32(x, out):
+@_fills_blocks
+def quantize_f32(x, out):
     out["v"] = x[:, 0]
 
 
-def _quant_f16(x, out):
+@_fills_blocks
+def quantize_f16(x, out):
     out["v"] = x[:, 0].astype(np.float16)
 
 
-def _quant_bf16(x, out):  # round to nearest even, NaNs forced quiet (ggml_compute_fp32_to_bf16)
+@_fills_blocks
+def quantize_bf16(x, out):  # round to nearest even, NaNs forced quiet (ggml_compute_fp32_to_bf16)
     u = x[:, 0].view(np.uint32).astype(np.uint64)
     is_nan = (u & 0x7FFFFFFF) > 0x7F800000
     rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
     out["v"] = np.where(is_nan, (u >> 16) | 64, rounded).astype(np.uint16)
 
 
-def _quant_q4_0(x, out):
+@_fills_blocks
+def quantize_q4_0(x, out):
     d = _signed_absmax(x) / np.float32(-8)
     q = np.trunc(x * _reciprocal_or_zero(d) + np.float32(8.5)).astype(np.uint8).clip(0, 15)
     out["d"], out["qs"] = d[:, 0], _pack_lo_then_hi(q)
 
 
-def _quant_q4_1(x, out):
+@_fills_blocks
+def quantize_q4_1(x, out):
     lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
     d = (hi - lo) / np.float32(15)
     q = np.trunc((x - lo) * _reciprocal_or_zero(d) + np.float32(0.5)).astype(np.uint8).clip(0, 15)
     out["d"], out["m"], out["qs"] = d[:, 0], lo[:, 0], _pack_lo_then_hi(q)
 
 
-def _quant_q5_0(x, out):
+@_fills_blocks
+def quantize_q5_0(x, out):
     d = _signed_absmax(x) / np.float32(-16)
     q = np.trunc(x * _reciprocal_or_zero(d) + np.float32(16.5)).astype(np.uint8).clip(0, 31)
     out["d"], out["qs"] = d[:, 0], _pack_lo_then_hi(q)
     out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
 
 
-def _quant_q5_1(x, out):
+@_fills_blocks
+def quantize_q5_1(x, out):
     lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
     d = (hi - lo) / np.float32(31)
     q = np.trunc((x - lo) * _reciprocal_or_zero(d) + np.float32(0.5)).astype(np.uint8).clip(0, 31)
@@ -284,34 +312,79 @@ def _quant_q5_1(x, out):
     out["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
 
 
-def _quant_q8_0(x, out):
+@_fills_blocks
+def quantize_q8_0(x, out):
     d = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
     out["d"], out["qs"] = d[:, 0], _round_half_away(x * _reciprocal_or_zero(d)).astype(np.int8)
 
 
-QUANTIZE_BLOCKS = {
-    "F32": _quant_f32, "F16": _quant_f16, "BF16": _quant_bf16, "Q4_0": _quant_q4_0, "Q4_1": _quant_q4_1,
-    "Q5_0": _quant_q5_0, "Q5_1": _quant_q5_1, "Q8_0": _quant_q8_0,
-}
 
 
 def quantize(x, ggml_type) -> np.ndarray:
     """float32 array (..., n) -> uint8 array (..., bytes per row) of `ggml_type` blocks (gguf-py's layout)."""
     fmt = format_by_name(ggml_type)
-    if fmt.name not in QUANTIZE_BLOCKS:
-        raise ValueError(f"quantizing to {fmt.name} is not supported; supported: {', '.join(QUANTIZE_BLOCKS)}")
+    quantizer = kernels_for(fmt).reference_quantizer() if fmt.name in GGUF_PY_QUANTIZABLE else None
+    if quantizer is None:
+        raise ValueError(f"quantizing to {fmt.name} is not supported; supported: {', '.join(GGUF_PY_QUANTIZABLE)}")
     x = np.asarray(x)
     shape = check_shape(fmt, x.shape)
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, fmt.block_size)
-    out = np.zeros(x.shape[0], dtype=fmt.block_dtype)
-    QUANTIZE_BLOCKS[fmt.name](x, out)
-    return out.view(np.uint8).reshape(*shape[:-1], fmt.row_bytes(shape[-1]))
+    return quantizer(x).view(np.uint8).reshape(*shape[:-1], fmt.row_bytes(shape[-1]))
 
+
+# IQ4_NL: llama.cpp's quantize_iq4_nl without an importance matrix (quantize_row_iq4_nl_impl, one 32-element block
+# per super-block, 7 tries): weights x^2; a first scale max / 127 refined by a weighted least-squares fit; 15 more
+# candidate scales (itry - 127) / max, the fit that explains most of the weighted variance wins; then every value
+# takes the nearest level at that scale. As kquants_quantize: float32 in C's order, sequential sums, no FMA, so the
+# bytes equal a build of ggml-quants.c without FMA contraction.
+IQ4_NL_TRIES = 7
+GROUP_MAX_EPS = np.float32(1e-15)
+
+
+def _nearest_iq4nl(v: np.ndarray) -> np.ndarray:
+    """best_index_int8 over KVALUES_IQ4NL: the nearest level's index, the upper one unless the lower is strictly
+    nearer (values below the first or above the last level clamp)."""
+    levels = KVALUES_IQ4NL.astype(np.float32)
+    mu = np.clip(np.searchsorted(levels, v, side="right"), 1, 15)
+    lower = (v - levels[mu - 1]) < (levels[mu] - v)
+    idx = np.where(lower, mu - 1, mu)
+    return np.where(v <= levels[0], 0, np.where(v >= levels[15], 15, idx))
+
+
+def _iq4nl_fit(x, w, inv):
+    """(sumqx, sumq2) of the levels nearest inv * x, each a sequential float32 sum of (w*q)*x and (w*q)*q."""
+    q = KVALUES_IQ4NL.astype(np.float32)[_nearest_iq4nl(inv[:, None] * x)]
+    wq = w * q
+    return (np.cumsum(wq * x, axis=1, dtype=np.float32)[:, -1], np.cumsum(wq * q, axis=1, dtype=np.float32)[:, -1])
+
+
+@_fills_blocks
+def quantize_iq4_nl(x, out):
+    n = x.shape[0]
+    w = x * x
+    first = np.abs(x).argmax(axis=1)
+    amax, vmax = np.abs(x)[np.arange(n), first], x[np.arange(n), first]
+    live = amax >= GROUP_MAX_EPS
+    safe_max = np.where(live, vmax, np.float32(1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = -safe_max / np.float32(KVALUES_IQ4NL[0])
+        sumqx, sumq2 = _iq4nl_fit(x, w, np.float32(1) / d)
+        d = np.where(sumq2 > 0, sumqx / sumq2, np.float32(0)).astype(np.float32)
+        best = d * sumqx
+        for itry in range(-IQ4_NL_TRIES, IQ4_NL_TRIES + 1):
+            sumqx, sumq2 = _iq4nl_fit(x, w, np.float32(itry + int(KVALUES_IQ4NL[0])) / safe_max)
+            better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+            d = np.where(better, sumqx / sumq2, d)
+            best = np.where(better, d * sumqx, best)
+        scale = np.where(live, d, np.float32(0)).astype(np.float32)
+        inv = np.where(scale != 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    idx = _nearest_iq4nl(inv[:, None] * x).astype(np.uint8)
+    out["d"], out["qs"] = scale, _pack_lo_then_hi(idx)
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. activation quantization for the integer kernels
 #
-# Q8_0-style (blocks of 32, for the legacy formats): d = amax / 127, q = round-half-even(x * (127 / amax)),
+# Q8_0-style (blocks of 32, for the 32-element formats): d = amax / 127, q = round-half-even(x * (127 / amax)),
 # and s = d * sum(q), the block sum that formats with a min (Q4_1, Q5_1) need, like llama.cpp's Q8_1.
 # Q8_K-style (blocks of 256, for the K-quants): iscale = -127 / (signed absmax), q = min(127, rint(iscale*x)),
 # d = 1 / iscale, plus the int sums of each 16 quants (for the K-quant mins), as llama.cpp's Q8_K.

@@ -299,7 +299,7 @@ def store_i8x32(typingctx, buf, offset, v):
 @intrinsic
 def store_pair64(typingctx, dst, d_offset, src, a_offset, b_offset):
     """dst[d_offset:d_offset + 64] <- [a 0-15 | b 0-15 | a 16-31 | b 16-31] for the 32 bytes a at src[a_offset] and
-    b at src[b_offset] (an eight-token tile's pair layout, kernels_legacy._pack_tiles8)."""
+    b at src[b_offset] (an eight-token tile's pair layout, dots_block32._pack_tiles8)."""
     def codegen(context, builder, sig, args):
         a = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32))
         b = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[4]), _vec(_I8, 32))

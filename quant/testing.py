@@ -79,6 +79,10 @@ def hand_built(fmt_name: str):
     elif fmt_name == "Q8_0":
         b["d"], b["qs"] = 0.5, (j32 - 16)
         want = _f32(0.5 * (j32 - 16))
+    elif fmt_name == "IQ4_NL":  # d * level[nibble]; levels -127 .. 113 (llama.cpp's kvalues_iq4nl)
+        levels = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+        b["d"], b["qs"] = 0.5, np.arange(16) | (np.arange(15, -1, -1) << 4)
+        want = _f32(0.5 * np.array(levels + levels[::-1]))
     elif fmt_name == "Q2_K":  # (d * (scale & 15)) * q - dmin * (scale >> 4); q = bits 2j.. of qs[h*32 + l]
         b["d"], b["dmin"], b["scales"], b["qs"] = 1.0, 0.5, 0x21, 0b11100100
         q = (j256 % 128) // 32  # every byte holds 0, 1, 2, 3 in its four crumbs

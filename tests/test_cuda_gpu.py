@@ -21,6 +21,7 @@ from edgellm.engine.models import build_model  # noqa: E402
 from edgellm.engine.reference import ReferenceModel  # noqa: E402
 from helpers_tiny_gguf import TinySpec, random_matrix_bytes, write_tiny_model  # noqa: E402
 from edgellm.quant.reference import dequantize  # noqa: E402
+from edgellm.quant.registry import records  # noqa: E402
 
 # float32 accumulation (in another order than the simulator's, and with fused multiply-adds) vs float64.
 MATMUL_NMSE = 1e-10
@@ -30,7 +31,7 @@ REAL_DEVICE_VS_CPU_NMSE = 1e-2
 # Of the positions where llama.cpp's top-1 leads its runner-up by NEAR_TIE_LOGITS, the share we must match.
 NEAR_TIE_LOGITS = 0.5
 TOP1_AGREEMENT = 0.99
-FORMATS = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+FORMATS = [r.name for r in records() if r.cuda]  # the formats with a CUDA branch
 SPECS = {  # rows of 256 so K-quants fit; head sizes as the real models (64) and Gemma (256)
     "llama": TinySpec(arch="llama", n_embd=576, n_head=9, n_head_kv=3, n_ff=256, weight_type="Q4_1",
                       embd_type="Q8_0"),

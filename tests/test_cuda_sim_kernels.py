@@ -26,6 +26,7 @@ from edgellm.engine.cuda import op_kernels, weights  # noqa: E402
 from edgellm.engine.cuda.kvcache import DeviceKVCache  # noqa: E402
 from helpers_tiny_gguf import random_matrix_bytes  # noqa: E402
 from edgellm.quant.reference import dequantize  # noqa: E402
+from edgellm.quant.registry import records  # noqa: E402
 
 # float32 accumulation against a float64 product: relative error ~1e-7 per output, so NMSE ~1e-14; 1e-10 leaves
 # room for long rows while any wrong scale, nibble or offset gives NMSE ~1e-2 or worse.
@@ -33,8 +34,9 @@ MATMUL_NMSE = 1e-10
 # Norms, rope, attention, activations: float32 arithmetic against float64 references.
 OP_MAX_REL = 1e-5
 
-LEGACY_FORMATS = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-K_FORMATS = ["Q4_K", "Q5_K", "Q6_K"]
+# The formats with a CUDA branch (the registry's cuda flag): one 32-weight chunk a block, or eight a super-block
+LEGACY_FORMATS = [r.name for r in records() if r.cuda and r.format.block_size <= 32]
+K_FORMATS = [r.name for r in records() if r.cuda and r.format.block_size == 256]
 N_TOKENS = 5  # two token tiles of the simulator's TOKENS_PER_BLOCK = 4
 
 

@@ -15,8 +15,9 @@ from numba import njit
 from edgellm import quant
 from edgellm.quant import reference, simd
 from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
-from edgellm.quant import dots_legacy as k
+from edgellm.quant import dots_block32 as k
 from edgellm.quant.formats import FORMATS
+from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
 from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
 from edgellm.quant.testing import hand_built, random_matrix_bytes
 
@@ -26,7 +27,8 @@ FORMAT_IDS = [f.name for f in FORMATS]
 FLOAT_ACT_NMSE = 1e-11   # F32/F16/BF16 weights with float32 activations: only float32 summation error
 Q8_0_ACT_NMSE = 2e-4     # 32-element formats: activations rounded to int8 per 32 (~3e-5 for Gaussian inputs)
 Q8_K_ACT_NMSE = 4e-4     # K-quants: int8 per 256, a coarser activation scale (~6e-5 measured, cancellations more)
-NMSE_LIMIT = {"float": FLOAT_ACT_NMSE, "legacy": Q8_0_ACT_NMSE, "k": Q8_K_ACT_NMSE}
+NMSE_LIMIT = {FLOAT: FLOAT_ACT_NMSE, Q8_0: Q8_0_ACT_NMSE, Q8_K: Q8_K_ACT_NMSE}
+Q8_0_ACT_FORMATS = [r.name for r in records(Q8_0)]  # the formats the generated block32 drivers run
 
 
 def nmse(got, want):
@@ -147,10 +149,10 @@ def test_matvec_and_matmul_match_float64(fmt):
 
     out = np.empty((9, n_out), np.float32)
     layer.matmul(x, out)
-    assert nmse(out, want) < NMSE_LIMIT[fmt.family]
+    assert nmse(out, want) < NMSE_LIMIT[kernels_for(fmt).activation]
     one = np.empty(n_out, np.float32)
     layer.matvec(x[3], one)
-    assert nmse(one, want[3]) < NMSE_LIMIT[fmt.family]
+    assert nmse(one, want[3]) < NMSE_LIMIT[kernels_for(fmt).activation]
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
@@ -318,7 +320,7 @@ for name in FORMATS:
 """
 
 
-PORTABLE_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "F16")
+PORTABLE_FORMATS = tuple(Q8_0_ACT_FORMATS) + ("Q6_K", "F16")
 
 
 def _kernels_for_cpu_match(tmp_path, cpu_name, cpu_features, want_avx2, exact, want_vnni=False):
@@ -381,7 +383,7 @@ def test_i32x8_hsum4_matches_numpy_row_sums():
 
 
 def test_eight_token_tile_intrinsics_match_numpy():
-    """The vector pieces of the legacy formats' eight-token tiles (quant.dots_legacy): half duplication, per-lane
+    """The vector pieces of the 32-element formats' eight-token tiles (quant.dots_block32): half duplication, per-lane
     products and FMAs, lane extraction, and the split horizontal sum, which must give f32x8_hsum's bits for each of
     the two vectors it holds."""
     from edgellm.quant.simd import (f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, i8x32_dup_hi,
@@ -570,7 +572,7 @@ def test_two_row_dot_intrinsics_match_numpy():
 
 
 def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
-    """numpy version of kernels_legacy._pack_tiles8: the quantized activations of each eight tokens laid out as
+    """numpy version of dots_block32._pack_tiles8: the quantized activations of each eight tokens laid out as
     the tiles read them."""
     nb, n8 = n_in // 32, n_tokens - n_tokens % 8
     q = xq[:n8 * n_in].reshape(n8 // 8, 4, 2, nb, 2, 16)       # group, pair, token of pair, block, half, 16
@@ -582,7 +584,7 @@ def pack_tiles8_reference(xq, xd, xs, n_tokens, n_in):
 
 @pytest.mark.parametrize("n_tokens", [8, 21])
 def test_pack_tiles8_matches_numpy(n_tokens):
-    from edgellm.quant.kernels_legacy import _pack_tiles8
+    from edgellm.quant.dots_block32 import _pack_tiles8
     n_in = 96
     rng = np.random.default_rng(n_tokens)
     xq = rng.integers(-127, 128, n_tokens * n_in).astype(np.int8)
@@ -597,9 +599,9 @@ def test_pack_tiles8_matches_numpy(n_tokens):
 
 @pytest.mark.parametrize("mult", [-16, -8, -128, 3])
 def test_lane_sums_match_numpy(mult):
-    """kernels_legacy._lane_sums (eight lanes at a time): mult x the sum of each four activation bytes, including
+    """dots_block32._lane_sums (eight lanes at a time): mult x the sum of each four activation bytes, including
     the extremes (-128 x 4 x -128 needs more than 16 bits)."""
-    from edgellm.quant.kernels_legacy import _lane_sums
+    from edgellm.quant.dots_block32 import _lane_sums
     rng = np.random.default_rng(abs(mult))
     src = rng.integers(-128, 128, 3 * 32 * 5).astype(np.int8)
     src[:32] = -128
@@ -640,19 +642,19 @@ def test_i32x8_hsum8_and_lane_conversions_match_numpy():
     np.testing.assert_array_equal(out, f[:8] - f[8:])
 
 
-def test_legacy_matmul_refuses_scratch_too_small_for_its_tiles():
-    """The legacy kernels keep the eight-token tiles' copy of the activations after the token-by-token quants in
-    the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
-    from edgellm.quant.kernels_legacy import MATMUL
+def test_block32_matmul_refuses_scratch_too_small_for_its_tiles():
+    """The 32-element block kernels keep the eight-token tiles' copy of the activations after the token-by-token quants
+    in the scratch QuantLinear sizes; a direct caller passing less gets an error, not writes past the buffers."""
+    matmul_q8_0 = kernels_for("Q8_0").matmul_kernel()
     fmt = quant.format_by_name("Q8_0")
     layer = quant.QuantLinear(matrix(fmt, 4, 64), "Q8_0", (4, 64))
     x = np.ones((8, 64), np.float32)
     out = np.empty((8, 4), np.float32)
     n = x.size
     with pytest.raises(ValueError, match="scratch too small"):
-        MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(n, np.int8), np.empty(n // 32, np.float32),
+        matmul_q8_0(layer.data, layer.row_bytes, x, np.empty(n, np.int8), np.empty(n // 32, np.float32),
                        np.empty(n // 32, np.float32), out)
-    MATMUL["Q8_0"](layer.data, layer.row_bytes, x, np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
+    matmul_q8_0(layer.data, layer.row_bytes, x, np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
                    np.empty(n // 32, np.float32), out)
     np.testing.assert_allclose(out, np.ones((8, 1)) * layer.dequantize().sum(axis=1), rtol=2.0 ** -9)
 
@@ -708,25 +710,14 @@ def test_prefetch_past_the_end_is_harmless():
     assert _prefetch_then_sum(a, 1 << 20) == a.sum()
 
 
-@njit(cache=True)
-def _rows_one_at_a_time(fmt_id, w, row_bytes, n_out, nb, xq, xd, xs):
-    out = np.empty(n_out, np.float32)
-    for r in range(n_out):
-        o = r * row_bytes
-        if fmt_id == 0:
-            out[r] = k.vec_dot_q4_0_q8_0(w, o, nb, xq, 0, xd, 0)
-        elif fmt_id == 1:
-            out[r] = k.vec_dot_q4_1_q8_0(w, o, nb, xq, 0, xd, xs, 0)
-        elif fmt_id == 2:
-            out[r] = k.vec_dot_q5_0_q8_0(w, o, nb, xq, 0, xd, 0)
-        elif fmt_id == 3:
-            out[r] = k.vec_dot_q5_1_q8_0(w, o, nb, xq, 0, xd, xs, 0)
-        else:
-            out[r] = k.vec_dot_q8_0_q8_0(w, o, nb, xq, 0, xd, 0)
-    return out
+def _rows_one_at_a_time(record, w, row_bytes, n_out, nb, xq, xd, xs):
+    """The format's one-row dot (vec_dot_<fmt>_q8_0 in its dots module) for each row in turn."""
+    vec_dot = getattr(__import__(f"edgellm.quant.{record.dots}", fromlist=["_"]), f"vec_dot_{record.suffix}_q8_0")
+    act = (xd, xs, 0) if record.driver == DRIVER_MINS else (xd, 0)
+    return np.array([vec_dot(w, r * row_bytes, nb, xq, 0, *act) for r in range(n_out)], np.float32)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("name", Q8_0_ACT_FORMATS)
 @pytest.mark.parametrize("n_out", [37, 40])  # a row block ending in an odd row, and only pairs
 def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
     """A single token goes two rows at a time (vec_dot2_<fmt>); each row must still give the one-row kernel's bits
@@ -739,8 +730,7 @@ def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
     layer.matvec(x, got)
     xq, xd, xs = np.empty(n_in, np.int8), np.empty(n_in // 32, np.float32), np.empty(n_in // 32, np.float32)
     quantize_act_q8_0(x, xq, xd, xs)
-    fmt_id = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"].index(name)
-    want = _rows_one_at_a_time(fmt_id, layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
+    want = _rows_one_at_a_time(kernels_for(name), layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
@@ -761,7 +751,7 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     kinds = mk.row_kinds("Q4_K", 40, (21,))
     outs = []
     for kernel in (mk.matmul_q4_k, mk.matmul_q4_k_few):
-        scratch = linear._ActivationScratch("k", 512).reserve(21)
+        scratch = linear._ActivationScratch(Q8_K, 512).reserve(21)
         out = np.empty((21, 40), np.float32)
         kernel(layer.data, layer.row_bytes, x, *scratch, out, kinds)
         outs.append(out)
@@ -772,14 +762,14 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     kinds = mk.row_kinds("Q6_K", 40, (1,) * 5)
     outs = []
     for kernel in (mk.matmul_q6_k, mk.matmul_q6_k_few):
-        scratch = linear._ActivationScratch("k", 512).reserve(5)
+        scratch = linear._ActivationScratch(Q8_K, 512).reserve(5)
         out = np.empty((5, 40), np.float32)
         kernel(layer.data, layer.row_bytes, x[:5], *scratch, out, kinds)
         outs.append(out)
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("name", Q8_0_ACT_FORMATS)
 def test_quant_group_outputs_equal_each_layers_matmul(name):
     """Q, K, V (or gate, up) in one call: one quantization, one region; every output the layer's own bits, for
     decode, four- and eight-token tiles and their tails, with row counts that end row blocks and pairs oddly."""

@@ -12,11 +12,12 @@ from gguf.quants import dequantize as gguf_dequantize
 from edgellm import quant
 from edgellm.engine import gguf
 from edgellm.quant import reference
+from edgellm.quant.registry import FLOAT, Q8_0, Q8_K, kernels_for
 
 CHUNK_ELEMENTS = 1 << 22     # rows are compared in chunks of about this many elements
 ROWS_FOR_MATVEC = 2048       # the 49152- and 262144-row embeddings are checked on their first rows
 # Real activations are not Gaussian, but the error model is the same: int8 rounding of a block's range.
-REAL_WEIGHTS_NMSE = {"float": 1e-11, "legacy": 2e-4, "k": 4e-4}
+REAL_WEIGHTS_NMSE = {FLOAT: 1e-11, Q8_0: 2e-4, Q8_K: 4e-4}  # by activation kind, as test_quant_kernels
 
 
 def _row_chunks(tensor):
@@ -68,7 +69,7 @@ def test_quantlinear_on_every_real_weight_format(real_model):
             layer.matmul(x, out)
             want = x.astype(np.float64) @ w.T
             error = ((out - want) ** 2).sum() / (want ** 2).sum()
-            limit = REAL_WEIGHTS_NMSE[layer.format.family]
+            limit = REAL_WEIGHTS_NMSE[kernels_for(layer.format).activation]
             assert error < limit, f"{name}: {tensor_name} ({ggml_type}) NMSE {error:.2e}"
             one = np.empty(shape[0], np.float32)
             layer.matvec(x[4], one)

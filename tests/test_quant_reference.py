@@ -70,7 +70,7 @@ def test_dequantize_hand_built_block(fmt):
 # --- quantize ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(reference.QUANTIZE_BLOCKS))
+@pytest.mark.parametrize("name", sorted(reference.GGUF_PY_QUANTIZABLE))
 def test_quantize_bit_exact_with_gguf_py(name):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((6, 256)) * rng.uniform(0.01, 10, (6, 1))).astype(np.float32)

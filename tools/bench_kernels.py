@@ -116,16 +116,15 @@ def count_vector_instructions():
     """Per matmul kernel: how many vpmaddwd / vpmaddubsw / vfmadd*ps / ymm instructions its machine code has."""
     import re
 
-    from edgellm.quant import kernels_float, kernels_legacy, matmul_kquant
     from edgellm.quant.formats import format_by_name
-    from edgellm.quant.linear import _MATMUL
+    from edgellm.quant.registry import records
     from edgellm.quant.testing import random_matrix_bytes
 
-    del kernels_float, kernels_legacy, matmul_kquant
     print("\n| kernel | vpmaddwd | vpmaddubsw | vfmadd*ps | ymm instructions |\n|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     from edgellm import quant
-    for name, kernel in _MATMUL.items():
+    for record in records():
+        name, kernel = record.name, record.matmul_kernel()
         fmt = format_by_name(name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, 8, 512, rng), name, (8, 512))
         layer.matvec(np.ones(512, np.float32), np.empty(8, np.float32))

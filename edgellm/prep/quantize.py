@@ -26,7 +26,7 @@ import numpy as np
 from edgellm.engine import gguf as gguf_reader
 from edgellm.atomic import replace_synced, unique_temp_path
 from edgellm.errors import EdgeLLMError
-from edgellm.quant.formats import format_by_name
+from edgellm.quant.registry import records as format_records
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. file types
@@ -47,11 +47,11 @@ FILE_TYPES = {ft.name: ft for ft in (
     FileType("Q3_K_S", 11, "Q3_K"), FileType("Q3_K_M", 12, "Q3_K"), FileType("Q3_K_L", 13, "Q3_K"),
     FileType("Q4_K_S", 14, "Q4_K"), FileType("Q4_K_M", 15, "Q4_K"),
     FileType("Q5_K_S", 16, "Q5_K"), FileType("Q5_K_M", 17, "Q5_K"),
-    FileType("Q6_K", 18, "Q6_K"),
+    FileType("Q6_K", 18, "Q6_K"), FileType("IQ4_NL", 25, "IQ4_NL"),
 )}
 FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize
 FLOAT_TYPES = ("F32", "F16", "BF16")
-TENSOR_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TENSOR_TYPES = FLOAT_TYPES + tuple(r.name for r in format_records() if r.quantizer)  # those with a Numba quantizer
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 
 
@@ -138,7 +138,7 @@ class _MixState:
 
 
 def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileType, output_tensor_type):
-    """llama_tensor_get_type_impl for the file types above (no importance matrix, so the IQ rules never apply)."""
+    """llama_tensor_get_type_impl for the file types above (no importance matrix: IQ4_NL takes its rules without one)."""
     cat, f, falcon = _category(name), ft.name, st.arch == "falcon"
     if cat == "output" or (st.tied_embeddings and cat == "token_embd"):
         if output_tensor_type is not None:
@@ -155,6 +155,8 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
             new_type = "Q5_K"
         elif f in ("Q4_K_M", "Q5_K_M") and _use_more_bits(st.i_attention_wv, st.n_attention_wv):
             new_type = "Q6_K"
+        elif f == "IQ4_NL" and st.n_gqa >= 4:
+            new_type = "Q5_K"
         elif f == "Q4_K_S" and st.i_attention_wv < 4:
             new_type = "Q5_K"
         if st.n_expert == 8:
@@ -180,6 +182,8 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
                             else "Q5_K" if _use_more_bits(i_layer, n_layer) else "Q4_K")
             elif _use_more_bits(i_layer, n_layer):
                 new_type = "Q6_K"
+        elif f == "IQ4_NL" and i_layer < n_layer // 8:  # (llama.cpp: without an importance matrix)
+            new_type = "Q5_K"
         elif f == "Q5_K_M" and _use_more_bits(i_layer, n_layer):
             new_type = "Q6_K"
         elif f == "Q4_K_S" and not falcon and i_layer < n_layer // 8:
@@ -188,7 +192,7 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
     elif cat == "attn_output":
         if not falcon:
             if st.n_expert == 8:
-                if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M"):
+                if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL"):
                     new_type = "Q5_K"
             else:
                 new_type = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(f, new_type)

@@ -18,10 +18,12 @@ from numba import cuda
 
 from edgellm.engine.cuda.device import simulator_enabled
 from edgellm.quant.formats import format_by_name
+from edgellm.quant.registry import records
 
 CHUNK = 32  # weights per chunk: one legacy block, one eighth of a K-quant super-block
 
-# The GGML type id of each format the kernels read; the kernels branch on these (uniform across a block).
+# The GGML type id of each format the kernels read; the kernels branch on these (uniform across a block), as
+# compile-time constants. The registry's `cuda` flag says which formats have a branch here.
 F32 = format_by_name("F32").type_id
 F16 = format_by_name("F16").type_id
 Q4_0 = format_by_name("Q4_0").type_id
@@ -32,7 +34,7 @@ Q8_0 = format_by_name("Q8_0").type_id
 Q4_K = format_by_name("Q4_K").type_id
 Q5_K = format_by_name("Q5_K").type_id
 Q6_K = format_by_name("Q6_K").type_id
-SUPPORTED_FORMATS = ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_FORMATS = tuple(r.name for r in records() if r.cuda)
 
 # Matrix product launch shape: LANES threads per output row, ROWS_PER_BLOCK rows per block at a time (blocks
 # stride over the rows, at most MAX_ROW_BLOCKS of them), TOKENS_PER_BLOCK tokens sharing every dequantized chunk

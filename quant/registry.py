@@ -1,0 +1,177 @@
+"""The format registry: for each GGML type in the format table, the code that computes with it.
+
+quant.formats holds the layouts (byte arithmetic, block dtypes); this file says, per format, where its numpy
+reference, Numba kernels, quantizer and CUDA support live. Everything that picks code by format goes through
+`kernels_for(fmt)`: no other file keys code by format name or type id. The records name modules and functions
+as strings and resolve them on first use, so importing this file (as reading a GGUF header does) loads neither
+numba nor the kernels.
+
+A record's fields:
+  activation       what the matmul quantizes the input to: FLOAT (float32, no quantization), Q8_0 (int8 per
+                   32, llama.cpp's block_q8_0, with d*sum(q) for the formats with mins) or Q8_K (int8 per 256)
+  reference        "module:function" of the numpy dequantizer, (n_blocks,) block records -> (n_blocks, block_size)
+  reference_quantize  "module:function" of the numpy quantizer, or None; see `reference_quantize` for the forms
+  dequantize_block "module:function" of the Numba block decoder `f(w, o, out, p)`, expanded by
+                   tools/gen_kernels.py into quant.dequantize_rows.dequantize_rows_<fmt>
+  dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0, vec_dot2_, vec_dot4_ and tile8_<fmt>,
+                   expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>
+  driver           for Q8_0 activations, how the single-token dots take the activations' sums (DRIVER_*)
+  tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
+  matmul           for the other activations, the module holding matmul_<fmt> (hand-written)
+  quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
+  cuda             whether edgellm.cuda.quant_kernels has a branch for this type id
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .formats import FORMATS, BlockFormat, format_by_name
+
+FLOAT, Q8_0, Q8_K = "float", "q8_0", "q8_k"  # activation kinds
+
+# How a Q8_0-activation format's single-token dots take the activations (see quant.dots_block32):
+DRIVER_PLAIN = "plain"          # the quants and d only
+DRIVER_MINS = "mins"            # also s = d*sum(q) (formats with a min: w = d*q + m), as (d, s) pairs for two rows
+DRIVER_LANE_SUMS = "lane_sums"  # unsigned quants in the two-row dot, the offset taken out through lane sums
+
+
+@dataclass(frozen=True)
+class FormatKernels:
+    name: str
+    activation: str
+    reference: str
+    reference_quantize: str | None = None
+    dequantize_block: str = ""
+    dots: str | None = None
+    driver: str | None = None
+    tile_offset: int | str = 0
+    matmul: str | None = None
+    quantizer: str | None = None
+    cuda: bool = False
+
+    @property
+    def format(self) -> BlockFormat:
+        return format_by_name(self.name)
+
+    @property
+    def suffix(self) -> str:  # the per-format function names' ending: dequantize_rows_q4_0, matmul_q4_0, ...
+        return self.name.lower()
+
+    def dequantize_rows(self):
+        """Numba: f(w, row_bytes, rows, out), out[i] = row rows[i] of the tensor, dequantized."""
+        return _attr("dequantize_rows", f"dequantize_rows_{self.suffix}")
+
+    def matmul_kernel(self):
+        """Numba: the matmul for this format (the contract of quant.matmul_block32 / matmul_kquant / kernels_float)."""
+        module = "matmul_block32" if self.activation == Q8_0 else self.matmul
+        return _attr(module, f"matmul_{self.suffix}")
+
+    def matmul3_kernel(self):
+        """Numba: two or three matrices on one input, or None where the format has no such kernel."""
+        return _attr("matmul_block32", f"matmul3_{self.suffix}") if self.activation == Q8_0 else None
+
+    def reference_dequantize(self):
+        return _resolve(self.reference)
+
+    def reference_quantizer(self):
+        """The numpy quantizer f(x (n_blocks, block_size) float32) -> (n_blocks,) block records, or None."""
+        return _resolve(self.reference_quantize) if self.reference_quantize else None
+
+    def quantize_blocks(self):
+        """Numba: f(x (n_blocks, block_size) float32, out (n_blocks, type_size) uint8), or None."""
+        return _attr("quantize_blocks", f"quantize_blocks_{self.suffix}") if self.quantizer else None
+
+
+def _resolve(spec: str):
+    module, _, name = spec.partition(":")
+    return _attr(module, name)
+
+
+def _attr(module: str, name: str):
+    if module != "formats":  # (the kernels' modules: the threading layer must be chosen before any parallel one)
+        from . import threading_layer  # noqa: F401
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+def _float(name: str) -> FormatKernels:
+    low = name.lower()
+    return FormatKernels(name, FLOAT, f"reference:dequantize_{low}", f"reference:quantize_{low}",
+                         f"kernels_dequant:block_{low}", matmul="kernels_float", cuda=name != "BF16")
+
+
+def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
+             quantizer: str | None = "quantize_kernels", reference_quantize: bool = True,
+             cuda: bool = True) -> FormatKernels:
+    low = name.lower()
+    return FormatKernels(name, Q8_0, f"reference:dequantize_{low}",
+                         f"reference:quantize_{low}" if reference_quantize else None,
+                         f"{block}:block_{low}", dots=dots, driver=driver, tile_offset=tile_offset,
+                         quantizer=f"{quantizer}:quantize_block_{low}" if quantizer else None, cuda=cuda)
+
+
+def _kquant(name: str, quantizer: bool = True, cuda: bool = False) -> FormatKernels:
+    low = name.lower()
+    return FormatKernels(name, Q8_K, f"reference:dequantize_{low}", f"kquants_quantize:quantize_{low}",
+                         f"kernels_dequant:block_{low}", matmul="matmul_kquant",
+                         quantizer=f"quantize_kernels:quantize_block_{low}" if quantizer else None, cuda=cuda)
+
+
+RECORDS: tuple[FormatKernels, ...] = (
+    _float("F32"),
+    _float("F16"),
+    _float("BF16"),
+    _block32("Q4_0", DRIVER_PLAIN, 8),
+    _block32("Q4_1", DRIVER_MINS, 0),
+    _block32("Q5_0", DRIVER_LANE_SUMS, 16),
+    _block32("Q5_1", DRIVER_MINS, 0),
+    _block32("Q8_0", DRIVER_PLAIN, "Q8_0_TILE_OFFSET"),
+    _kquant("Q2_K"),
+    _kquant("Q3_K"),
+    _kquant("Q4_K", cuda=True),
+    _kquant("Q5_K", cuda=True),
+    _kquant("Q6_K", cuda=True),
+    _kquant("Q8_K", quantizer=False),
+    _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
+             cuda=False),
+)
+
+
+def _check() -> dict[str, FormatKernels]:
+    """Every format in the table has exactly one record, and each record fits its layout."""
+    by_name = {r.name: r for r in RECORDS}
+    if len(by_name) != len(RECORDS):
+        raise AssertionError("duplicate format in the registry")
+    table = {f.name for f in FORMATS}
+    if set(by_name) != table:
+        raise AssertionError(f"registry and format table differ: only in the registry {sorted(set(by_name) - table)}, "
+                             f"only in the table {sorted(table - set(by_name))}")
+    for r in RECORDS:
+        fmt = r.format
+        want = {"float": FLOAT, "block32": Q8_0, "k": Q8_K}[fmt.family]
+        if r.activation != want:
+            raise AssertionError(f"{r.name}: a {fmt.family} format computes with {want} activations, "
+                                 f"not {r.activation}")
+        if r.activation == Q8_0 and (fmt.block_size != 32 or r.dots is None or r.driver not in
+                                     (DRIVER_PLAIN, DRIVER_MINS, DRIVER_LANE_SUMS)):
+            raise AssertionError(f"{r.name}: a Q8_0-activation format needs 32-element blocks, dots and a driver")
+        if r.activation != Q8_0 and r.matmul is None:
+            raise AssertionError(f"{r.name}: needs a matmul module")
+    return by_name
+
+
+_BY_NAME = _check()
+
+# The registered formats in the table's order, for tests and tools that run every one.
+NAMES: tuple[str, ...] = tuple(f.name for f in FORMATS)
+
+
+def kernels_for(fmt: str | BlockFormat) -> FormatKernels:
+    """The record of a format (a name or a BlockFormat); UnknownFormatError for a type the table does not know."""
+    return _BY_NAME[format_by_name(fmt).name]
+
+
+def records(activation: str | None = None) -> tuple[FormatKernels, ...]:
+    """Every record in the table's order, or those computing with one activation kind."""
+    return tuple(_BY_NAME[n] for n in NAMES if activation is None or _BY_NAME[n].activation == activation)
