@@ -165,6 +165,9 @@ def main():
     done = []
     t0 = time.time()
     for k, p in enumerate(prompts):
+        if p["kind"] == "chat" and "tokenizer.chat_template" not in llm.metadata:
+            print(f"prompt {p['id']}: a chat, and the file has no chat template: skipped", flush=True)
+            continue
         text = render_chat(llama_cpp, llm, p["messages"]) if p["kind"] == "chat" else p["text"]
         ids = tokenize(llm, text)
         budget = args.n_ctx - args.gen
