@@ -34,7 +34,10 @@ def test_reset_empties_every_slot():
 
 def test_ring_capacity():
     assert ring_capacity(n_ctx=4096, window=0, n_batch=512) == 4096
-    assert ring_capacity(n_ctx=4096, window=512, n_batch=512) == 1023
+    # 1023 slots needed, rounded up to RING_ALIGN so slot and position share their lanes (as llama.cpp's cells)
+    assert ring_capacity(n_ctx=4096, window=512, n_batch=512) == 1024
+    assert ring_capacity(n_ctx=4096, window=512, n_batch=64) == 576
+    assert ring_capacity(n_ctx=4096, window=16, n_batch=4) == 19  # a tiny test window: not rounded
     assert ring_capacity(n_ctx=600, window=512, n_batch=512) == 600  # never more than the context
 
 

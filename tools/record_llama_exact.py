@@ -14,13 +14,19 @@ rendered with the file's own template first), it records:
   prompt's last row and of each step's row (llama.cpp computes a single token with other kernels);
 - the top 8 logits of each prompt's last teacher-forced row, for readable failure messages.
 And, for each --ppl-text, the perplexity llama-perplexity computes (chunks of --ppl-ctx tokens evaluated one
-chunk at a time, BOS swapped into each chunk's first position, the second half of each chunk scored).
+chunk at a time, BOS swapped into each chunk's first position, the second half of each chunk scored), with the
+running estimate after each chunk. Perplexity is computed first, and OUT is rewritten every --checkpoint prompts,
+so a run cut short still leaves a usable fixture of the prompts it got through (--ids picks and orders them).
+
+The teacher-forced evaluation reuses the decode path's whole 512-token batches of the prompt (identical batches
+at identical cells), which halves the time of long prompts; --no-reuse evaluates everything from scratch.
 """
 import argparse
 import gzip
 import hashlib
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -58,7 +64,7 @@ def rows_of(llm, start, count):
     return np.asarray(llm.scores[start:start + count], dtype=np.float32)
 
 
-def record_prompt(llm, ids, n_gen, eog):
+def record_prompt(llm, ids, n_gen, eog, n_batch, reuse=True):
     # decode path: the prompt as one evaluation, then one token at a time (which is also the greedy run)
     llm.reset()
     llm.eval(ids)
@@ -73,10 +79,13 @@ def record_prompt(llm, ids, n_gen, eog):
         llm.eval([token])
         row = rows_of(llm, llm.n_tokens - 1, 1)[0]
         decode_hashes.append(row_hash(row))
-    # teacher-forced: prompt and continuation in one evaluation, every row
+    # teacher-forced: prompt and continuation in one evaluation, every row. Its whole batches before the prompt's
+    # last partial one are the decode path's own batches (same tokens, same positions, same cells), so their rows
+    # are kept and evaluation resumes there: eval drops the cache from n_tokens on, as reset() does from 0
     seq = list(ids) + generated
-    llm.reset()
-    llm.eval(seq)
+    keep = (len(ids) // n_batch) * n_batch if reuse else 0
+    llm.n_tokens = keep
+    llm.eval(seq[keep:])
     rows = rows_of(llm, 0, len(seq))
     forced_hashes = [row_hash(r) for r in rows]
     last = rows[len(ids) - 1]
@@ -85,11 +94,12 @@ def record_prompt(llm, ids, n_gen, eog):
 
 
 def perplexity(llm, text, n_ctx):
-    """llama-perplexity's loop, one chunk at a time, in double precision as it scores."""
+    """llama-perplexity's loop, one chunk at a time, in double precision as it scores. Returns the final value and
+    the running estimate after each chunk (what it prints as [1]..,[2]..)."""
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
     add_bos = tokens[:1] == [llm.token_bos()]
     n_chunks = len(tokens) // n_ctx
-    nll, count = 0.0, 0
+    nll, count, running = 0.0, 0, []
     first = n_ctx // 2
     for c in range(n_chunks):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
@@ -105,7 +115,8 @@ def perplexity(llm, text, n_ctx):
             v = lse - row[chunk[pos + 1]]
             nll += v
             count += 1
-    return math.exp(nll / count), n_chunks, len(tokens)
+        running.append(math.exp(nll / count))
+    return math.exp(nll / count), running, n_chunks, len(tokens)
 
 
 def main():
@@ -120,59 +131,81 @@ def main():
     ap.add_argument("--ppl-text", action="append", default=[])
     ap.add_argument("--ppl-ctx", type=int, default=512)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (for a quick look)")
+    ap.add_argument("--ids", default="", help="comma-separated prompt ids to record, in this order (default: all)")
+    ap.add_argument("--checkpoint", type=int, default=10, help="write OUT after every N prompts (0: only at the end)")
+    ap.add_argument("--no-reuse", action="store_true",
+                    help="evaluate the teacher-forced sequence from an empty cache (slower; the rows are the same)")
     args = ap.parse_args()
     import llama_cpp
 
     with gzip.open(args.prompts, "rt", encoding="utf-8") as f:
         prompts = json.load(f)["prompts"]
+    if args.ids:
+        by_id = {p["id"]: p for p in prompts}
+        prompts = [by_id[int(i)] for i in args.ids.split(",")]
     if args.limit:
         prompts = prompts[:args.limit]
+    settings = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "gen": args.gen, "threads": args.threads,
+                "llama_cpp_python": llama_cpp.__version__}
+    ppl = {}
+    if args.ppl_text:  # llama-perplexity's own context: n_ctx = the chunk length
+        llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ppl_ctx, n_batch=args.ppl_ctx,
+                              n_ubatch=args.ppl_ctx, n_threads=args.threads, logits_all=True, verbose=False)
+        for path in args.ppl_text:
+            with open(path, encoding="utf-8") as f:
+                value, running, n_chunks, n_tokens = perplexity(llm, f.read(), args.ppl_ctx)
+            ppl[path.rsplit("/", 1)[-1]] = {"ppl": value, "running": running, "n_ctx": args.ppl_ctx,
+                                            "chunks": n_chunks, "tokens": n_tokens}
+            print(f"perplexity {path}: {value:.4f} ({n_chunks} chunks of {args.ppl_ctx}, {n_tokens} tokens)",
+                  flush=True)
+        del llm
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                           n_threads=args.threads, logits_all=True, verbose=False)
     eog = eog_ids(llama_cpp, llm)
-    seqs, prompt_lens, forced, decode, top_ids, top_logits, ids_of = [], [], [], [], [], [], []
+    done = []
     t0 = time.time()
-    for p in prompts:
+    for k, p in enumerate(prompts):
+        if p["kind"] == "chat" and "tokenizer.chat_template" not in llm.metadata:
+            print(f"prompt {p['id']}: a chat, and the file has no chat template: skipped", flush=True)
+            continue
         text = render_chat(llama_cpp, llm, p["messages"]) if p["kind"] == "chat" else p["text"]
         ids = tokenize(llm, text)
         budget = args.n_ctx - args.gen
         if len(ids) > budget:
             ids = ids[:budget]
-        seq, n_prompt, f_hashes, d_hashes, tids, tlogits = record_prompt(llm, ids, args.gen, eog)
-        seqs.append(np.asarray(seq, np.int32))
-        prompt_lens.append(n_prompt)
-        forced.extend(f_hashes)
-        decode.extend(d_hashes)
-        top_ids.append(tids)
-        top_logits.append(tlogits)
-        ids_of.append(p["id"])
-    elapsed = time.time() - t0
+        t1 = time.time()
+        done.append((p["id"],) + record_prompt(llm, ids, args.gen, eog, args.n_batch, reuse=not args.no_reuse))
+        print(f"prompt {p['id']}: {len(ids)} + {len(done[-1][1]) - len(ids)} tokens, {time.time() - t1:.1f} s",
+              flush=True)
+        if args.checkpoint and (k + 1) % args.checkpoint == 0 and k + 1 < len(prompts):
+            save(args.out, done, settings, ppl)
+    n_forced, n_decode, n_tokens = save(args.out, done, settings, ppl)
+    print(f"{len(done)} prompts, {n_forced} teacher-forced rows, {n_decode} decode rows, {n_tokens} tokens, "
+          f"{time.time() - t0:.0f} s -> {args.out}")
+
+
+def save(out_path, done, settings, ppl):
+    """Write the prompts recorded so far, in prompt id order; returns (forced rows, decode rows, tokens)."""
+    done = sorted(done, key=lambda entry: entry[0])
+    pids, seqs, prompt_lens, forced, decode, top_ids, top_logits = zip(*done)
+    forced = [h for hashes in forced for h in hashes]
+    decode = [h for hashes in decode for h in hashes]
     out = {
-        "prompt_id": np.asarray(ids_of, np.int32),
+        "prompt_id": np.asarray(pids, np.int32),
         "seq_offsets": np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
-        "seq_tokens": np.concatenate(seqs),
+        "seq_tokens": np.concatenate([np.asarray(s, np.int32) for s in seqs]),
         "prompt_len": np.asarray(prompt_lens, np.int32),
         "forced_sha256": np.frombuffer(b"".join(forced), np.uint8).reshape(-1, 32),
         "decode_sha256": np.frombuffer(b"".join(decode), np.uint8).reshape(-1, 32),
         "last_prompt_top_ids": np.stack(top_ids),
         "last_prompt_top_logits": np.stack(top_logits),
-        "settings": np.asarray(json.dumps({"n_ctx": args.n_ctx, "n_batch": args.n_batch, "gen": args.gen,
-                                           "threads": args.threads, "llama_cpp_python": llama_cpp.__version__})),
+        "settings": np.asarray(json.dumps(settings)),
+        "perplexity": np.asarray(json.dumps(ppl)),
     }
-    ppl = {}
-    if args.ppl_text:  # llama-perplexity's own context: n_ctx = the chunk length
-        del llm
-        llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ppl_ctx, n_batch=args.ppl_ctx,
-                              n_ubatch=args.ppl_ctx, n_threads=args.threads, logits_all=True, verbose=False)
-    for path in args.ppl_text:
-        with open(path, encoding="utf-8") as f:
-            value, n_chunks, n_tokens = perplexity(llm, f.read(), args.ppl_ctx)
-        ppl[path.rsplit("/", 1)[-1]] = {"ppl": value, "n_ctx": args.ppl_ctx, "chunks": n_chunks, "tokens": n_tokens}
-        print(f"perplexity {path}: {value:.4f} ({n_chunks} chunks of {args.ppl_ctx}, {n_tokens} tokens)")
-    out["perplexity"] = np.asarray(json.dumps(ppl))
-    np.savez_compressed(args.out, **out)
-    print(f"{len(prompts)} prompts, {len(forced)} teacher-forced rows, {len(decode)} decode rows, "
-          f"{sum(len(s) for s in seqs)} tokens, {elapsed:.0f} s -> {args.out}")
+    tmp = f"{out_path}.tmp.npz"
+    np.savez_compressed(tmp, **out)
+    os.replace(tmp, out_path)
+    return len(forced), len(decode), sum(len(s) for s in seqs)
 
 
 if __name__ == "__main__":

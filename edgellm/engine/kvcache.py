@@ -3,7 +3,8 @@
 Layer il owns capacity[il] slots; position p lives in slot p % capacity[il]. A full-attention layer gets
 capacity n_ctx (so the slot is the position); a sliding-window layer gets a ring just big enough for the window
 plus one batch of new tokens, because a batch's earliest query still needs keys from window - 1 positions back
-while its latest keys are being written. Slot positions (-1 = empty) are what the attention mask reads.
+while its latest keys are being written, rounded up to a multiple of 32 so slots keep their positions' lanes.
+Slot positions (-1 = empty) are what the attention mask reads.
 
 Values are stored as f32, f16 or q8_0 (edgellm.engine.kvtypes); all layers' values and scales are views into one byte
 block allocated once (an anonymous mapping: the OS maps zeroed 4 KB pages in as the cache fills, so an unused
@@ -41,11 +42,22 @@ class LayerKV:
     window: int  # 0: full attention; else a query at p sees keys p - window < kp <= p
 
 
+# A ring's capacity is a multiple of this, so that a slot's index modulo the attention kernels' lane counts (8
+# and 32) is its position's: llama.cpp's cache gives position p cell p, and which lane and which 8-cell group of
+# the softmax sum a key falls in decides how its terms round. Windows shorter than this (no released model has
+# one; the tests' tiny models do, to wrap their rings within a few tokens) keep the unrounded ring.
+RING_ALIGN = 32
+
+
 def ring_capacity(n_ctx: int, window: int, n_batch: int) -> int:
-    """Slots a layer needs: everything for full attention, else the window plus one batch."""
+    """Slots a layer needs: everything for full attention, else the window plus one batch (rounded up to
+    RING_ALIGN)."""
     if window <= 0:
         return n_ctx
-    return min(n_ctx, window + n_batch - 1)
+    slots = window + n_batch - 1
+    if window >= RING_ALIGN:
+        slots = -(-slots // RING_ALIGN) * RING_ALIGN
+    return min(n_ctx, slots)
 
 
 def slot_bytes(n_head_kv: int, head_dim: int, kv_type) -> int:
