@@ -1,5 +1,5 @@
 """Numba quantizers, bit-exact with the numpy references, and `quantize_fast`, the one entry point that
-edgellm.quantize uses.
+edgellm.prep.quantize uses.
 
 Sections: scalar helpers (rounding, half floats); the three scale searches; one block kernel per K-quant;
 block kernels for the 32-element formats; `quantize_fast`. The parallel drivers that run the block kernels,

@@ -19,7 +19,7 @@ A record's fields:
   tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
   matmul           for the other activations, the module holding matmul_<fmt> (hand-written)
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
-  cuda             whether edgellm.cuda.quant_kernels has a branch for this type id
+  cuda             whether edgellm.engine.cuda.quant_kernels has a branch for this type id
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ REGISTRY_SPEC = dict(weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_
 @pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(ALIASES)))
 def test_every_registered_architecture_against_the_reference(tmp_path, exact_linear, arch):
     """A tiny model holding exactly the tensors the architecture's tensor_specs require: the fast path against the
-    float64 reference (edgellm/reference.py, which a new architecture must also be written into), cached decoding
+    float64 reference (edgellm/engine/reference.py, which a new architecture must also be written into), cached decoding
     against one batch, and the KV cache sized by its layer_windows()."""
     spec = TinySpec(arch=arch, **REGISTRY_SPEC)
     path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from test_quantize_kquants import DATASETS
 
-import edgellm.gguf
+import edgellm.engine.gguf
 from edgellm import quant
-from edgellm.models import build_model
-from edgellm.quantize import quantize_file
-from edgellm.reference import ReferenceModel
+from edgellm.engine.models import build_model
+from edgellm.prep.quantize import quantize_file
+from edgellm.engine.reference import ReferenceModel
 from edgellm.quant import reference
 from edgellm.quant.activations import quantize_act_q8_0
 from edgellm.quant.quantize_kernels import quantize_fast
@@ -190,7 +190,7 @@ def iq4_nl_smollm2(smollm2_path, tmp_path_factory):
 
 
 def test_requantized_smollm2_loads_generates_and_matches_the_reference(iq4_nl_smollm2):
-    with edgellm.gguf.open(iq4_nl_smollm2) as f:
+    with edgellm.engine.gguf.open(iq4_nl_smollm2) as f:
         kinds = {t.ggml_type for t in f.tensors.values()}
         assert {"IQ4_NL", "Q5_K", "Q8_0"} <= kinds
         model = build_model(f, n_ctx=256, n_threads=2, n_batch=64)

@@ -26,7 +26,7 @@ else:
     NORM_THREADS, HEAD_THREADS, ATTN_THREADS, ACT_THREADS, MAX_ACT_BLOCKS, MAX_HEAD_DIM = 128, 64, 128, 256, 4096, 512
 DIMS_PER_THREAD = MAX_HEAD_DIM // ATTN_THREADS  # attention keeps q in shared memory; each thread owns these outputs
 
-NO_SCORE = np.float32(-1.0e30)  # finite stand-in for -inf (as edgellm.engine.ops.NO_SCORE_YET)
+NO_SCORE = np.float32(-1.0e30)  # a finite stand-in for -inf
 ACT_SILU = 0  # gate <- silu(gate) * up        (llama, qwen)
 ACT_GELU_TANH = 1  # gate <- gelu_tanh(gate) * up   (gemma)
 GELU_COEF_A = np.float32(0.044715)
