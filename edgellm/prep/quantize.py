@@ -26,6 +26,7 @@ import numpy as np
 from edgellm.engine import gguf as gguf_reader
 from edgellm.atomic import replace_synced, unique_temp_path
 from edgellm.errors import EdgeLLMError
+from edgellm.quant.formats import format_by_name
 from edgellm.quant.registry import records as format_records
 
 # ---------------------------------------------------------------------------------------------------------
