@@ -82,8 +82,8 @@ def test_quantize_temp_files_are_unique_per_run(tmp_path, monkeypatch):
     from edgellm import atomic
     a, b = atomic.unique_temp_path(tmp_path / "x.gguf"), atomic.unique_temp_path(tmp_path / "x.gguf")
     assert a != b and Path(a).parent == tmp_path == Path(b).parent
-    src = (TESTS / ".." / "edgellm" / "quantize.py").resolve().read_text() + \
-        (TESTS / ".." / "edgellm" / "convert.py").resolve().read_text()
+    src = (TESTS / ".." / "edgellm" / "prep" / "quantize.py").resolve().read_text() + \
+        (TESTS / ".." / "edgellm" / "prep" / "convert.py").resolve().read_text()
     assert '+ ".tmp"' not in src and '".f32.tmp"' not in src
 
 
