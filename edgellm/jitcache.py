@@ -81,23 +81,29 @@ def _prune(root: Path, keep: Path) -> None:
             pass
 
 
-def choose_cache_dir() -> Path:
+def choose_cache_dir() -> Path | None:
     """This source version's directory under the user cache, or, where that cannot be written (a read-only or
-    missing HOME), one under the temporary directory, with a warning."""
+    missing HOME), one under the temporary directory, with a warning; None (no caching) where neither can be."""
     h = source_hash()
     preferred = cache_root() / h
     if _writable(preferred):
         os.utime(preferred)  # marks it in use for pruning
         _prune(preferred.parent, preferred)
         return preferred
-    fallback = Path(tempfile.gettempdir()) / f"edgellm-numba-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / h
-    if _writable(fallback):
+    try:
+        temp = Path(tempfile.gettempdir())
+    except OSError:  # gettempdir raises when none of its candidates can be written
+        temp = None
+    fallback = temp / f"edgellm-numba-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / h if temp else None
+    if fallback is not None and _writable(fallback):
         warnings.warn(f"edgellm: cannot write the kernel cache at {preferred}; using {fallback} (set "
                       "XDG_CACHE_HOME or NUMBA_CACHE_DIR to a writable directory to keep compiled kernels)",
                       RuntimeWarning, stacklevel=3)
         return fallback
-    raise OSError(f"edgellm: neither {preferred} nor {fallback} is writable, so Numba cannot cache kernels; "
-                  "set NUMBA_CACHE_DIR to a writable directory")
+    warnings.warn(f"edgellm: neither {preferred} nor a temporary directory can be written: kernels will be compiled again in "
+                  "every process (set NUMBA_CACHE_DIR to a writable directory to keep them)",
+                  RuntimeWarning, stacklevel=3)
+    return None
 
 
 def _owns(py_file: str) -> bool:
@@ -109,6 +115,7 @@ def _owns(py_file: str) -> bool:
 
 
 _configured = None
+UNCACHED = "(uncached: no writable directory)"
 
 
 def configure() -> str:
@@ -120,7 +127,8 @@ def configure() -> str:
         return os.environ["NUMBA_CACHE_DIR"]
     if _configured is not None:
         return _configured
-    d = str(choose_cache_dir())
+    chosen = choose_cache_dir()
+    d = str(chosen) if chosen is not None else UNCACHED
     from numba.core import caching  # only when edgellm routes the cache (NUMBA_CACHE_DIR unset)
 
     class EdgeLLMCacheLocator(caching.UserProvidedCacheLocator):
@@ -134,6 +142,21 @@ def configure() -> str:
             if not _owns(py_file):
                 return None
             return super(caching.UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+
+        def ensure_cache_path(self):
+            if chosen is not None:
+                super().ensure_cache_path()
+
+    if chosen is None:
+        # Nowhere to write: edgellm's functions get a disabled cache (never read, never written), others are untouched.
+        enable = caching.Cache.enable
+
+        def enable_unless_uncached(cache):
+            if isinstance(cache._impl.locator, EdgeLLMCacheLocator):
+                cache.disable()
+            else:
+                enable(cache)
+        caching.Cache.enable = enable_unless_uncached
 
     impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in Numba 0.61
     impl._locator_classes.insert(0, EdgeLLMCacheLocator)

@@ -60,33 +60,66 @@ print("CACHE", edgellm._jitcache._configured)
 '''
 
 
-def test_import_with_read_only_home_and_package_falls_back_to_temp(tmp_path):
+def _read_only_site(tmp_path):
+    """A read-only tmpfs holding edgellm laid out as pip installs it, with a cached probe kernel, and an empty HOME."""
     import shutil
     import subprocess
-    import sys
     root = Path(__file__).resolve().parent.parent
     ro = tmp_path / "ro"
     ro.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(ro)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root): root ignores chmod, so nothing else makes HOME read-only")
+    for src, dst in (("edgellm", "edgellm"), ("quant", "edgellm/quant")):  # laid out as pip installs them
+        shutil.copytree(root / src, ro / "site" / dst, ignore=shutil.ignore_patterns("__pycache__"))
+    (ro / "site" / "edgellm" / "_probe.py").write_text(
+        "import numba\n\n\n@numba.njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+    (ro / "home").mkdir()
+    (ro / "tmpdir").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    return ro
+
+
+def _run_probe(ro, tmp, wrap=()):
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
+    env.update(HOME=str(ro / "home"), PYTHONPATH=str(ro / "site"), TMPDIR=str(tmp), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([*wrap, sys.executable, "-c", PROBE], env=env, cwd=str(ro / "site"), capture_output=True,
+                          text=True, timeout=300)
+
+
+# In a private mount namespace, /tmp and /var/tmp (tempfile's fallbacks after TMPDIR) become read-only too.
+READ_ONLY_TEMP = ("unshare", "-m", "sh", "-c", "for d in /tmp /var/tmp; do mount --rbind $d $d && "
+                  "mount -o remount,bind,ro $d || exit 97; done; exec \"$@\"", "sh")
+
+
+def test_import_with_read_only_home_and_package_falls_back_to_temp(tmp_path):
+    import subprocess
+    ro = _read_only_site(tmp_path)
     try:
-        for src, dst in (("edgellm", "edgellm"), ("quant", "edgellm/quant")):  # laid out as pip installs them
-            shutil.copytree(root / src, ro / "site" / dst, ignore=shutil.ignore_patterns("__pycache__"))
-        (ro / "site" / "edgellm" / "_probe.py").write_text(
-            "import numba\n\n\n@numba.njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
-        (ro / "home").mkdir()
-        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
         tmp = tmp_path / "tmpdir"
         tmp.mkdir()
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
-        env.update(HOME=str(ro / "home"), PYTHONPATH=str(ro / "site"), TMPDIR=str(tmp), PYTHONDONTWRITEBYTECODE="1")
-        out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=str(ro / "site"), capture_output=True,
-                             text=True, timeout=300)
+        out = _run_probe(ro, tmp)
         assert out.returncode == 0, out.stderr
         assert "cannot write the kernel cache" in out.stderr
         cache_dir = out.stdout.split("CACHE", 1)[1].strip()
         assert cache_dir.startswith(str(tmp))
         assert any(p.suffix == ".nbi" for p in Path(cache_dir).rglob("*"))  # the probe's kernel was cached there
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_import_with_nothing_writable_runs_uncached_with_a_warning(tmp_path):
+    import subprocess
+    ro = _read_only_site(tmp_path)
+    try:
+        out = _run_probe(ro, ro / "tmpdir", READ_ONLY_TEMP)
+        if out.returncode == 97 or "unshare failed" in out.stderr:
+            pytest.skip("cannot make /tmp read-only in a private mount namespace here (needs root and unshare)")
+        assert out.returncode == 0, out.stderr
+        assert "kernels will be compiled again in every process" in out.stderr
+        assert out.stdout.split("CACHE", 1)[1].strip().startswith("(uncached")
+        assert list((ro / "home").iterdir()) == []
     finally:
         subprocess.run(["umount", str(ro)], check=False)
 

@@ -29,19 +29,23 @@ def warm_key(m) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _marker(m, path: str) -> Path:
+def _marker(m, path: str) -> Path | None:
     cache_dir = numba.config.CACHE_DIR or jitcache.configure()
+    if cache_dir == jitcache.UNCACHED:  # nothing persists: every path is cold in every process
+        return None
     return Path(cache_dir) / "warm" / f"{warm_key(m)}-{path}"
 
 
 def cold_paths(m, paths=PATHS) -> list[str]:
     """The paths among `paths` that no warm-up (or precompile at load) has yet run this model's kind through."""
-    return [p for p in paths if not _marker(m, p).exists()]
+    return [p for p in paths if (marker := _marker(m, p)) is None or not marker.exists()]
 
 
 def mark_warm(m, paths) -> None:
     for path in paths:
         marker = _marker(m, path)
+        if marker is None:
+            continue
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
