@@ -128,10 +128,37 @@ def configure() -> str:
     if _configured is not None:
         return _configured
     chosen = choose_cache_dir()
-    d = str(chosen) if chosen is not None else UNCACHED
+    _configured = str(chosen) if chosen is not None else UNCACHED
     from numba.core import caching  # only when edgellm routes the cache (NUMBA_CACHE_DIR unset)
+    route(caching)
+    return _configured
 
-    class EdgeLLMCacheLocator(caching.UserProvidedCacheLocator):
+
+def configure_cuda() -> None:
+    """The same routing for CUDA kernels: numba-cuda keeps a caching module of its own. Called by edgellm's CUDA
+    package before it defines kernels, so a CPU-only process never imports numba.cuda."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    configure()
+    try:
+        from numba.cuda.core import caching  # numba-cuda's own copy; older ones share numba.core's (routed already)
+    except ImportError:
+        return
+    route(caching)
+
+
+_routed = set()
+
+
+def route(caching) -> None:
+    """Put edgellm's locator first in `caching`'s list (numba.core.caching or numba-cuda's twin), once."""
+    if id(caching) in _routed:
+        return
+    _routed.add(id(caching))
+    d = _configured
+
+    class EdgeLLMCacheLocator(caching._UserProvidedCacheLocator if hasattr(caching, "_UserProvidedCacheLocator")
+                              else caching.UserProvidedCacheLocator):
         def __init__(self, py_func, py_file):
             self._py_file = py_file
             self._lineno = py_func.__code__.co_firstlineno
@@ -141,13 +168,13 @@ def configure() -> str:
         def from_function(cls, py_func, py_file):
             if not _owns(py_file):
                 return None
-            return super(caching.UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+            return super(cls.__mro__[1], cls).from_function(py_func, py_file)
 
         def ensure_cache_path(self):
-            if chosen is not None:
+            if d != UNCACHED:
                 super().ensure_cache_path()
 
-    if chosen is None:
+    if d == UNCACHED:
         # Nowhere to write: edgellm's functions get a disabled cache (never read, never written), others are untouched.
         enable = caching.Cache.enable
 
@@ -160,5 +187,7 @@ def configure() -> str:
 
     impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in Numba 0.61
     impl._locator_classes.insert(0, EdgeLLMCacheLocator)
-    _configured = d
-    return d
+    _locators.append(EdgeLLMCacheLocator)
+
+
+_locators = []  # the locator classes installed, for tests

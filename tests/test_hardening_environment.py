@@ -136,3 +136,29 @@ def test_old_source_versions_are_pruned(tmp_path, monkeypatch):
     chosen = jitcache.choose_cache_dir()
     assert chosen.parent == root and chosen.is_dir()
     assert not stale.exists() and recent.exists()
+
+
+def test_cuda_kernels_are_cached_in_edgellms_directory_not_beside_the_package(tmp_path):
+    import subprocess
+    import sys
+    probe = '''
+import os
+from edgellm import jitcache
+d = jitcache.configure()
+from edgellm.engine.cuda import op_kernels  # routes numba-cuda's caching module too
+from numba.cuda.core import caching
+impl = caching.CacheImpl._locator_classes[0]
+assert impl in jitcache._locators, "edgellm's locator is not first in numba-cuda's list"
+def kernel_like():
+    pass
+own = impl.from_function(kernel_like, op_kernels.__file__)
+assert own is not None and own.get_cache_path().startswith(d), own
+assert impl.from_function(kernel_like, caching.__file__) is None  # other packages keep numba-cuda's locators
+print("OK")
+'''
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR",)}
+    env.update(XDG_CACHE_HOME=str(tmp_path), NUMBA_ENABLE_CUDASIM="1")
+    pytest.importorskip("numba.cuda.core.caching", reason="numba-cuda without its own caching module shares "
+                        "numba.core's, which edgellm routes at import")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr

@@ -13,7 +13,10 @@ import math
 import numpy as np
 from numba import cuda
 
+from edgellm import jitcache
 from edgellm.engine.cuda.device import simulator_enabled
+
+jitcache.configure_cuda()  # CUDA kernels cached beside the CPU ones, not next to the package
 
 # Threads per block: NORM_THREADS per row in rms_norm_kernel, HEAD_THREADS per (token, head) in
 # qk_norm_rope_store_kernel, ATTN_THREADS per (token, head) in attention_kernel (also the cache slots per tile).

@@ -16,9 +16,12 @@ compiled kernel compute in float64).
 import numpy as np
 from numba import cuda
 
+from edgellm import jitcache
 from edgellm.engine.cuda.device import simulator_enabled
 from edgellm.quant.formats import format_by_name
 from edgellm.quant.registry import records
+
+jitcache.configure_cuda()  # CUDA kernels cached beside the CPU ones, not next to the package
 
 CHUNK = 32  # weights per chunk: one legacy block, one eighth of a K-quant super-block
 
