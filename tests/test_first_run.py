@@ -149,3 +149,25 @@ def test_precompile_runs_a_cold_path_once_and_leaves_the_model_as_loaded(smollm2
     assert m.precompile(("prompt",)) == 0.0  # warm now: nothing runs
     with pytest.raises(ValueError):
         m.precompile("prompt")
+
+
+def test_count_compiles_counts_compilations_in_every_thread():
+    import threading
+    from edgellm.engine.compile_clock import count_compiles
+
+    @njit
+    def here(x):
+        return x + 1
+
+    @njit
+    def elsewhere(x):
+        return x * 3
+
+    with count_compiles() as compiled:
+        assert here(1) == 2
+        t = threading.Thread(target=elsewhere, args=(2,))
+        t.start()
+        t.join()
+        assert compiled.n == 2
+        assert here(5) == 6  # compiled already: not counted again
+    assert compiled.n == 2

@@ -19,7 +19,8 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import edgellm
-from edgellm.prep.warmup import count_compiles, exercise
+from edgellm.engine.compile_clock import count_compiles
+from edgellm.prep.warmup import exercise
 from edgellm.quant import cache_load
 path, ref = sys.argv[1], sys.argv[2]
 with count_compiles() as compiled:
@@ -30,7 +31,7 @@ with count_compiles() as compiled:
     logits = m.model.forward(npz["p0_ids"], all_logits=True)
 ours = np.take_along_axis(logits, npz["p0_topk_ids"], axis=1)
 print(json.dumps({
-    "compiled": compiled[0],
+    "compiled": compiled.n,
     "light_loads": cache_load.stats["light_loads"],
     "refreshed": "numba.np.linalg" in sys.modules,  # imported only by Numba's full registry refresh
     "max_diff": float(np.abs(ours - npz["p0_topk_logits"]).max()),

@@ -21,6 +21,7 @@ class _CompileClock:
 
     def __init__(self):
         self.local = threading.local()
+        self.all_threads = 0  # compilations begun in any thread (count_compiles)
 
     def state(self):
         st = self.local
@@ -33,6 +34,7 @@ class _CompileClock:
             st.t_start = time.perf_counter()
         st.depth += 1
         st.kernels += 1
+        self.all_threads += 1  # under Numba's compiler lock: one compilation begins at a time
 
     def on_end(self, st):
         st.depth -= 1
@@ -70,6 +72,24 @@ def _compile_clock() -> _CompileClock:
 def compile_seconds() -> float:
     """Wall time this thread has spent in Numba compilations since the clock was installed (its first call)."""
     return _compile_clock().state().seconds
+
+
+class CompileCount:
+    """Numba compilations (cache misses) begun in any thread since this object was made: `.n`."""
+
+    def __init__(self):
+        self._clock = _compile_clock()
+        self._before = self._clock.all_threads
+
+    @property
+    def n(self) -> int:
+        return self._clock.all_threads - self._before
+
+
+@contextmanager
+def count_compiles():
+    """Count the compilations begun inside the block (in any thread): yields a CompileCount."""
+    yield CompileCount()
 
 
 @contextmanager

@@ -3,7 +3,7 @@ load machine code from Numba's on-disk cache (`edgellm warmup`, e.g. right after
 
 The paths: a prompt long enough for every token-block and tile shape of the prompt kernels, single-token
 decoding, sampling, and a batched decode step (pooled caches). What a run compiles is counted through Numba's
-compile events (`count_compiles`), so a second warmup reports 0 compiled, and a test can check that a process
+compile events (`compile_clock.count_compiles`), so a second warmup reports 0 compiled, and a test can check that a process
 compiles nothing after a warmup.
 
 The paths and their warm markers are edgellm.generation.kernel_paths (which a Model's precompile at load also
@@ -12,14 +12,12 @@ uses); compilation is clocked and reported by edgellm.engine.compile_clock.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numba
-from numba.core import event
 
 import edgellm
-from edgellm.engine.compile_clock import reporting_compiles
+from edgellm.engine.compile_clock import count_compiles, reporting_compiles
 from edgellm.generation.kernel_paths import PATHS, exercise, mark_warm  # noqa: F401  (exercise: tests use it here)
 from edgellm.store import catalog
 
@@ -34,22 +32,6 @@ class WarmupResult:
     cache_dir: str      # where the compiled kernels are kept
 
 
-@contextmanager
-def count_compiles():
-    """Count Numba compilations (cache misses) inside the block: yields a one-item list holding the count."""
-    count = [0]
-
-    class _Counter(event.Listener):
-        def on_start(self, ev):
-            count[0] += 1
-
-        def on_end(self, ev):
-            pass
-
-    with event.install_listener("numba:compile", _Counter()):
-        yield count
-
-
 def warmup(models=None, n_threads=None, log=None, progress=None) -> list[WarmupResult]:
     """Warm each model (catalog names or paths; default: the catalog default). Returns one result per model.
     progress: called with CompileProgress as compilations begin and end, per model (see reporting_compiles)."""
@@ -61,7 +43,7 @@ def warmup(models=None, n_threads=None, log=None, progress=None) -> list[WarmupR
             exercise(m)
         mark_warm(m, PATHS)
         cache_dir = numba.config.CACHE_DIR or edgellm.jitcache.configure()  # edgellm's own locator's directory
-        r = WarmupResult(str(name), time.perf_counter() - t0, compiled[0], str(cache_dir))
+        r = WarmupResult(str(name), time.perf_counter() - t0, compiled.n, str(cache_dir))
         results.append(r)
         if log:
             log(f"edgellm: {r.model} warmed in {r.seconds:.1f} s ({r.compiled} kernels compiled; "
