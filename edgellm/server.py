@@ -553,7 +553,10 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
           file=sys.stderr)
     loader = threading.Thread(target=load, name="edgellm-load", daemon=True)
     loader.start()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled by shutting down: a clean stop
+        pass
     if failed:
         raise failed[0]
     return 0

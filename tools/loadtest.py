@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import openai
 
-QUESTION = "Write a short story about a lighthouse keeper."
+QUESTION = "Write a short story about a lighthouse keeper."  # chats
+OPENING = "Once upon a time, in a lighthouse by the sea, there lived"  # completions: a text to continue
 LONG_PROMPT_WORDS = 60_000  # ~120k tokens, past the context of the models served here, in a 660 kB body
 
 
@@ -88,7 +89,7 @@ async def _stream(client, args, kind, rng, extra=None):
     common = dict(model=args.model, max_tokens=args.max_tokens, temperature=args.temperature, stream=True,
                   stream_options={"include_usage": True})
     if kind == "completion":
-        stream = await client.completions.create(prompt=extra.pop("prompt", QUESTION), **common, **extra)
+        stream = await client.completions.create(prompt=extra.pop("prompt", OPENING), **common, **extra)
         return stream, lambda c: c.choices[0].text if c.choices else ""
     messages = [{"role": "user", "content": extra.pop("prompt", QUESTION)}]
     stream = await client.chat.completions.create(messages=messages, **common, **extra)

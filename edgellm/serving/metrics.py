@@ -29,6 +29,8 @@ class ServerMetrics:
         self.cache_tokens = Counter("edgellm_prompt_cache_tokens",
                                     "prompt tokens taken from the prompt cache instead of evaluated", registry=r)
         self.cache_lookups = Counter("edgellm_prompt_cache_lookups", "prompt cache lookups", ["result"], registry=r)
+        for result in ("hit", "miss"):  # both series from the start, so a rate over them is defined at once
+            self.cache_lookups.labels(result)
         self.queue_depth = Gauge("edgellm_queue_depth", "requests waiting for a slot", registry=r)
         self.slots_busy = Gauge("edgellm_slots_busy", "slots generating now", registry=r)
         self.slots_total = Gauge("edgellm_slots", "slots (requests that can generate at once)", registry=r)
