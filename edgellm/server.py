@@ -341,7 +341,7 @@ class Endpoints:
         self.slot.check_queue()
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = self._metered(self._sse(create, kwargs, include_usage, fields), watch, fields)
+            events = self._metered(self._sse(create, kwargs, include_usage, fields), watch)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response = await self._whole(request, create, kwargs, fields)
@@ -357,7 +357,7 @@ class Endpoints:
                                 decode_s=t.generate_s)
         self.metrics.prompt_cache(t.reused_tokens > 0, t.reused_tokens)
 
-    async def _metered(self, events, watch: Stopwatch, fields):
+    async def _metered(self, events, watch: Stopwatch):
         """A stream's events, timed for the metrics; an unexpected fault becomes an OpenAI error event."""
         finished = False
         try:
@@ -440,10 +440,11 @@ async def _watch_disconnect(request: Request, flag: threading.Event, on_disconne
 
 def create_app(llm, api_key: str | None = None, model_name: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
-               limits: RequestLimits = RequestLimits(), cors_origins=(), host: str = "127.0.0.1") -> Starlette:
-    """The ASGI app serving `llm` (an edgellm Model). Without api_key it answers only requests addressed to a
-    loopback name or `host` (the address it is bound to), with JSON bodies (edgellm/serving/guard.py).
-    cors_origins: web origins allowed to call it from a browser (none by default)."""
+               limits: RequestLimits = RequestLimits(), cors_origins=(), host: str = "127.0.0.1"):
+    """The ASGI app serving `llm` (an edgellm Model): the Starlette app inside its middleware (`.state` is the
+    app's). Without api_key it answers only requests addressed to a loopback name or `host` (the address it is
+    bound to), with JSON bodies (edgellm/serving/guard.py). cors_origins: web origins allowed to call it from a
+    browser (none by default)."""
     routes = {"/health": "health", "/metrics": "prometheus", "/v1/models": "models",
               "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
               "/tokenize": "tokenize", "/detokenize": "detokenize"}

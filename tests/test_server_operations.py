@@ -62,7 +62,8 @@ def test_metrics_count_requests_tokens_and_times_per_server(llm):
         assert m[("edgellm_requests_in_flight", ())] == 1  # this scrape
         # the other server's registry saw none of it
         o = scrape(other)
-        assert o[("edgellm_generated_tokens_total", ())] == 0 and o[("edgellm_time_to_first_token_seconds_count", ())] == 0
+        assert o[("edgellm_generated_tokens_total", ())] == 0
+        assert o[("edgellm_time_to_first_token_seconds_count", ())] == 0
 
 
 def test_prompt_cache_hits_are_counted(llm):
@@ -188,7 +189,8 @@ def test_every_failure_is_an_openai_error_with_the_right_status(llm, monkeypatch
         r = httpx.get(srv.base_url + "/v2/nothing")
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
         r = httpx.get(srv.base_url + "/v1/completions")
-        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed" and "POST" in r.headers["allow"]
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+        assert "POST" in r.headers["allow"]
         c = client_of(srv)
 
         def fault(*args, **kwargs):

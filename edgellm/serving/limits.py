@@ -21,7 +21,8 @@ class RequestLimits:
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
             raise ValueError(f"the max_tokens cap must be a positive integer, got {self.max_tokens!r}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
-            raise ValueError(f"the request timeout must be a positive number of seconds, got {self.request_timeout_s!r}")
+            raise ValueError(f"the request timeout must be a positive number of seconds, "
+                             f"got {self.request_timeout_s!r}")
 
 
 def check_logprobs(kwargs: dict, chat: bool) -> None:
