@@ -349,7 +349,10 @@ def cmd_serve(args) -> int:
     report = CompileReport()
     try:
         return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
-                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report)
+                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report,
+                     api_key_file=args.api_key_file, kv_type=args.kv_type, n_keep=args.keep, device=args.device,
+                     max_tokens=args.max_tokens, request_timeout=args.request_timeout, max_queue=args.max_queue,
+                     cors_origins=args.cors_origin or ())
     finally:
         report.close()
 
@@ -441,8 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--api-key", default=None, help="require this key as a Bearer token (all endpoints but /health)")
+    p.add_argument("--api-key", default=None, help="require this key as a Bearer token (all endpoints but /health); "
+                                                   "visible in ps: prefer --api-key-file or $EDGELLM_API_KEY")
+    p.add_argument("--api-key-file", default=None, help="read the API key from this file")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens one request may generate: more is refused (default: what the context holds)")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a generation may run before it is ended (default: no limit)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the model; more get 503 "
+                                                             "(default 64)")
+    p.add_argument("--cors-origin", action="append", default=None,
+                   help="a web origin allowed to call the server from a browser, e.g. http://localhost:3000 "
+                        "(repeatable; default none)")
     _add_load_args(p)
     p.set_defaults(func=cmd_serve)
 

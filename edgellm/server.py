@@ -1,9 +1,10 @@
 """`edgellm serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn; the `edgellm[server]` extra).
 
-Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the context check); the model
-slot (one generation at a time: a FIFO asyncio lock, and one worker thread that does all model work, so a
-generation is always advanced by the thread that started it); the endpoints; `create_app`, `BackgroundServer`
-(a server on a thread, for tests and embedding apps) and `serve` (the CLI entry).
+Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the limits of
+edgellm/serving/limits.py); the model slot (one generation at a time: a FIFO asyncio lock, and one worker thread
+that does all model work, so a generation is always advanced by the thread that started it); the endpoints;
+`create_app` (the endpoints behind edgellm/serving/guard.py's checks, CORS and metrics), `BackgroundServer` (a
+server on a thread, for tests and embedding apps) and `serve` (the CLI entry).
 
 Streaming answers are server-sent events, one OpenAI chunk per `data:` line, then `data: [DONE]`. A client that
 disconnects mid-stream cancels its response task; the generator is closed on the worker thread before the next
@@ -14,9 +15,8 @@ runs its request's model call (a long prompt, or a non-streamed generation) has 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import re
+import logging
 import socket
 import sys
 import threading
@@ -25,43 +25,31 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import edgellm
 from edgellm.compat.tool_calls import ChatPlan
 from edgellm.errors import EdgeLLMError
 from edgellm.generation.options import parse_options
+from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
+from edgellm.serving.guard import LoadingGate, RequestGuard, resolve_api_key
+from edgellm.serving.limits import GenerationClock, RequestLimits, check_logprobs, fit_max_tokens
+from edgellm.serving.metrics import RequestCounter, ServerMetrics, Stopwatch
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 DEFAULT_MAX_QUEUE = 64  # waiting requests beyond this get 503 rather than an unbounded wait
+log = logging.getLogger("edgellm.server")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------------------------
 
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.body()}, status_code=self.status)
-
-    def body(self) -> dict:
-        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-
-
-def _error_from_exception(e: Exception, fields) -> HTTPError:
-    """A library error as a 400 naming the request field its message starts with, when it does."""
-    message = str(e).replace("create_chat_completion() got", "the request has").replace(
-        "create_completion() got", "the request has")
-    name = re.match(r"(\w+)", message)
-    param = name.group(1) if name and name.group(1) in fields else None
-    return HTTPError(400, message, param=param)
+# HTTPError and the mapping of exceptions to statuses live in edgellm/serving/errors.py
+_error_from_exception = error_from_exception
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,6 +89,8 @@ SAMPLING_FIELDS = {
     # structured output (llama.cpp's server names grammar and json_schema; regex and choice are edgellm's)
     "response_format": OBJECT, "grammar": STRING, "json_schema": (lambda v: isinstance(v, (dict, bool)), "an object"),
     "regex": STRING, "choice": (lambda v: isinstance(v, list), "a list of strings"),
+    # edgellm's: let max_tokens run past the context, old tokens shifting out (the prompt must still fit)
+    "context_shift": BOOLEAN,
 }
 COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string or a list of token ids"),
                      "logprobs": INTEGER, "echo": BOOLEAN, "best_of": INTEGER, "suffix": STRING}
@@ -180,6 +170,12 @@ class ModelSlot:
         self._running = None  # the owner of the job the worker runs now, so a disconnect cancels only its own call
         self._running_lock = threading.Lock()
 
+    n_slots = 1  # what /health and /metrics report: generations that can run at once
+
+    @property
+    def in_use(self) -> int:
+        return 1 if self.lock.locked() else 0
+
     async def run(self, fn, *args, owner=None):
         return await asyncio.get_running_loop().run_in_executor(self.worker, partial(self._job, owner, fn, *args))
 
@@ -200,8 +196,7 @@ class ModelSlot:
 
     def check_queue(self):
         if self.waiting >= self.max_queue:
-            raise HTTPError(503, f"the server is busy ({self.waiting} requests waiting); retry later",
-                            kind="server_error", code="server_busy")
+            raise busy(f"the server is busy ({self.waiting} requests waiting); retry later")
 
     async def acquire(self):
         self.waiting += 1
@@ -216,38 +211,78 @@ class ModelSlot:
 # ---------------------------------------------------------------------------------------------------------------
 
 class Endpoints:
-    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int):
+    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int,
+                 limits: RequestLimits = RequestLimits(), metrics: ServerMetrics | None = None):
         self.llm = llm
         self.model_name = model_name
         self.max_request_bytes = max_request_bytes
         self.slot = ModelSlot(llm, max_queue)
+        self.limits = limits
+        self.metrics = metrics or ServerMetrics()
+        self.metrics.watch(queue_depth=lambda: self.slot.waiting, slots_busy=lambda: self.slot.in_use,
+                           slots_total=lambda: self.slot.n_slots)
         self.created = int(time.time())
 
     async def health(self, request):
+        """llama-server's answers: 200 ok; 503 busy when a request would be refused for a full queue; with
+        ?fail_on_no_slot, 503 "no slot available" while every slot generates."""
+        slot = self.slot
+        slots = {"slots_idle": slot.n_slots - slot.in_use, "slots_processing": slot.in_use}
+        if slot.waiting >= slot.max_queue:
+            error = busy(f"the server is busy ({slot.waiting} requests waiting)")
+            return JSONResponse({"status": "busy", **slots, "error": error.body()}, 503, headers=error.headers)
+        if "fail_on_no_slot" in request.query_params and slots["slots_idle"] == 0:
+            error = busy("no slot available")
+            return JSONResponse({"status": "no slot available", **slots, "error": error.body()}, 503,
+                                headers=error.headers)
         return JSONResponse({"status": "ok"})
 
+    async def prometheus(self, request):
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
     async def models(self, request):
+        model = self.llm.model
+        kv_type = getattr(model, "kv_type", None)
+        meta = {"n_ctx": self.llm.n_ctx, "n_vocab": self.llm.n_vocab,
+                "kv_type": getattr(kv_type, "name", kv_type), "n_keep": getattr(model, "n_keep", None),
+                "device": getattr(self.llm, "device", "cpu")}
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "edgellm",
-             "meta": {"n_ctx": self.llm.n_ctx, "n_vocab": self.llm.n_vocab}}]})
+             "meta": meta}]})
+
+    async def _tokenizer_job(self, fn, *args):
+        """Tokenizer work through the model slot's admission: refused with 503 when the queue is full, counted
+        as waiting, and run on the model's worker thread between generation steps, never beside them."""
+        self.slot.check_queue()
+        self.slot.waiting += 1
+        try:
+            return await self.slot.run(fn, *args)
+        finally:
+            self.slot.waiting -= 1
 
     async def tokenize(self, request):
         body = await read_json(request, self.max_request_bytes)
         check_fields(body, {"content": STRING, "add_special": BOOLEAN, "parse_special": BOOLEAN,
                             "with_pieces": BOOLEAN}, ("content",))
-        ids = await asyncio.to_thread(self.llm.tokenize, body["content"], body.get("add_special") or False,
-                                      body.get("parse_special", True) is not False)
-        if body.get("with_pieces"):
-            return JSONResponse({"tokens": [{"id": i, "piece": self.llm.detokenize([i], special=True)}
-                                            for i in ids]})
-        return JSONResponse({"tokens": ids})
+        add_special, parse_special = body.get("add_special") or False, body.get("parse_special", True) is not False
+
+        def job():
+            ids = self.llm.tokenize(body["content"], add_special, parse_special)
+            if body.get("with_pieces"):
+                return [{"id": i, "piece": self.llm.detokenize([i], special=True)} for i in ids]
+            return ids
+        try:
+            tokens = await self._tokenizer_job(job)
+        except EdgeLLMError as e:
+            raise HTTPError(400, str(e), param="content") from None
+        return JSONResponse({"tokens": tokens})
 
     async def detokenize(self, request):
         body = await read_json(request, self.max_request_bytes)
         check_fields(body, {"tokens": (lambda v: isinstance(v, list) and all(_is_int(t) for t in v),
                                        "a list of token ids")}, ("tokens",))
         try:
-            text = self.llm.detokenize(body["tokens"])
+            text = await self._tokenizer_job(self.llm.detokenize, body["tokens"])
         except EdgeLLMError as e:
             raise HTTPError(400, str(e), param="tokens") from None
         return JSONResponse({"content": text})
@@ -261,7 +296,7 @@ class Endpoints:
             prompt = prompt[0]  # a batch of one
         ids_of = partial(self.llm.prompt_ids, prompt)
         return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
-                                    partial(self.llm.create_completion, prompt), kwargs)
+                                    partial(self.llm.create_completion, prompt), kwargs, "prompt")
 
     async def chat_completions(self, request):
         body = await read_json(request, self.max_request_bytes)
@@ -273,10 +308,13 @@ class Endpoints:
         def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
             return ChatPlan(self.llm, messages, **plan_args).ids
         return await self._generate(request, body, CHAT_FIELDS, ids_of,
-                                    partial(self.llm.create_chat_completion, messages), kwargs)
+                                    partial(self.llm.create_chat_completion, messages), kwargs, "messages")
 
-    async def _generate(self, request, body, fields, ids_of, create, kwargs):
+    async def _generate(self, request, body, fields, ids_of, create, kwargs, prompt_param):
+        watch = Stopwatch()
         kwargs["model"] = self.model_name
+        wants_shift = kwargs.pop("context_shift", False)
+        check_logprobs(kwargs, chat=fields is CHAT_FIELDS)
         options = {k: v for k, v in kwargs.items()
                    if k not in ("echo", "logprobs", "top_logprobs") + CHAT_PLAN_FIELDS}
         if fields is COMPLETION_FIELDS:
@@ -293,22 +331,55 @@ class Endpoints:
             n_prompt = len(await asyncio.to_thread(ids_of))
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
-        max_tokens = kwargs.get("max_tokens")
-        if max_tokens is not None and n_prompt + max_tokens > self.llm.n_ctx:
-            raise HTTPError(400, f"this model's context holds {self.llm.n_ctx} tokens, but {n_prompt + max_tokens} "
-                                 f"were requested ({n_prompt} in the prompt, {max_tokens} to generate)",
-                            param="max_tokens", code="context_length_exceeded")
+        may_shift = bool(wants_shift) and bool(getattr(self.llm.model, "context_shift", False))
+        kwargs["max_tokens"] = fit_max_tokens(n_prompt, kwargs.get("max_tokens"), self.llm.n_ctx, self.limits,
+                                              may_shift, prompt_param)
+        if self.limits.request_timeout_s is not None:
+            clock = GenerationClock(self.limits.request_timeout_s)
+            create = clock.wrap(create)
+            kwargs["stopping_criteria"] = [clock]
         self.slot.check_queue()
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(create, kwargs, include_usage, fields), media_type="text/event-stream",
+            events = self._metered(self._sse(create, kwargs, include_usage, fields), watch)
+            return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._whole(request, create, kwargs, fields)
+        response = await self._whole(request, create, kwargs, fields)
+        self._record(watch, first_token_s=None)  # the model is idle here: its timings are this request's
+        return response
+
+    def _record(self, watch: Stopwatch, first_token_s):
+        """The finished request's figures into the metrics, from the model's timings of its last call."""
+        t = self.llm.timings
+        duration = watch.elapsed()
+        ttft = first_token_s if first_token_s is not None else max(0.0, duration - t.generate_s)
+        self.metrics.generation(t.prompt_tokens, t.generated_tokens, ttft_s=ttft, duration_s=duration,
+                                decode_s=t.generate_s)
+        self.metrics.prompt_cache(t.reused_tokens > 0, t.reused_tokens)
+
+    async def _metered(self, events, watch: Stopwatch):
+        """A stream's events, timed for the metrics; an unexpected fault becomes an OpenAI error event."""
+        finished = False
+        try:
+            async for event in events:
+                if watch.first is None and '"error"' not in event[:20]:
+                    watch.token()
+                finished = finished or event == "data: [DONE]\n\n"
+                yield event
+        except Exception:  # headers are sent: the error can only go in the stream
+            log.exception("a streamed request failed")
+            yield f"data: {json.dumps({'error': server_error().body()})}\n\n"
+            return
+        finally:
+            await events.aclose()
+        if finished:
+            self._record(watch, None if watch.first is None else watch.first - watch.start)
 
     async def _whole(self, request, create, kwargs, fields):
         client_left = threading.Event()
         # the criterion covers a client gone before the call started; cancel() one gone while it runs
-        kwargs["stopping_criteria"] = lambda input_ids, logits: client_left.is_set()
+        kwargs["stopping_criteria"] = [*kwargs.get("stopping_criteria", ()),
+                                       lambda input_ids, logits: client_left.is_set()]
         watcher = asyncio.create_task(_watch_disconnect(request, client_left, partial(self.slot.cancel, client_left)))
         try:
             await self.slot.acquire()
@@ -368,50 +439,49 @@ async def _watch_disconnect(request: Request, flag: threading.Event, on_disconne
 # ---------------------------------------------------------------------------------------------------------------
 
 def create_app(llm, api_key: str | None = None, model_name: str | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE) -> Starlette:
-    """The ASGI app serving `llm` (an edgellm Model)."""
-    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue)
-    routes = [
-        Route("/health", ep.health, methods=["GET"]),
-        Route("/v1/models", ep.models, methods=["GET"]),
-        Route("/v1/completions", ep.completions, methods=["POST"]),
-        Route("/v1/chat/completions", ep.chat_completions, methods=["POST"]),
-        Route("/tokenize", ep.tokenize, methods=["POST"]),
-        Route("/detokenize", ep.detokenize, methods=["POST"]),
-    ]
-
-    async def on_http_error(request, exc):
-        return exc.response()
-
-    async def on_not_found(request, exc):
-        status = getattr(exc, "status_code", 404)
-        return HTTPError(status, f"{request.method} {request.url.path}: "
-                                 f"{'no such endpoint' if status == 404 else 'method not allowed'}").response()
-
-    app = Starlette(routes=routes, exception_handlers={HTTPError: on_http_error, 404: on_not_found,
-                                                       405: on_not_found})
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
+               limits: RequestLimits = RequestLimits(), cors_origins=(), host: str = "127.0.0.1"):
+    """The ASGI app serving `llm` (an edgellm Model): the Starlette app inside its middleware (`.state` is the
+    app's). Without api_key it answers only requests addressed to a loopback name or `host` (the address it is
+    bound to), with JSON bodies (edgellm/serving/guard.py). cors_origins: web origins allowed to call it from a
+    browser (none by default)."""
+    routes = {"/health": "health", "/metrics": "prometheus", "/v1/models": "models",
+              "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
+              "/tokenize": "tokenize", "/detokenize": "detokenize"}
+    metrics = ServerMetrics(known_paths=routes)
+    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue, limits, metrics)
+    posts = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+    app = Starlette(routes=[Route(path, getattr(ep, name), methods=["POST" if path in posts else "GET"])
+                            for path, name in routes.items()],
+                    exception_handlers={HTTPError: _on_http_error, 404: _on_not_found, 405: _on_not_found,
+                                        Exception: _on_unexpected})
     app.state.endpoints = ep
-    if api_key:
-        return _require_key(app, api_key)
-    return app
+    stack = RequestCounter(RequestGuard(app, api_key, bound_host=host), metrics)
+    if cors_origins:  # outermost: a preflight carries no key, and refusals need the CORS headers to be readable
+        stack = CORSMiddleware(stack, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                               allow_headers=["Authorization", "Content-Type"], max_age=600)
+    stack.state = app.state
+    return stack
 
 
-def _require_key(app, api_key: str):
-    expected = f"Bearer {api_key}".encode()
+async def _on_http_error(request, exc):
+    return exc.response()
 
-    async def guarded(scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
-                response = HTTPError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                     code="invalid_api_key", kind="authentication_error").response()
-                await response(scope, receive, send)
-                return
-        await app(scope, receive, send)
 
-    guarded.state = app.state
-    return guarded
+async def _on_not_found(request, exc):
+    status = getattr(exc, "status_code", 404)
+    error = HTTPError(status, f"{request.method} {request.url.path}: "
+                              f"{'no such endpoint' if status == 404 else 'method not allowed'}",
+                      code="not_found" if status == 404 else "method_not_allowed")
+    response = error.response()
+    if status == 405:
+        response.headers.update(getattr(exc, "headers", None) or {})  # Allow: the methods it takes
+    return response
+
+
+async def _on_unexpected(request, exc):
+    # the traceback goes to the log (Starlette re-raises after this answer); the client gets no internals
+    return server_error().response()
 
 
 class BackgroundServer:
@@ -448,18 +518,46 @@ class BackgroundServer:
 
 def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           n_ctx: int | None = None, n_threads: int | None = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None) -> int:
-    """compile_progress: where given, told of kernels a request's prompt compiles on first use (the server's
-    log says so rather than a request seeming to hang)."""
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None, *,
+          api_key_file: str | None = None, kv_type: str | None = None, n_keep: int | None = None,
+          device: str = "cpu", max_tokens: int | None = None, request_timeout: float | None = None,
+          max_queue: int = DEFAULT_MAX_QUEUE, cors_origins=()) -> int:
+    """`edgellm serve`: bind first and answer 503 "loading" (on /health: {"status": "loading"}) while the model
+    loads, then serve it. The API key comes from exactly one of api_key, api_key_file and $EDGELLM_API_KEY.
+    compile_progress: where given, told of kernels a request's prompt compiles on first use (the server's log says
+    so rather than a request seeming to hang)."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
-    llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads)
-    llm.compile_progress = compile_progress
-    name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
-    app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes)
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"edgellm: warning: serving on {host} without --api-key: anyone who can reach it can use it",
+    key = resolve_api_key(api_key, api_key_file)
+    limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
+    if host not in ("127.0.0.1", "localhost", "::1") and not key:
+        print(f"edgellm: warning: serving on {host} without an API key: anyone who can reach it can use it",
               file=sys.stderr)
-    print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
+    gate = LoadingGate()
+    server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning", lifespan="off"))
+    failed = []
+
+    def load():
+        try:
+            llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, n_keep=n_keep,
+                               device=device)
+            llm.compile_progress = compile_progress
+            name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
+            gate.app = create_app(llm, api_key=key, model_name=name, max_request_bytes=max_request_bytes,
+                                  max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host)
+            print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
+                  file=sys.stderr)
+        except BaseException as e:  # reported by the main thread once the server has stopped
+            failed.append(e)
+            server.should_exit = True
+
+    print(f"edgellm: loading {model or 'the default model'}; http://{host}:{port}/health says when it is ready",
           file=sys.stderr)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    loader = threading.Thread(target=load, name="edgellm-load", daemon=True)
+    loader.start()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled by shutting down: a clean stop
+        pass
+    if failed:
+        raise failed[0]
     return 0
