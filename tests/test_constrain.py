@@ -11,7 +11,8 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 import edgellm  # noqa: E402
-from edgellm.generation.constrain import (ConstraintSpec, LlamaGrammar, accepts, llg_tokenizer,  # noqa: E402
+from edgellm.generation.constrain import (JSON_BOUNDS, ConstraintSpec, LlamaGrammar, accepts,  # noqa: E402
+                                          allowed_ids, bounded_schema, llg_tokenizer, masked_scores,
                                           text_accepted)
 from edgellm.errors import GrammarError  # noqa: E402
 from conftest import FIXTURES, GEMMA, SMOLLM2  # noqa: E402
@@ -198,6 +199,49 @@ def test_tokenizers_byte_for_byte(smol, gemma):
     # (<0xFF> is the one exception: a byte never in UTF-8, which llguidance reads as its special-token marker)
     byte_tokens = [gemma.tokenizer.vocab.token_to_id[f"<0x{b:02X}>"] for b in (0x0A, 0xE2, 0x80)]
     assert [llg_tokenizer(gemma.tokenizer).decode_bytes([t]) for t in byte_tokens] == [b"\n", b"\xe2", b"\x80"]
+
+
+def test_masked_scores_match_the_plain_reference():
+    """Both forms of the mask (a few allowed words, most words) against a per-token reading of the bitmask."""
+    rng = np.random.default_rng(0)
+    for n_vocab, density in ((262_144, 0.001), (262_144, 0.9), (49_152, 0.02), (49_152, 1.0), (100, 0.5)):
+        words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        allowed = np.flatnonzero(rng.random(n_vocab) < density)
+        np.bitwise_or.at(words.view(np.uint32), allowed // 32, (np.uint32(1) << (allowed % 32).astype(np.uint32)))
+        scores = rng.standard_normal(n_vocab).astype(np.float32)
+        reference = np.full(n_vocab, -np.inf, dtype=np.float32)
+        reference[allowed] = scores[allowed]
+        np.testing.assert_array_equal(allowed_ids(words, n_vocab), allowed)
+        out = masked_scores(words, scores)
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out, reference)
+    assert masked_scores(np.zeros(4, dtype=np.int32), np.zeros(100, dtype=np.float32)) is None
+
+
+def test_default_bounds_apply_only_where_the_schema_is_silent(smol):
+    tok = smol.tokenizer
+    spec = ConstraintSpec.json_schema({"type": "object", "properties": {
+        "s": {"type": "string"}, "i": {"type": "integer"}, "x": {"type": "number"},
+        "a": {"type": "array", "items": {"type": "integer", "maximum": 3}}}, "required": ["s", "i", "x", "a"]})
+    ok = '{"s": "%s", "i": %s, "x": %s, "a": [%s]}'
+    assert text_accepted(spec, tok, ok % ("a" * 128, "9" * 15, "-1.123456", ", ".join(["1"] * 32)))
+    for bad in (("a" * 129, "1", "1", "1"), ("a", "1" + "0" * 15, "1", "1"), ("a", "1", "1.1234567", "1"),
+                ("a", "1", "1e5", "1"), ("a", "1", "1", ", ".join(["1"] * 33))):
+        assert not text_accepted(spec, tok, ok % bad), bad
+    # the schema's own limits win, and a bound that conflicts with the schema is dropped
+    own = ConstraintSpec.json_schema({"type": "string", "maxLength": 1000})
+    assert text_accepted(own, tok, '"%s"' % ("a" * 1000))
+    tiny = ConstraintSpec.json_schema({"type": "number", "minimum": 1e-9, "maximum": 2e-9})
+    assert text_accepted(tiny, tok, "0.0000000015")
+    saved = dict(JSON_BOUNDS)
+    try:  # lifted for every schema
+        JSON_BOUNDS["max_string_length"] = None
+        assert text_accepted(ConstraintSpec.json_schema({"type": "string"}), tok, '"%s"' % ("a" * 500))
+    finally:
+        JSON_BOUNDS.update(saved)
+    # enum, const and what sits under "not" are left as they are
+    assert bounded_schema({"enum": ["x" * 300]}) == {"enum": ["x" * 300]}
+    assert bounded_schema({"not": {"type": "string"}}) == {"not": {"type": "string"}}
 
 
 # -- errors before any token ------------------------------------------------------------------------------------

@@ -30,6 +30,59 @@ from edgellm.tokenizer.vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINE
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# Limits for what a schema leaves unbounded: a small model decoding greedily can repeat a digit, a word or an item
+# until max_tokens, and a reply cut there does not parse. Each applies only where the schema is silent (its own
+# maxLength, minimum/maximum, multipleOf or maxItems win); set one to None to lift it for every schema.
+JSON_BOUNDS = {
+    "max_string_length": 128,   # characters of a string with no maxLength, enum or const
+    "max_integer_digits": 15,   # an integer or number lies within +-(10**15 - 1), as llama.cpp's JSON grammar allows
+    "max_fraction_digits": 6,   # a number is a multiple of 1e-6 (no exponent), so "1.000000..." ends
+    "max_items": 32,            # items of an array with no maxItems
+}
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("additionalProperties", "items", "additionalItems", "contains", "if", "then", "else",  # one or a list
+               "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def _types(schema: dict) -> set:
+    kind = schema.get("type")
+    return {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
+
+
+def bounded_schema(schema, bounds: dict | None = None):
+    """The schema with JSON_BOUNDS added wherever a string, number or array it explicitly types is unbounded.
+    Subschemas under "not" are left alone (a bound there would widen, not narrow)."""
+    bounds = JSON_BOUNDS if bounds is None else bounds
+    if isinstance(schema, list):
+        return [bounded_schema(s, bounds) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded_schema(sub, bounds) for name, sub in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = bounded_schema(out[key], bounds)
+    if "enum" in out or "const" in out:
+        return out
+    types = _types(out)
+    if "string" in types and "maxLength" not in out and bounds.get("max_string_length") is not None:
+        out["maxLength"] = max(bounds["max_string_length"], out.get("minLength", 0))
+    if types & {"integer", "number"} and bounds.get("max_integer_digits") is not None:
+        limit = 10 ** bounds["max_integer_digits"] - 1
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -limit
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = limit
+    if "number" in types and "multipleOf" not in out and bounds.get("max_fraction_digits") is not None:
+        out["multipleOf"] = 10.0 ** -bounds["max_fraction_digits"]
+    if "array" in types and "maxItems" not in out and bounds.get("max_items") is not None:
+        out["maxItems"] = max(bounds["max_items"], out.get("minItems", 0))
+    return out
+
+
 def _llg():
     try:
         import llguidance  # a slow import (a Rust extension): loaded with the first grammar
@@ -61,12 +114,18 @@ class ConstraintSpec:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise GrammarError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
-        llg = _llg()
+        try:  # the schema as given when the default bounds conflict with it (e.g. a range finer than 1e-6)
+            return cls._compiled(bounded_schema(schema), json.dumps(schema), what)
+        except GrammarError:
+            return cls._compiled(schema, json.dumps(schema), what)
+
+    @classmethod
+    def _compiled(cls, schema: dict, source: str, what: str) -> "ConstraintSpec":
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            grammar = _llg().LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"{what} cannot be compiled: {e}") from None
-        return cls._checked("json_schema", json.dumps(schema), grammar, what)
+        return cls._checked("json_schema", source, grammar, what)
 
     @classmethod
     def gbnf(cls, text: str, what: str = "grammar") -> "ConstraintSpec":
@@ -267,6 +326,33 @@ def llg_tokenizer(tokenizer):
 # One sequence's matcher
 # ---------------------------------------------------------------------------------------------------------------
 
+_LANES = np.arange(32, dtype=np.int64)
+
+
+def allowed_ids(words: np.ndarray, n_vocab: int) -> np.ndarray:
+    """The token ids set in an llguidance bitmask (int32 words, bit i of word w is token 32*w + i)."""
+    nz = np.flatnonzero(words)
+    bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(nz.size, 32).view(bool)
+    ids = (nz[:, None] * 32 + _LANES)[bits]
+    return ids[ids < n_vocab]
+
+
+def masked_scores(words: np.ndarray, scores: np.ndarray) -> np.ndarray | None:
+    """scores with every token the bitmask leaves out at -inf (None: it allows none). Two forms by density:
+    most JSON steps allow a few hundred tokens (only their words are unpacked), free text allows most of them."""
+    n_vocab = scores.shape[-1]
+    nz = np.flatnonzero(words)
+    if nz.size * 8 < words.size:
+        ids = allowed_ids(words, n_vocab)
+        if ids.size == 0:
+            return None
+        out = np.full(scores.shape, -np.inf, dtype=np.float32)
+        out[ids] = scores[ids]
+        return out
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little", count=n_vocab).view(bool)
+    return np.where(bits, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+
+
 class SequenceConstraint:
     """The grammar state of one sequence: mask(scores) before each draw, advance(token) after it."""
 
@@ -278,29 +364,32 @@ class SequenceConstraint:
         if self.matcher.is_error():
             raise GrammarError(f"the {spec.kind} cannot be enforced: {self.matcher.get_error()}")
         self._words = np.empty((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, one bit per token
-        self.mask_s = 0.0  # time spent computing and applying masks
+        self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
 
-    def allowed(self) -> np.ndarray:
-        """The token ids the grammar allows next."""
+    def _compute(self) -> np.ndarray:
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self.matcher.is_error():
             raise GrammarError(f"the {self.spec.kind} constraint failed: {self.matcher.get_error()}")
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little", count=self.n_vocab)
-        return np.flatnonzero(bits)
+        return self._words
+
+    def allowed(self) -> np.ndarray:
+        """The token ids the grammar allows next."""
+        return allowed_ids(self._compute(), self.n_vocab)
 
     def mask(self, scores: np.ndarray) -> np.ndarray:
         """A copy of scores with every token the grammar forbids at -inf."""
         t0 = time.perf_counter()
-        ids = self.allowed()
-        if ids.size == 0:
-            raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
-        out = np.full(scores.shape, -np.inf, dtype=np.float32)
-        out[ids] = scores[ids]
+        out = masked_scores(self._compute(), scores)
         self.mask_s += time.perf_counter() - t0
+        if out is None:
+            raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
         return out
 
     def advance(self, token: int) -> None:
-        if not self.matcher.consume_token(int(token)):
+        t0 = time.perf_counter()
+        ok = self.matcher.consume_token(int(token))
+        self.mask_s += time.perf_counter() - t0
+        if not ok:
             raise GrammarError(f"the {self.spec.kind} constraint rejected token {token}: {self.matcher.get_error()}")
 
     @property
