@@ -336,6 +336,7 @@ def llg_tokenizer(tokenizer):
         return cached
 
 
+CLOSING_HORIZON = 128  # tokens left from which the closing path is measured (replies that end sooner pay nothing)
 CLOSING_WATCH = 24  # tokens of slack under which every sampled token is vetted against the closing path
 _CLOSING_PRIORITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> (in string, outside)
 
@@ -493,7 +494,7 @@ class SequenceConstraint:
         return limit + 1
 
     def _plan_closing(self, tokens_left: int) -> None:
-        if self._next_check is not None and tokens_left > self._next_check:
+        if tokens_left > CLOSING_HORIZON or (self._next_check is not None and tokens_left > self._next_check):
             return
         needed = self.closing_length(tokens_left)
         slack = tokens_left - needed - 1
