@@ -494,6 +494,7 @@ class Model:
             t.generate_s = time.perf_counter() - t1 - (c2 - c1)
             t.compile_s += c2 - c0
             t.sample_s = seq.sample_s
+            t.mask_s = seq.constraint.mask_s if seq.constraint is not None else 0.0
         piece, completion = seq.finish()
         if piece:
             yield piece, None

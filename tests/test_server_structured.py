@@ -47,9 +47,12 @@ def test_streamed_tool_call(client):
     chunks = list(client.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER],
                                                  tool_choice="required", max_tokens=60, temperature=0, stream=True))
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas[0].id and deltas[0].function.name == "get_weather"
-    arguments = "".join(d.function.arguments or "" for d in deltas if d.index == 0)
-    assert json.loads(arguments)["city"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+    # as OpenAI streams a call: id, type and name first, then the arguments' text in pieces as it is written
+    assert deltas[0].id and deltas[0].type == "function" and deltas[0].function.name == "get_weather"
+    rest = [d for d in deltas[1:] if d.index == 0]  # (a second call, if any, has its own index and header)
+    fragments = [d.function.arguments for d in rest]
+    assert len(fragments) > 1 and all(d.id is None and d.function.name is None for d in rest)
+    assert json.loads("".join(fragments))["city"] and chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_bad_schema_is_a_400(client):

@@ -11,6 +11,7 @@ import edgellm  # noqa: E402
 from edgellm.compat.chat import JinjaChatTemplate  # noqa: E402
 from edgellm.compat.tool_calls import (ChatPlan, ToolError, check_tools, detect_format, parse_tool_calls,  # noqa: E402
                                        split_reasoning)
+from edgellm.compat.tool_stream import ToolCallStream  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -53,6 +54,66 @@ def test_plain_replies_and_other_shapes():
     # cut off by max_tokens: the calls written whole are kept
     _, calls = parse_tool_calls("generic", RECORDED["generic"][0][:-30])
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+def _assembled(deltas):
+    """What a client rebuilds from streamed deltas: content, reasoning, and per call index its name, arguments and
+    the number of deltas that carried it."""
+    out = {"content": "", "reasoning": "", "calls": {}}
+    for d in deltas:
+        out["content"] += d.get("content", "")
+        out["reasoning"] += d.get("reasoning_content", "")
+        for tc in d.get("tool_calls", []):
+            call = out["calls"].setdefault(tc["index"], {"id": None, "name": None, "arguments": "", "deltas": 0})
+            if "id" in tc:  # the call's first delta: id, type and name, arguments still empty
+                assert call["id"] is None and tc["type"] == "function" and tc["function"]["arguments"] == ""
+                call["id"], call["name"] = tc["id"], tc["function"]["name"]
+            else:
+                assert call["id"] is not None and set(tc["function"]) == {"arguments"}
+            call["arguments"] += tc["function"]["arguments"]
+            call["deltas"] += 1
+    return out
+
+
+def _streamed(fmt, text, parallel=True):
+    """Deltas of text fed a character at a time (a token can be as short), then the complete parse."""
+    stream = ToolCallStream(fmt, parallel)
+    deltas = [d for i in range(1, len(text) + 1) for d in stream.update(text[:i])]
+    content, calls = parse_tool_calls(fmt, text)
+    message = {"role": "assistant", "content": content, **({"tool_calls": calls[:None if parallel else 1]}
+                                                           if calls else {})}
+    return deltas, deltas + stream.finish(message)
+
+
+@pytest.mark.parametrize("fmt", sorted(RECORDED))
+def test_streamed_calls_come_as_openai_deltas(fmt):
+    text, content = RECORDED[fmt]
+    during, deltas = _streamed(fmt, text)
+    got = _assembled(deltas)
+    assert got["content"] == (content or "")
+    assert [(c["name"], json.loads(c["arguments"])) for c in got["calls"].values()] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"tz": "Europe/Paris"})]
+    # sent while the reply was written, not at its end: the name first, then the arguments in several pieces
+    assert _assembled(during)["calls"] == got["calls"]
+    assert all(c["deltas"] > 2 for c in got["calls"].values())
+    assert _assembled(_streamed(fmt, text, parallel=False)[1])["calls"].keys() == {0}
+
+
+def test_streamed_content_reasoning_and_late_names():
+    got = _assembled(_streamed("hermes", "  Just text, with <b>tags</b> and  spaces. ")[1])
+    assert got == {"content": "Just text, with <b>tags</b> and  spaces.", "reasoning": "", "calls": {}}
+    got = _assembled(_streamed("generic", '{"response": "Say \\"hi\\" \\u00e9"}')[1])
+    assert got["content"] == 'Say "hi" \u00e9' and not got["calls"]
+    stream = ToolCallStream("hermes", opens_thinking=False)
+    text = '<think>look it up</think>\n<tool_call>\n{"name": "f", "arguments": {"a": [1, 2]}}\n</tool_call>'
+    got = _assembled([d for i in range(1, len(text) + 1) for d in stream.update(text[:i])])
+    assert got["reasoning"] == "look it up" and got["calls"][0]["name"] == "f"
+    assert json.loads(got["calls"][0]["arguments"]) == {"a": [1, 2]}
+    # arguments before the name: the call is announced once its name is written, with the arguments whole
+    during, deltas = _streamed("generic", '{"tool_calls": [{"arguments": {"city": "Oslo"}, "name": "get_weather"}]}')
+    call = _assembled(during)["calls"][0]
+    assert call["deltas"] == 2 and json.loads(call["arguments"]) == {"city": "Oslo"}
+    assert _assembled(deltas)["calls"] == _assembled(during)["calls"]
 
 
 def test_format_detection():

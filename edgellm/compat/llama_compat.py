@@ -15,6 +15,7 @@ from edgellm.compat.completions import (chat_chunk, chat_chunks, chat_completion
                                         completion_chunk, completion_logprobs, completion_response,
                                         new_completion_id, now)
 from edgellm.compat.tool_calls import ChatPlan
+from edgellm.compat.tool_stream import ToolCallStream
 from edgellm.errors import SamplingError
 from edgellm.generation.options import parse_options
 from edgellm.generation.results import Completion
@@ -124,7 +125,7 @@ def create_chat_completion(llm, messages, *, stream: bool = False, logprobs: boo
     completion_id, created = new_completion_id(), now()
     if stream and plan.format is None:
         return _chat_stream(_completion_chunks(events, completion_id, created, model_name, opts, 0, ""))
-    if stream:  # tool calls are known once parsed: the reply is sent as OpenAI's deltas when it is whole
+    if stream:  # calls streamed as OpenAI does: id and name first, then the arguments' text
         return _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts)
     done = _completion_result(events)
     completion = _completion_dict(done, completion_id, created, model_name, opts)
@@ -147,22 +148,28 @@ def _chat_stream(chunks):
 
 
 def _tool_call_stream(llm, plan, events, completion_id, created, model_name, opts):
+    """Content and tool calls as OpenAI streams them, each delta sent once the reply so far settles it."""
+    common = {"chat_id": chat_completion_id(completion_id), "created": created, "model": model_name}
+    stream = ToolCallStream(plan.format, plan.parallel, plan.opens_thinking)
+    ids, text = [], ""
     try:
-        done = _completion_result(events)
+        yield chat_chunk(delta={"role": "assistant"}, **common)
+        done = None
+        for event in events:
+            if isinstance(event, Completion):
+                done = event
+                break
+            piece, info = event
+            text += piece or ""
+            if info is not None:
+                ids.append(info.id)
+            # native formats mark calls with special tokens; an incomplete UTF-8 character waits for its rest
+            raw = text if plan.format == "generic" else llm.detokenize(ids, special=True).rstrip("\ufffd")
+            for delta in stream.update(raw):
+                yield chat_chunk(delta=delta, **common)
     finally:
         events.close()
     message, finish = plan.reply(llm, done)
-    common = {"chat_id": chat_completion_id(completion_id), "created": created, "model": model_name}
-    yield chat_chunk(delta={"role": "assistant", "content": None if message.get("tool_calls") else ""}, **common)
-    if message.get("reasoning_content"):
-        yield chat_chunk(delta={"reasoning_content": message["reasoning_content"]}, **common)
-    if message.get("content"):
-        yield chat_chunk(delta={"content": message["content"]}, **common)
-    for index, call in enumerate(message.get("tool_calls") or []):
-        # as OpenAI streams a call: its id and name first, then the arguments' text
-        yield chat_chunk(delta={"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                                "function": {"name": call["function"]["name"], "arguments": ""}}]},
-                         **common)
-        yield chat_chunk(delta={"tool_calls": [{"index": index, "function": {
-            "arguments": call["function"]["arguments"]}}]}, **common)
+    for delta in stream.finish(message):
+        yield chat_chunk(delta=delta, **common)
     yield chat_chunk(delta={}, finish_reason=finish, **common)

@@ -16,7 +16,7 @@ import json
 import re
 import uuid
 
-from edgellm.generation.constrain import JSON_OPTIONS, ConstraintSpec, closed_objects
+from edgellm.generation.constrain import JSON_OPTIONS, ConstraintSpec, bounded_or_given, closed_objects
 from edgellm.errors import GrammarError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
@@ -57,7 +57,7 @@ def check_tools(tools, tool_choice=None, parallel_tool_calls=None) -> tuple[list
         except GrammarError as e:
             raise ToolError(str(e)) from None
         checked.append({"type": "function", "function": {**fn, "parameters": params}})
-        strict_params.append(closed_objects(params))
+        strict_params.append(bounded_or_given(closed_objects(params)))
     names = [t["function"]["name"] for t in checked]
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
@@ -129,7 +129,8 @@ def forced_call_grammar(fmt: str, tools, choice, parallel: bool, tokenizer) -> C
         if choice == "auto":
             forms.append({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
                           "additionalProperties": False})
-        return ConstraintSpec.json_schema(forms[0] if len(forms) == 1 else {"anyOf": forms}, "tools")
+        # the parameters are bounded already; a text answer is as long as max_tokens lets it be
+        return ConstraintSpec.json_schema(forms[0] if len(forms) == 1 else {"anyOf": forms}, "tools", bounds={})
     if fmt == "hermes":
         block = f'{_marker(tokenizer, "<tool_call>")} "\\n" call "\\n" {_marker(tokenizer, "</tool_call>")}'
         lark = f'start: block ("\\n" block){many}\nblock: {block}\ncall: %json {_json(_call_schema(tools, choice))}'
@@ -140,7 +141,7 @@ def forced_call_grammar(fmt: str, tools, choice, parallel: bool, tokenizer) -> C
         if not many:
             calls["maxItems"] = 1
         lark = f'start: {_marker(tokenizer, "[TOOL_CALLS]")} calls\ncalls: %json {_json(calls)}'
-    return ConstraintSpec.lark(lark, "tools")
+    return ConstraintSpec.lark(lark, "tools", closable=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

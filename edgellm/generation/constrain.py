@@ -30,6 +30,70 @@ from edgellm.tokenizer.vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINE
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# Limits for what a schema leaves unbounded: a small model decoding greedily can repeat a digit, a word or an item
+# until max_tokens, and a reply cut there does not parse. Each applies only where the schema is silent (its own
+# maxLength, minimum/maximum, multipleOf or maxItems win); set one to None to lift it for every schema.
+JSON_BOUNDS = {
+    "max_string_length": 128,   # characters of a string with no maxLength, enum or const
+    "max_integer_digits": 15,   # an integer or number lies within +-(10**15 - 1), as llama.cpp's JSON grammar allows
+    "max_fraction_digits": 6,   # a number is a multiple of 1e-6 (no exponent), so "1.000000..." ends
+    "max_items": 32,            # items of an array with no maxItems
+}
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("additionalProperties", "items", "additionalItems", "contains", "if", "then", "else",  # one or a list
+               "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def _types(schema: dict) -> set:
+    kind = schema.get("type")
+    return {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
+
+
+def bounded_schema(schema, bounds: dict | None = None):
+    """The schema with JSON_BOUNDS added wherever a string, number or array it explicitly types is unbounded.
+    Subschemas under "not" are left alone (a bound there would widen, not narrow)."""
+    bounds = JSON_BOUNDS if bounds is None else bounds
+    if isinstance(schema, list):
+        return [bounded_schema(s, bounds) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded_schema(sub, bounds) for name, sub in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = bounded_schema(out[key], bounds)
+    if "enum" in out or "const" in out:
+        return out
+    types = _types(out)
+    if "string" in types and "maxLength" not in out and bounds.get("max_string_length") is not None:
+        out["maxLength"] = max(bounds["max_string_length"], out.get("minLength", 0))
+    if types & {"integer", "number"} and bounds.get("max_integer_digits") is not None:
+        limit = 10 ** bounds["max_integer_digits"] - 1
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -limit
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = limit
+    if "number" in types and "multipleOf" not in out and bounds.get("max_fraction_digits") is not None:
+        out["multipleOf"] = 10.0 ** -bounds["max_fraction_digits"]
+    if "array" in types and "maxItems" not in out and bounds.get("max_items") is not None:
+        out["maxItems"] = max(bounds["max_items"], out.get("minItems", 0))
+    return out
+
+
+def bounded_or_given(schema: dict) -> dict:
+    """bounded_schema(schema) where the engine can enforce it, else the schema as given (for grammars that embed
+    a schema, e.g. tool calls)."""
+    bounded = bounded_schema(schema)
+    try:
+        ConstraintSpec._compiled(bounded, "", "schema")
+    except GrammarError:
+        return schema
+    return bounded
+
+
 def _llg():
     try:
         import llguidance  # a slow import (a Rust extension): loaded with the first grammar
@@ -49,9 +113,11 @@ class ConstraintSpec:
     kind: str  # "json_schema", "gbnf", "lark", "regex", "choice"
     source: str
     grammar: str  # llguidance's serialized grammar
+    closable: bool = False  # JSON: near max_tokens, decoding may take the closing path (SequenceConstraint)
 
     @classmethod
-    def json_schema(cls, schema, what: str = "schema") -> "ConstraintSpec":
+    def json_schema(cls, schema, what: str = "schema", bounds: dict | None = None) -> "ConstraintSpec":
+        """bounds: JSON_BOUNDS (None) or others for what the schema leaves unbounded; {} adds none."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -61,12 +127,18 @@ class ConstraintSpec:
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
             raise GrammarError(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
-        llg = _llg()
+        try:  # the schema as given when the default bounds conflict with it (e.g. a range finer than 1e-6)
+            return cls._compiled(bounded_schema(schema, bounds), json.dumps(schema), what)
+        except GrammarError:
+            return cls._compiled(schema, json.dumps(schema), what)
+
+    @classmethod
+    def _compiled(cls, schema: dict, source: str, what: str) -> "ConstraintSpec":
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            grammar = _llg().LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"{what} cannot be compiled: {e}") from None
-        return cls._checked("json_schema", json.dumps(schema), grammar, what)
+        return cls._checked("json_schema", source, grammar, what)
 
     @classmethod
     def gbnf(cls, text: str, what: str = "grammar") -> "ConstraintSpec":
@@ -101,16 +173,17 @@ class ConstraintSpec:
         return cls._checked("choice", json.dumps(list(options)), _llg().LLMatcher.grammar_from_lark(lark), what)
 
     @classmethod
-    def lark(cls, text: str, what: str = "grammar") -> "ConstraintSpec":
-        """A grammar in llguidance's Lark syntax (e.g. one built from tool schemas)."""
-        return cls._checked("lark", text, _llg().LLMatcher.grammar_from_lark(text), what)
+    def lark(cls, text: str, what: str = "grammar", closable: bool = False) -> "ConstraintSpec":
+        """A grammar in llguidance's Lark syntax (e.g. one built from tool schemas; closable: its output is JSON
+        apart from literal markers)."""
+        return cls._checked("lark", text, _llg().LLMatcher.grammar_from_lark(text), what, closable)
 
     @classmethod
-    def _checked(cls, kind, source, grammar, what) -> "ConstraintSpec":
+    def _checked(cls, kind, source, grammar, what, closable=None) -> "ConstraintSpec":
         error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
         if error:
             raise GrammarError(f"{what} cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
-        return cls(kind, source, grammar)
+        return cls(kind, source, grammar, kind == "json_schema" if closable is None else closable)
 
 
 class LlamaGrammar:
@@ -263,9 +336,82 @@ def llg_tokenizer(tokenizer):
         return cached
 
 
+CLOSING_HORIZON = 128  # tokens left from which the closing path is measured (replies that end sooner pay nothing)
+CLOSING_WATCH = 24  # tokens of slack under which every sampled token is vetted against the closing path
+_CLOSING_PRIORITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> (in string, outside)
+
+
+def closing_priority(tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """How the closing path ranks the tokens a grammar allows, inside a JSON string and outside one. Inside: a
+    token that starts with the closing quote. Outside: one that starts with '}' or ']', then one that starts a
+    string (the shortest value, or a required key). Then the longest, for fixed patterns. End-of-generation
+    tokens never: the path ends where the grammar accepts."""
+    with _TOKENIZER_LOCK:
+        cached = _CLOSING_PRIORITY.get(tokenizer)
+        if cached is None:
+            n = tokenizer.n_vocab
+            first = np.zeros(n, dtype=np.uint8)
+            length = np.zeros(n, dtype=np.float64)
+            for i in range(n):
+                piece = tokenizer.token_to_bytes(i)
+                if piece:
+                    first[i], length[i] = piece[0], len(piece)
+            quote, closer = first == ord('"'), (first == ord("}")) | (first == ord("]"))
+            # among equal lengths, not a leading zero: "0000-00-00" fits a date pattern but is no date
+            length += 0.5 * (first != ord("0"))
+            inside = np.where(quote, 1e6, 0.0) + length
+            outside = np.where(closer, 1e6, np.where(quote, 1e3, 0.0)) + length
+            eog = sorted(tokenizer.eog_ids)
+            inside[eog] = outside[eog] = -1.0
+            cached = _CLOSING_PRIORITY[tokenizer] = (inside, outside)
+        return cached
+
+
+def _json_string_state(piece: bytes, in_string: bool, escaped: bool) -> tuple[bool, bool]:
+    """Whether JSON text is inside a string (and after a backslash) once piece follows."""
+    for c in piece:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:
+                escaped = True
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+    return in_string, escaped
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # One sequence's matcher
 # ---------------------------------------------------------------------------------------------------------------
+
+_LANES = np.arange(32, dtype=np.int64)
+
+
+def allowed_ids(words: np.ndarray, n_vocab: int) -> np.ndarray:
+    """The token ids set in an llguidance bitmask (int32 words, bit i of word w is token 32*w + i)."""
+    nz = np.flatnonzero(words)
+    bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(nz.size, 32).view(bool)
+    ids = (nz[:, None] * 32 + _LANES)[bits]
+    return ids[ids < n_vocab]
+
+
+def masked_scores(words: np.ndarray, scores: np.ndarray) -> np.ndarray | None:
+    """scores with every token the bitmask leaves out at -inf (None: it allows none). Two forms by density:
+    most JSON steps allow a few hundred tokens (only their words are unpacked), free text allows most of them."""
+    n_vocab = scores.shape[-1]
+    nz = np.flatnonzero(words)
+    if nz.size * 8 < words.size:
+        ids = allowed_ids(words, n_vocab)
+        if ids.size == 0:
+            return None
+        out = np.full(scores.shape, -np.inf, dtype=np.float32)
+        out[ids] = scores[ids]
+        return out
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little", count=n_vocab).view(bool)
+    return np.where(bits, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+
 
 class SequenceConstraint:
     """The grammar state of one sequence: mask(scores) before each draw, advance(token) after it."""
@@ -274,39 +420,117 @@ class SequenceConstraint:
         llg = _llg()
         self.spec = spec
         self.n_vocab = n_vocab
+        self.tokenizer = tokenizer
+        self.closing = False  # following the closing path: the tokens left only just suffice to complete
+        self._next_check = None  # tokens left at which to measure the closing path again
+        self._string_state = (False, False)  # inside a JSON string, after a backslash
+        self._vetting = False  # the slack is small: every sampled token is checked (vet)
         self.matcher = llg.LLMatcher(llg_tokenizer(tokenizer), spec.grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"the {spec.kind} cannot be enforced: {self.matcher.get_error()}")
         self._words = np.empty((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, one bit per token
-        self.mask_s = 0.0  # time spent computing and applying masks
+        self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
 
-    def allowed(self) -> np.ndarray:
-        """The token ids the grammar allows next."""
+    def _compute(self) -> np.ndarray:
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self.matcher.is_error():
             raise GrammarError(f"the {self.spec.kind} constraint failed: {self.matcher.get_error()}")
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little", count=self.n_vocab)
-        return np.flatnonzero(bits)
+        return self._words
 
-    def mask(self, scores: np.ndarray) -> np.ndarray:
-        """A copy of scores with every token the grammar forbids at -inf."""
+    def allowed(self) -> np.ndarray:
+        """The token ids the grammar allows next."""
+        return allowed_ids(self._compute(), self.n_vocab)
+
+    def mask(self, scores: np.ndarray, tokens_left: int | None = None) -> np.ndarray:
+        """A copy of scores with every token the grammar forbids at -inf. With tokens_left (the budget before
+        max_tokens), once completing the grammar needs about all of them, only the closing path's token is left."""
         t0 = time.perf_counter()
-        ids = self.allowed()
-        if ids.size == 0:
-            raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
-        out = np.full(scores.shape, -np.inf, dtype=np.float32)
-        out[ids] = scores[ids]
+        if tokens_left is not None and not self.closing and self.spec.closable:
+            self._plan_closing(tokens_left)
+        words = self._compute()
+        if self.closing:
+            token = self._closing_token(words, self._string_state[0])
+            out = np.full(scores.shape, -np.inf, dtype=np.float32)
+            if token is not None:
+                out[token] = scores[token]
+        else:
+            out = masked_scores(words, scores)
         self.mask_s += time.perf_counter() - t0
+        if out is None or (self.closing and token is None):
+            raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
         return out
 
+    # -- the closing path: ending inside the budget -------------------------------------------------------------
+    # A small model can fill a long string or array until max_tokens and leave JSON that does not parse. The
+    # closing path is the grammar's own way out: from the current state, take the allowed token that closes the
+    # most (a quote, brace or bracket), else the longest, until the grammar accepts. Its length is measured on a
+    # copy of the matcher, again at intervals that halve with the slack; when it needs about every token left,
+    # decoding follows it.
+
+    def _closing_token(self, words: np.ndarray, in_string: bool):
+        ids = allowed_ids(words, self.n_vocab)
+        if ids.size == 0:
+            return None
+        return int(ids[np.argmax(closing_priority(self.tokenizer)[0 if in_string else 1][ids])])
+
+    def closing_length(self, limit: int, after: int | None = None) -> int:
+        """Tokens the closing path takes from here (or from after this token) to where the grammar accepts
+        (limit + 1: more than limit)."""
+        sim = self.matcher.deep_copy()
+        words = np.empty_like(self._words)
+        state = self._string_state
+        if after is not None:
+            if not sim.consume_token(after):
+                return limit + 1
+            state = _json_string_state(self.tokenizer.token_to_bytes(after), *state)
+        for n in range(limit + 1):
+            if sim.is_accepting() or sim.is_stopped():
+                return n
+            sim.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            token = None if sim.is_error() else self._closing_token(words, state[0])
+            if token is None or not sim.consume_token(token):
+                break
+            state = _json_string_state(self.tokenizer.token_to_bytes(token), *state)
+        return limit + 1
+
+    def _plan_closing(self, tokens_left: int) -> None:
+        if tokens_left > CLOSING_HORIZON or (self._next_check is not None and tokens_left > self._next_check):
+            return
+        needed = self.closing_length(tokens_left)
+        slack = tokens_left - needed - 1
+        self._vetting = 0 <= slack <= CLOSING_WATCH
+        if needed > tokens_left:  # no way out within the budget: the model keeps its own choices
+            self._next_check = tokens_left - 1
+        elif slack <= 0:
+            self.closing = True
+        else:  # look again before the slack can be spent
+            self._next_check = tokens_left - max(1, slack // 4)
+
+    def vet(self, token: int, tokens_left: int) -> int:
+        """The sampled token, or the closing path's where taking it would leave too few tokens to complete (a
+        ',' that opens another item, a key whose value is long): checked on every token once the slack is small."""
+        if not self._vetting or self.closing or token in self.tokenizer.eog_ids:
+            return token
+        t0 = time.perf_counter()
+        if self.closing_length(tokens_left - 1, after=token) > tokens_left - 1:
+            self.closing = True
+            token = self._closing_token(self._words, self._string_state[0])
+        self.mask_s += time.perf_counter() - t0
+        return token
+
     def advance(self, token: int) -> None:
-        if not self.matcher.consume_token(int(token)):
+        t0 = time.perf_counter()
+        ok = self.matcher.consume_token(int(token))
+        if self.spec.closable:
+            self._string_state = _json_string_state(self.tokenizer.token_to_bytes(int(token)), *self._string_state)
+        self.mask_s += time.perf_counter() - t0
+        if not ok:
             raise GrammarError(f"the {self.spec.kind} constraint rejected token {token}: {self.matcher.get_error()}")
 
     @property
     def complete(self) -> bool:
-        """Nothing more can follow (only an end-of-generation token would)."""
-        return self.matcher.is_stopped()
+        """Nothing more can follow (only an end-of-generation token would), or the closing path has ended."""
+        return self.matcher.is_stopped() or (self.closing and self.matcher.is_accepting())
 
     @property
     def accepting(self) -> bool:

@@ -80,8 +80,10 @@ class SequenceState:
             scores = np.asarray(opts.logits_processor(np.asarray(self.history, dtype=np.intc), scores.copy()),
                                 dtype=np.float32)
         if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
-            scores = self.constraint.mask(scores)
+            scores = self.constraint.mask(scores, self.max_tokens - len(self.generated))
         token = self.sampler.sample(scores, self.history)
+        if self.constraint is not None:  # near max_tokens, a token that leaves no room to complete is replaced
+            token = self.constraint.vet(token, self.max_tokens - len(self.generated))
         self.sample_s += time.perf_counter() - ts
         if tok.is_eog(token) and (not opts.ignore_eos or self.constraint is not None):
             # under a grammar an end-of-generation token is only allowed where the grammar is complete

@@ -17,6 +17,7 @@ class Timings:
     generated_tokens: int = 0
     generate_s: float = 0.0
     sample_s: float = 0.0  # inside generate_s: logit processors, penalties, filters and the draw
+    mask_s: float = 0.0  # inside generate_s: a constraint's token masks and matcher advances
     # Numba compiling kernels (first run only): at load when it precompiled, plus any on first use during the call;
     # in none of the times above
     compile_s: float = 0.0
