@@ -135,6 +135,8 @@ RECORDS: tuple[FormatKernels, ...] = (
     _kquant("Q8_K", quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False),
+    FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
+                  matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs"),
 )
 
 
