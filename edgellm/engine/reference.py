@@ -17,14 +17,30 @@ def _rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None):
-    """x: [T, H, hd] float64. Rotates pairs (i, i + n_rot/2) for NeoX, else (2i, 2i + 1)."""
+def _yarn_freqs(freqs, extrap, base, n_rot, freq_scale, yarn):
+    """YaRN (jquesnelle/yarn, as llama.cpp's rope_yarn): pairs below the correction dim of beta_fast rotations in
+    the original context keep the extrapolated frequency, those past beta_slow's the interpolated one, a linear ramp
+    between; cos and sin scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
+    def corr_dim(n_turns):
+        return n_rot * np.log(yarn["n_ctx_orig"] / (n_turns * 2 * np.pi)) / (2 * np.log(base))
+    low = max(0.0, np.floor(corr_dim(yarn["beta_fast"])))
+    high = min(n_rot - 1.0, np.ceil(corr_dim(yarn["beta_slow"])))
+    mix = (1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)) * yarn["ext_factor"]
+    return freqs * (1 - mix) + extrap * mix, yarn["attn_factor"] * (1 + 0.1 * np.log(1 / freq_scale))
+
+
+def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None, yarn=None):
+    """x: [T, H, hd] float64. Rotates pairs (i, i + n_rot/2) for NeoX, else (2i, 2i + 1). yarn: a dict of YaRN's
+    parameters (n_ctx_orig, beta_fast, beta_slow, ext_factor, attn_factor), or None."""
     half = n_rot // 2
-    freqs = freq_scale / base ** (np.arange(half) * 2.0 / n_rot)
+    extrap = 1.0 / base ** (np.arange(half) * 2.0 / n_rot)
     if factors is not None:
-        freqs = freqs / factors
+        extrap = extrap / factors
+    freqs, mscale = freq_scale * extrap, 1.0
+    if yarn is not None:
+        freqs, mscale = _yarn_freqs(freqs, extrap, base, n_rot, freq_scale, yarn)
     angle = positions[:, None] * freqs[None, :]  # [T, half]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    cos, sin = mscale * np.cos(angle)[:, None, :], mscale * np.sin(angle)[:, None, :]
     if neox:
         first, second = np.arange(half), np.arange(half) + half
     else:
@@ -99,6 +115,15 @@ class ReferenceModel:
         eps = self.key("attention.layer_norm_rms_epsilon")
         return self._output(_rms_norm(x, self.weight("output_norm.weight"), eps))
 
+    def _yarn(self):
+        """YaRN's parameters where the file asks for it (llama.cpp's defaults where it names none), else None."""
+        if self.key("rope.scaling.type", "none") != "yarn":
+            return None
+        return dict(n_ctx_orig=self.key("rope.scaling.original_context_length", self.key("context_length")),
+                    beta_fast=self.key("rope.scaling.yarn_beta_fast", 32.0),
+                    beta_slow=self.key("rope.scaling.yarn_beta_slow", 1.0), ext_factor=1.0,
+                    attn_factor=self.key("rope.scaling.attn_factor", 1.0))
+
     def _heads(self, tokens):
         n_head = self.key("attention.head_count")
         n_head_kv = self.key("attention.head_count_kv", n_head)
@@ -112,6 +137,7 @@ class ReferenceModel:
         base = self.key("rope.freq_base", 10000.0)
         factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
         factors = self.weight("rope_freqs.weight") if self.has("rope_freqs.weight") else None
+        yarn = self._yarn()
         scale = self.meta.get(f"{self.arch}.attention.scale", 0.0) or 1.0 / np.sqrt(hd)
         neox = self.arch in NEOX_ARCHITECTURES
         positions = np.arange(T, dtype=np.float64)
@@ -125,8 +151,8 @@ class ReferenceModel:
             q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_head_kv, hd), v.reshape(T, n_head_kv, hd)
             if self.arch == "qwen3":
                 q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
-            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors)
-            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors)
+            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors, yarn)
+            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors, yarn)
             h = x + _attention(q, k, v, scale).reshape(T, -1) @ W("attn_output").T
             m = _rms_norm(h, W("ffn_norm"), eps)
             gate = m @ W("ffn_gate").T
