@@ -38,13 +38,14 @@ def _row(logits) -> dict:
 
 def write(out_dir: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers_tiny_llama_cpp import CASES, DECODE_TOKENS, N_CTX, PROMPT_TOKENS, file_sha256, prompt, write_case
+    from helpers_tiny_llama_cpp import CASES, DECODE_TOKENS, file_sha256, prompt, run_settings, write_case
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {}
     for name, spec in CASES.items():
         path = write_case(out_dir / f"{name}.gguf", name)
-        plan[name] = {"file": path.name, "sha256_16": file_sha256(path), "tokens": prompt(spec), "n_ctx": N_CTX,
-                      "prompt_tokens": PROMPT_TOKENS, "decode_tokens": DECODE_TOKENS}
+        n_ctx, n_prompt = run_settings(name)
+        plan[name] = {"file": path.name, "sha256_16": file_sha256(path), "tokens": prompt(spec, n_prompt),
+                      "n_ctx": n_ctx, "prompt_tokens": n_prompt, "decode_tokens": DECODE_TOKENS}
     (out_dir / "plan.json").write_text(json.dumps(plan))
     print(f"wrote {len(plan)} models and plan.json to {out_dir}")
 

@@ -30,7 +30,8 @@ class RopeScaling:
     factor: float = 1.0         # rope.scaling.factor (freq_scale = 1 / factor)
     attn_factor: float = 1.0    # rope.scaling.attn_factor: a factor on cos and sin
     ext_factor: float = 0.0     # YaRN's blend of extrapolated angles: 1 for yarn, 0 otherwise (llama.cpp's default)
-    n_ctx_orig: int = 0         # rope.scaling.original_context_length, default the training context
+    n_ctx_orig: int = 0         # rope.scaling.original_context_length, default the training context (YaRN's
+                                # correction dims; phi3's choice of long or short rope factors)
     beta_fast: float = 32.0     # YaRN's correction range in rotations (llama.cpp's defaults)
     beta_slow: float = 1.0
 
@@ -44,15 +45,15 @@ def read_rope_scaling(keys: ArchKeys, n_ctx_train: int) -> RopeScaling:
     kind = keys("rope.scaling.type", str, default="none")
     factor = keys("rope.scaling.factor", float, default=0.0)
     attn_factor = keys("rope.scaling.attn_factor", float, default=1.0)
+    n_ctx_orig = keys("rope.scaling.original_context_length", default=n_ctx_train)
     if kind in ("none", "linear") or (kind != "yarn" and factor in (0.0, 1.0)):
-        return RopeScaling(kind, factor if factor > 0.0 else 1.0, attn_factor)
+        return RopeScaling(kind, factor if factor > 0.0 else 1.0, attn_factor, n_ctx_orig=n_ctx_orig)
     if kind != "yarn":
         raise ModelError(f"rope scaling type {kind!r} is not supported")
     for name, value in YARN_KEYS_FIXED.items():
         if keys(name, float, default=value) != value:
             raise ModelError(f"{keys.arch}.{name} = {keys(name, float)} is not supported (YaRN with {value} only)")
-    return RopeScaling("yarn", factor if factor > 0.0 else 1.0, attn_factor, 1.0,
-                       keys("rope.scaling.original_context_length", default=n_ctx_train),
+    return RopeScaling("yarn", factor if factor > 0.0 else 1.0, attn_factor, 1.0, n_ctx_orig,
                        keys("rope.scaling.yarn_beta_fast", float, default=32.0),
                        keys("rope.scaling.yarn_beta_slow", float, default=1.0))
 
