@@ -5,14 +5,15 @@ ls = (4 bits of scales_l[ib // 2], the low nibble for even ib) | (bits 2ib, 2ib+
 16 bytes of indices at qs[16 ib] (element j < 16 the low nibble of byte j, j + 16 its high nibble, as IQ4_NL); the
 weight is (d * ls) * KVALUES_IQ4NL[index].
 
-Computed against Q8_K activations as llama.cpp's ggml_vec_dot_iq4_xs_q8_K does on AVX2 (the only kernel its CPU
-backend has for IQ4_XS: no repacking, no tiled matmul): per sub-block the 32 table values times the int8
+Computed against Q8_K activations as llama.cpp's ggml_vec_dot_iq4_xs_q8_K does on AVX2 (no repacking): per sub-block the 32 table values times the int8
 activations, pairs summed and times ls into 8 exact int32 lanes (four consecutive values each); the lanes of the
 8 sub-blocks added; one FMA per super-block of float(lanes) with d_w * d_x into one float accumulator of 8 lanes,
-summed at the end as hsum_float_8. Every (row, token) gives those bits, whatever the batch.
+summed at the end as hsum_float_8. Batches of 8 tokens or more llama.cpp hands to its tiled K-quant matmul
+(ggml-cpu/tiled), which rounds once per super-block instead: res = d_w * float(exact total), acc = fma(res, d_x, acc)
+(tiled_dot_iq4_xs_q8_k); matmul_iq4_xs takes each token's kind as the K-quants' kernels do.
 
 Here: block_iq4_xs, the dequantizer; vec_dot_iq4_xs_q8_k and vec_dot4_iq4_xs_q8_k (one row x four tokens, each
-super-block decoded once); matmul_iq4_xs (the contract of quant.matmul_kquant); quantize_block_iq4_xs, llama.cpp's
+super-block decoded once); tiled_dot_iq4_xs_q8_k; matmul_iq4_xs (the contract of quant.matmul_kquant); quantize_block_iq4_xs, llama.cpp's
 quantize_iq4_xs without an importance matrix (the operations of quant.reference.quantize_iq4_xs).
 """
 
@@ -27,8 +28,8 @@ from .iq4_nl import block_scale_iq4_nl, load_iq4_nl_values, nearest_level_iq4_nl
 from .kernels_kquant import TOKEN_TILE, _quantize_tokens
 from .quantize_kernels import _f16_bits, _put_u16
 from .reference import KVALUES_IQ4NL
-from .simd import (dot_i8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, i32x8_add, i32x8_zero, load_f16,
-                   load_f32, load_i8x32, load_u8, prefetch)
+from .simd import (dot_i8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i32x8_add, i32x8_hsum, i32x8_zero,
+                   load_f16, load_f32, load_i8x32, load_u8, prefetch)
 
 BLOCK_BYTES = 136
 
@@ -98,19 +99,38 @@ def vec_dot4_iq4_xs_q8_k(w, o, nsb, xq, xo, n_in, xd):
     return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
 
 
+@njit(cache=True)
+def tiled_dot_iq4_xs_q8_k(w, o, nsb, xq, xo, xd):
+    """One row x one token as llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, batches of 8 tokens or more): per
+    super-block res = d_w * float(exact total of the lanes), then acc = fma(res, d_x, acc)."""
+    acc = np.float32(0)
+    for b in range(nsb):
+        ob = o + BLOCK_BYTES * b
+        total = i32x8_hsum(_lanes(w, ob, xq, xo + 256 * b))
+        acc = fma32(load_f16(w, ob) * np.float32(total), load_f32(xd, xo // 256 + b), acc)
+    return acc
+
+
 @njit(parallel=True, cache=True)
-def matmul_iq4_xs(w, row_bytes, x, xq, xd, bsums, out):
+def matmul_iq4_xs(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """kinds[t] (quant.matmul_kquant.row_kinds): 1 for the tokens llama.cpp multiplies with its tiled matmul, 0 for
+    vec_dot (four at a time where four in a row are)."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
-    n4 = n_tokens - n_tokens % TOKEN_TILE
     for r in prange(n_out):
-        o = r * row_bytes
-        for t in range(0, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_iq4_xs_q8_k(w, o, nsb, xq, t * n_in,
-                                                                                          n_in, xd)
-        for t in range(n4, n_tokens):
-            out[t, r] = vec_dot_iq4_xs_q8_k(w, o, nsb, xq, t * n_in, xd, bsums)
+        o, t = r * row_bytes, 0
+        while t < n_tokens:
+            if kinds[t]:
+                out[t, r] = tiled_dot_iq4_xs_q8_k(w, o, nsb, xq, t * n_in, xd)
+                t += 1
+            elif t + TOKEN_TILE <= n_tokens and not (kinds[t + 1] or kinds[t + 2] or kinds[t + 3]):
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_iq4_xs_q8_k(w, o, nsb, xq, t * n_in,
+                                                                                              n_in, xd)
+                t += TOKEN_TILE
+            else:
+                out[t, r] = vec_dot_iq4_xs_q8_k(w, o, nsb, xq, t * n_in, xd, bsums)
+                t += 1
 
 
 # --- quantizer ---------------------------------------------------------------------------------------------------

@@ -36,6 +36,11 @@ CASES = {
     "llama_q4_0_pure": TinySpec(arch="llama", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=160,
                                 weight_type="Q4_0", tied=False, context_length=256, seed=13,
                                 extra_keys={"tokenizer.ggml.model": "none", "llama.vocab_size": 160}),
+    # IQ4_XS everywhere (rows of 256 and 512: whole super-blocks), quantized by edgellm: llama.cpp reads the bytes and
+    # computes every matrix with ggml_vec_dot_iq4_xs_q8_K
+    "llama_iq4_xs": TinySpec(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=160,
+                             weight_type="IQ4_XS", tied=False, context_length=256, seed=15,
+                             extra_keys={"tokenizer.ggml.model": "none", "llama.vocab_size": 160}),
 }
 
 
