@@ -30,17 +30,14 @@ def matmul_q4_0_rows8(w, row_bytes, x, xq, xd, xs, out):
     n_tokens, n_in = x.shape
     nb = n_in // 32
     for r in prange(out.shape[1]):
-        for t in range(n_tokens):
-            out[t, r] = _F32(0)
-        o = r * row_bytes
-        for b in range(nb):
-            prefetch(w, o + PREFETCH_BYTES)
-            q = i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8)  # decoded once for every token
-            d = load_f16(w, o)
-            for t in range(n_tokens):
-                dot = i32x8_hsum(dot_i8x32(q, load_i8x32(xq, t * n_in + 32 * b)))
-                out[t, r] = fma32(_F32(dot), d * load_f32(xd, t * nb + b), out[t, r])
-            o += 18
+        for t in range(n_tokens):  # the row (nb * 18 bytes) stays in L1 across the tokens
+            o, acc = r * row_bytes, _F32(0)
+            for b in range(nb):
+                prefetch(w, o + PREFETCH_BYTES)
+                dot = i32x8_hsum(dot_i8x32(i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8), load_i8x32(xq, t * n_in + 32 * b)))
+                acc = fma32(_F32(dot), load_f16(w, o) * load_f32(xd, t * nb + b), acc)
+                o += 18
+            out[t, r] = acc
 
 
 def rows8_reference(raw, n_out, n_in, xq, xd):
