@@ -12,6 +12,7 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .iq4_nl import block_iq4_nl
+from .iq4_xs import block_iq4_xs
 from .kernels_dequant import (block_bf16, block_f16, block_f32, block_q2_k, block_q3_k, block_q4_0, block_q4_1,
                               block_q4_k, block_q5_0, block_q5_1, block_q5_k, block_q6_k, block_q8_0, block_q8_k)
 
@@ -113,6 +114,13 @@ def dequantize_rows_iq4_nl(w, row_bytes, rows, out):
     for i in prange(rows.shape[0]):
         for b in range(out.shape[1] // 32):
             block_iq4_nl(w, rows[i] * row_bytes + b * 18, out[i], b * 32)
+
+
+@njit(parallel=True, cache=True)
+def dequantize_rows_iq4_xs(w, row_bytes, rows, out):
+    for i in prange(rows.shape[0]):
+        for b in range(out.shape[1] // 256):
+            block_iq4_xs(w, rows[i] * row_bytes + b * 136, out[i], b * 256)
 
 
 @njit(parallel=True, cache=True)

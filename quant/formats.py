@@ -75,6 +75,8 @@ FORMATS: tuple[BlockFormat, ...] = (
                 _dtype(("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))), "k"),
     BlockFormat("IQ4_NL", 20, 32, 2 + 32 // 2,
                 _dtype(("d", _F16), ("qs", "u1", (16,))), "block32"),
+    BlockFormat("IQ4_XS", 23, QK_K, 2 + 2 + QK_K // 64 + QK_K // 2,
+                _dtype(("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", (4,)), ("qs", "u1", (128,))), "k"),
     BlockFormat("BF16", 30, 1, 2, _dtype(("v", "<u2")), "float"),
 )
 

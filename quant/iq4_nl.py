@@ -252,24 +252,36 @@ def _fit(x, inv):
 
 
 @njit(cache=True)
-def quantize_block_iq4_nl(x, out, q):
-    """x float32[32] -> out uint8[18] (q: scratch, unused). No fastmath: nothing is contracted into an FMA."""
+def block_scale_iq4_nl(x):
+    """The scale llama.cpp's search picks for the 32 values x (quant.reference._iq4nl_block_scales); 0 for a block
+    under GROUP_MAX_EPS. No fastmath: nothing is contracted into an FMA."""
     amax, vmax = np.float32(0), np.float32(0)
     for j in range(32):
         if abs(x[j]) > amax:
             amax, vmax = abs(x[j]), x[j]
-    scale = np.float32(0)
-    if amax >= np.float32(1e-15):
-        d = -vmax / np.float32(KVALUES_IQ4NL[0])
-        sumqx, sumq2 = _fit(x, np.float32(1) / d)
-        d = sumqx / sumq2 if sumq2 > 0 else np.float32(0)
-        best = d * sumqx
-        for itry in range(-7, 8):
-            sumqx, sumq2 = _fit(x, np.float32(itry + np.int32(KVALUES_IQ4NL[0])) / vmax)
-            if sumq2 > 0 and sumqx * sumqx > best * sumq2:
-                d = sumqx / sumq2
-                best = d * sumqx
-        scale = d
+    if amax < np.float32(1e-15):
+        return np.float32(0)
+    d = -vmax / np.float32(KVALUES_IQ4NL[0])
+    sumqx, sumq2 = _fit(x, np.float32(1) / d)
+    d = sumqx / sumq2 if sumq2 > 0 else np.float32(0)
+    best = d * sumqx
+    for itry in range(-7, 8):
+        sumqx, sumq2 = _fit(x, np.float32(itry + np.int32(KVALUES_IQ4NL[0])) / vmax)
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            d = sumqx / sumq2
+            best = d * sumqx
+    return d
+
+
+@njit(cache=True, inline="always")
+def nearest_level_iq4_nl(v):
+    return _nearest_level(v)
+
+
+@njit(cache=True)
+def quantize_block_iq4_nl(x, out, q):
+    """x float32[32] -> out uint8[18] (q: scratch, unused)."""
+    scale = block_scale_iq4_nl(x)
     inv = np.float32(1) / scale if scale != 0 else np.float32(0)
     _put_u16(out, 0, _f16_bits(scale))
     for j in range(16):

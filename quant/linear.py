@@ -91,7 +91,8 @@ class QuantLinear:
         self.ggml_type = self.format.name
         self.row_bytes = self.format.row_bytes(self.n_in)
         self.kernels = kernels_for(self.format)
-        self._kernel = self.kernels.matmul_kernel()
+        self._kernel = self.kernels.matmul_kernel_for(self.n_out)
+        self.rows8 = self._kernel is not self.kernels.matmul_kernel()  # llama.cpp's repacked arithmetic (registry)
         self._dequantize_rows = self.kernels.dequantize_rows()
         activation = self.kernels.activation
         self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
@@ -208,6 +209,8 @@ class QuantGroup:
         self._kernel = kernel
         self._weights = tuple(layer.data for layer in layers) + ((layers[1].data,) if len(layers) == 2 else ())
         self._scratch_key = first._scratch_key
+        # a layer computed in llama.cpp's repacked order (QuantLinear.rows8) keeps its own kernel: each layer in turn
+        self._each_layer = any(layer.rows8 for layer in layers)
 
     def _common_case(self, x, outs) -> bool:
         if not (type(x) is np.ndarray and x.dtype is _F32 and x.ndim == 2 and x.shape[1] == self.n_in
@@ -246,6 +249,10 @@ class QuantGroup:
         if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
             raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
         if not n_tokens:
+            return
+        if self._each_layer:
+            for layer, out in zip(self.layers, outs):
+                layer.matmul(x, out, sizes)
             return
         if len(outs) == 2:
             outs = (outs[0], outs[1], _NO_COLUMNS)

@@ -674,7 +674,8 @@ def matmul_q8_k(w, row_bytes, x, xq, xd, bsums, out):
 #   Q6_K is not repacked on x86: batches of 8 or more tokens go through the tiled K-quant matmul, smaller ones
 #        through ggml_vec_dot_q6_K_q8_K per token.
 # Their kernels take kinds[t]: 1 for the first kernel, 0 for the other.
-ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K"})
+#   IQ4_XS likewise goes to the tiled matmul from 8 tokens (quant.iq4_xs).
+ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K", "IQ4_XS"})
 Q4_K_GEMM_ROWS = 4           # the repacked gemm's token group
 Q6_K_TILED_MIN_TOKENS = 8    # llama.cpp hands batches of at least 8 tokens to its tiled K-quant matmul
 
@@ -686,7 +687,7 @@ def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
     for n in sizes:
         if name == "Q4_K" and n_out % 8 == 0:
             kinds[start: start + n - n % Q4_K_GEMM_ROWS] = 1
-        elif name == "Q6_K" and n >= Q6_K_TILED_MIN_TOKENS:
+        elif name in ("Q6_K", "IQ4_XS") and n >= Q6_K_TILED_MIN_TOKENS:
             kinds[start: start + n] = 1
         start += n
     return kinds
@@ -700,6 +701,9 @@ def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
 def kernel_for(name: str, kinds: np.ndarray):
     """The kernel for a batch of these row kinds: matmul_<fmt>_few unless the batch has eight-token work (Q4_K: an
     aligned group of eight gemm tokens; Q6_K: any tiled row)."""
+    if name == "IQ4_XS":
+        from .iq4_xs import matmul_iq4_xs
+        return matmul_iq4_xs
     if name == "Q6_K":
         eight = bool(kinds.any())
     else:

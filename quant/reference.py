@@ -204,6 +204,19 @@ def dequantize_iq4_nl(b):
     return _f32(b["d"])[:, None] * KVALUES_IQ4NL[_nibbles_lo_then_hi(b["qs"])].astype(np.float32)
 
 
+def dequantize_iq4_xs(b):
+    """(d * (6-bit scale - 32)) * table[index] per 32-value sub-block ib: scale = 4 bits of scales_l[ib // 2]
+    (low nibble for even ib) | bits 2ib, 2ib + 1 of scales_h << 4; indices as IQ4_NL's, 16 bytes a sub-block."""
+    n = b.shape[0]
+    ib = np.arange(8)
+    low = (b["scales_l"][:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 15
+    high = (b["scales_h"][:, None] >> (2 * ib).astype(np.uint16)) & 3
+    ls = (low.astype(np.int32) | (high.astype(np.int32) << 4)) - 32
+    dl = (_f32(b["d"])[:, None] * ls.astype(np.float32)).reshape(n, 8, 1)
+    q = KVALUES_IQ4NL[_nibbles_lo_then_hi(b["qs"].reshape(n, 8, 16))].astype(np.float32)
+    return (dl * q).reshape(n, QK_K)
+
+
 def dequantize_q8_k(b):  # not in gguf-py; the int8 quants times the float32 scale
     return b["qs"].astype(np.float32) * b["d"][:, None]
 
@@ -358,8 +371,9 @@ def _iq4nl_fit(x, w, inv):
     return (np.cumsum(wq * x, axis=1, dtype=np.float32)[:, -1], np.cumsum(wq * q, axis=1, dtype=np.float32)[:, -1])
 
 
-@_fills_blocks
-def quantize_iq4_nl(x, out):
+def _iq4nl_block_scales(x):
+    """Each 32-value row's scale as quantize_row_iq4_nl_impl searches it (its `scales[ib]`), 0 for a row whose
+    largest magnitude is under GROUP_MAX_EPS."""
     n = x.shape[0]
     w = x * x
     first = np.abs(x).argmax(axis=1)
@@ -376,10 +390,42 @@ def quantize_iq4_nl(x, out):
             better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
             d = np.where(better, sumqx / sumq2, d)
             best = np.where(better, d * sumqx, best)
-        scale = np.where(live, d, np.float32(0)).astype(np.float32)
-        inv = np.where(scale != 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
-    idx = _nearest_iq4nl(inv[:, None] * x).astype(np.uint8)
+    return np.where(live, d, np.float32(0)).astype(np.float32)
+
+
+def _reciprocals(d):
+    with np.errstate(divide="ignore"):
+        return np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+
+
+@_fills_blocks
+def quantize_iq4_nl(x, out):
+    scale = _iq4nl_block_scales(x)
+    idx = _nearest_iq4nl(_reciprocals(scale)[:, None] * x).astype(np.uint8)
     out["d"], out["qs"] = scale, _pack_lo_then_hi(idx)
+
+
+# IQ4_XS: the same search per 32-value sub-block (quantize_row_iq4_nl_impl with 256-value super-blocks); then the
+# super-block scale d = -(the sub-block scale of largest magnitude) / 32, each sub-block's scale rounded to a 6-bit
+# l in -32..31 (nearest_int: to even), and every value re-indexed against d * l. d is stored as float16 but l and
+# the indices come from the float32 d.
+@_fills_blocks
+def quantize_iq4_xs(x, out):
+    n = x.shape[0]
+    sub = x.reshape(n * 8, 32)
+    scales = _iq4nl_block_scales(sub).reshape(n, 8)
+    first = np.abs(scales).argmax(axis=1)
+    max_scale = scales[np.arange(n), first]
+    max_scale = np.where(np.abs(max_scale) > 0, max_scale, np.float32(0))  # C keeps +0 unless some |scale| > 0
+    d = (-max_scale / np.float32(32)).astype(np.float32)
+    l = np.clip(np.rint(_reciprocals(d)[:, None] * scales), -32, 31).astype(np.int64)
+    dl = (d[:, None] * l.astype(np.float32)).astype(np.float32)
+    idx = _nearest_iq4nl(_reciprocals(dl).reshape(n * 8, 1) * sub).astype(np.uint8)
+    u = (l + 32).astype(np.uint16)
+    out["d"] = d
+    out["scales_l"] = ((u[:, 0::2] & 15) | ((u[:, 1::2] & 15) << 4)).astype(np.uint8)
+    out["scales_h"] = np.bitwise_or.reduce((u >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1)
+    out["qs"] = _pack_lo_then_hi(idx).reshape(n, 128)
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. activation quantization for the integer kernels

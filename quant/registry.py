@@ -19,6 +19,8 @@ A record's fields:
   tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
   matmul           for the other activations, the module holding matmul_<fmt> (hand-written)
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
+  rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
+                   backend repacks at load and multiplies in its own order (Q4_0), or None
   cuda             whether edgellm.engine.cuda.quant_kernels has a branch for this type id
 """
 
@@ -50,6 +52,7 @@ class FormatKernels:
     matmul: str | None = None
     quantizer: str | None = None
     cuda: bool = False
+    rows8: str | None = None
 
     @property
     def format(self) -> BlockFormat:
@@ -67,6 +70,10 @@ class FormatKernels:
         """Numba: the matmul for this format (the contract of quant.matmul_block32 / matmul_kquant / kernels_float)."""
         module = "matmul_block32" if self.activation == Q8_0 else self.matmul
         return _attr(module, f"matmul_{self.suffix}")
+
+    def matmul_kernel_for(self, n_out: int):
+        """matmul_kernel, or the rows8 kernel for a matrix of a multiple of 8 rows where the format has one."""
+        return _resolve(self.rows8) if self.rows8 and n_out % 8 == 0 else self.matmul_kernel()
 
     def matmul3_kernel(self):
         """Numba: two or three matrices on one input, or None where the format has no such kernel."""
@@ -103,12 +110,13 @@ def _float(name: str) -> FormatKernels:
 
 def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
              quantizer: str | None = "quantize_kernels", reference_quantize: bool = True,
-             cuda: bool = True) -> FormatKernels:
+             cuda: bool = True, rows8: str | None = None) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, Q8_0, f"reference:dequantize_{low}",
                          f"reference:quantize_{low}" if reference_quantize else None,
                          f"{block}:block_{low}", dots=dots, driver=driver, tile_offset=tile_offset,
-                         quantizer=f"{quantizer}:quantize_block_{low}" if quantizer else None, cuda=cuda)
+                         quantizer=f"{quantizer}:quantize_block_{low}" if quantizer else None, cuda=cuda,
+                         rows8=rows8)
 
 
 def _kquant(name: str, quantizer: bool = True, cuda: bool = False) -> FormatKernels:
@@ -122,7 +130,7 @@ RECORDS: tuple[FormatKernels, ...] = (
     _float("F32"),
     _float("F16"),
     _float("BF16"),
-    _block32("Q4_0", DRIVER_PLAIN, 8),
+    _block32("Q4_0", DRIVER_PLAIN, 8, rows8="q4_0_rows8:matmul_q4_0_rows8"),
     _block32("Q4_1", DRIVER_MINS, 0),
     _block32("Q5_0", DRIVER_LANE_SUMS, 16),
     _block32("Q5_1", DRIVER_MINS, 0),
@@ -135,6 +143,8 @@ RECORDS: tuple[FormatKernels, ...] = (
     _kquant("Q8_K", quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False),
+    FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
+                  matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs"),
 )
 
 

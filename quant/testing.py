@@ -83,6 +83,13 @@ def hand_built(fmt_name: str):
         levels = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
         b["d"], b["qs"] = 0.5, np.arange(16) | (np.arange(15, -1, -1) << 4)
         want = _f32(0.5 * np.array(levels + levels[::-1]))
+    elif fmt_name == "IQ4_XS":  # (d * (ls - 32)) * level[nibble]; ls = scales_l nibble | 2 scales_h bits << 4
+        levels = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+        ls = np.array([32, 33, 31, 0, 63, 40, 17, 48])  # sub-block scales 0, 1, -1, -32, 31, 8, -15, 16
+        b["d"], b["scales_l"] = 0.25, (ls[0::2] & 15) | ((ls[1::2] & 15) << 4)
+        b["scales_h"] = sum(int(v >> 4) << (2 * i) for i, v in enumerate(ls))
+        b["qs"] = np.tile(np.arange(16) | (np.arange(15, -1, -1) << 4), 8)
+        want = _f32(0.25 * np.repeat(ls - 32, 32) * np.tile(np.concatenate([levels, levels[::-1]]), 8))
     elif fmt_name == "Q2_K":  # (d * (scale & 15)) * q - dmin * (scale >> 4); q = bits 2j.. of qs[h*32 + l]
         b["d"], b["dmin"], b["scales"], b["qs"] = 1.0, 0.5, 0x21, 0b11100100
         q = (j256 % 128) // 32  # every byte holds 0, 1, 2, 3 in its four crumbs

@@ -111,6 +111,8 @@ def test_unsupported_format_and_row_length_are_refused():
     from edgellm.errors import ModelError
     with pytest.raises(ModelError, match="Q2_K"):
         weights.DeviceMatrix(np.zeros(84, np.uint8), "Q2_K", (1, 256), "blk.0.attn_q.weight")
+    with pytest.raises(ModelError, match="IQ4_XS"):
+        weights.DeviceMatrix(np.zeros(136, np.uint8), "IQ4_XS", (1, 256), "blk.0.ffn_down.weight")
     with pytest.raises(ModelError, match="multiple of 32"):
         weights.DeviceMatrix(np.zeros(4 * 40, np.uint8), "F32", (1, 40), "odd")
 

@@ -19,6 +19,7 @@ from edgellm.quant import dots_block32 as k
 from edgellm.quant.formats import FORMATS
 from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
 from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
+from edgellm.quant.q4_0_rows8 import rows8_reference
 from edgellm.quant.testing import hand_built, random_matrix_bytes
 
 FORMAT_IDS = [f.name for f in FORMATS]
@@ -163,7 +164,7 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     n_in = shape_for(fmt)[1]
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
-    batch_kernels = fmt.name in ("Q4_K", "Q6_K")
+    batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens, as Q6_K
     for n_tokens in (45, 13, 1, 3, 4, 7, 9):  # 45: blocks of 32 tokens, tiles of 8 and 4, a single; 9 last
         ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
@@ -175,7 +176,7 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
         if not batch_kernels:
             np.testing.assert_array_equal(out, ones)
     if batch_kernels:  # rows 0..7 of a 9-token batch: Q4_K's 4-row gemm, Q6_K's tiled matmul
-        other = (fmt.name == "Q4_K" and n_out % 8 == 0) or fmt.name == "Q6_K"
+        other = (fmt.name == "Q4_K" and n_out % 8 == 0) or fmt.name in ("Q6_K", "IQ4_XS")
         assert (out[:8] != ones[:8]).any() == other
         if fmt.name == "Q4_K":  # the ninth token is the gemv's, as one token alone
             np.testing.assert_array_equal(out[8], ones[8])
@@ -731,6 +732,8 @@ def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
     xq, xd, xs = np.empty(n_in, np.int8), np.empty(n_in // 32, np.float32), np.empty(n_in // 32, np.float32)
     quantize_act_q8_0(x, xq, xd, xs)
     want = _rows_one_at_a_time(kernels_for(name), layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
+    if layer.rows8:  # a Q4_0 matrix llama.cpp repacks: its gemv's order (quant.q4_0_rows8), not vec_dot's
+        want = rows8_reference(layer.data, n_out, n_in, xq, xd)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 

@@ -87,6 +87,7 @@ EXPECTED = {  # mix -> (token_embd, default, attn_v per layer, ffn_down per laye
     "Q6_K": ("Q6_K", "Q6_K", ["Q6_K"] * N_LAYER, ["Q6_K"] * N_LAYER, "Q6_K"),
     "Q4_0": ("Q6_K", "Q4_0", ["Q4_0"] * N_LAYER, ["Q4_0"] * N_LAYER, "Q4_0"),
     "IQ4_NL": ("Q6_K", "IQ4_NL", ["IQ4_NL"] * N_LAYER, per_layer("Q5_K", "IQ4_NL", [0]), "IQ4_NL"),
+    "IQ4_XS": ("Q6_K", "IQ4_XS", ["IQ4_XS"] * N_LAYER, per_layer("Q5_K", "IQ4_XS", [0]), "IQ4_XS"),
     "Q8_0": ("Q8_0", "Q8_0", ["Q8_0"] * N_LAYER, ["Q8_0"] * N_LAYER, "Q8_0"),
     "F16": ("F16", "F16", ["F16"] * N_LAYER, ["F16"] * N_LAYER, "F16"),
 }

@@ -8,8 +8,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma3", "phi3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 VOCAB_SLICE = 16384  # output rows cast to float64 at a time
 
 
@@ -17,14 +17,31 @@ def _rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None):
-    """x: [T, H, hd] float64. Rotates pairs (i, i + n_rot/2) for NeoX, else (2i, 2i + 1)."""
+def _yarn_freqs(freqs, extrap, base, n_rot, freq_scale, yarn):
+    """YaRN (jquesnelle/yarn, as llama.cpp's rope_yarn): pairs below the correction dim of beta_fast rotations in
+    the original context keep the extrapolated frequency, those past beta_slow's the interpolated one, a linear ramp
+    between; cos and sin scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
+    def corr_dim(n_turns):
+        return n_rot * np.log(yarn["n_ctx_orig"] / (n_turns * 2 * np.pi)) / (2 * np.log(base))
+    low = max(0.0, np.floor(corr_dim(yarn["beta_fast"])))
+    high = min(n_rot - 1.0, np.ceil(corr_dim(yarn["beta_slow"])))
+    mix = (1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)) * yarn["ext_factor"]
+    return freqs * (1 - mix) + extrap * mix, yarn["attn_factor"] * (1 + 0.1 * np.log(1 / freq_scale))
+
+
+def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None, yarn=None, attn_factor=1.0):
+    """x: [T, H, hd] float64. Rotates pairs (i, i + n_rot/2) for NeoX, else (2i, 2i + 1). yarn: a dict of YaRN's
+    parameters (n_ctx_orig, beta_fast, beta_slow, ext_factor, attn_factor), or None; attn_factor: a factor on cos
+    and sin without YaRN (phi3's longrope)."""
     half = n_rot // 2
-    freqs = freq_scale / base ** (np.arange(half) * 2.0 / n_rot)
+    extrap = 1.0 / base ** (np.arange(half) * 2.0 / n_rot)
     if factors is not None:
-        freqs = freqs / factors
+        extrap = extrap / factors
+    freqs, mscale = freq_scale * extrap, attn_factor
+    if yarn is not None:
+        freqs, mscale = _yarn_freqs(freqs, extrap, base, n_rot, freq_scale, yarn)
     angle = positions[:, None] * freqs[None, :]  # [T, half]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    cos, sin = mscale * np.cos(angle)[:, None, :], mscale * np.sin(angle)[:, None, :]
     if neox:
         first, second = np.arange(half), np.arange(half) + half
     else:
@@ -50,8 +67,10 @@ def _attention(q, k, v, scale, window=0):
 
 
 class ReferenceModel:
-    def __init__(self, gguf_file):
+    def __init__(self, gguf_file, n_ctx=None):
+        """n_ctx: the context the fast path was built with, where the math depends on it (phi3's longrope)."""
         self.file = gguf_file
+        self.n_ctx = n_ctx
         self.meta = gguf_file.metadata
         self.arch = self.meta["general.architecture"]
         self._cache = {}
@@ -99,6 +118,15 @@ class ReferenceModel:
         eps = self.key("attention.layer_norm_rms_epsilon")
         return self._output(_rms_norm(x, self.weight("output_norm.weight"), eps))
 
+    def _yarn(self):
+        """YaRN's parameters where the file asks for it (llama.cpp's defaults where it names none), else None."""
+        if self.key("rope.scaling.type", "none") != "yarn":
+            return None
+        return dict(n_ctx_orig=self.key("rope.scaling.original_context_length", self.key("context_length")),
+                    beta_fast=self.key("rope.scaling.yarn_beta_fast", 32.0),
+                    beta_slow=self.key("rope.scaling.yarn_beta_slow", 1.0), ext_factor=1.0,
+                    attn_factor=self.key("rope.scaling.attn_factor", 1.0))
+
     def _heads(self, tokens):
         n_head = self.key("attention.head_count")
         n_head_kv = self.key("attention.head_count_kv", n_head)
@@ -112,6 +140,12 @@ class ReferenceModel:
         base = self.key("rope.freq_base", 10000.0)
         factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
         factors = self.weight("rope_freqs.weight") if self.has("rope_freqs.weight") else None
+        if factors is None and self.has("rope_factors_long.weight"):  # phi3's longrope: by the context length
+            orig = self.key("rope.scaling.original_context_length", self.key("context_length"))
+            long = self.n_ctx is not None and self.n_ctx > orig
+            factors = self.weight("rope_factors_long.weight" if long else "rope_factors_short.weight")
+        yarn = self._yarn()
+        attn_factor = self.key("rope.scaling.attn_factor", 1.0)
         scale = self.meta.get(f"{self.arch}.attention.scale", 0.0) or 1.0 / np.sqrt(hd)
         neox = self.arch in NEOX_ARCHITECTURES
         positions = np.arange(T, dtype=np.float64)
@@ -119,18 +153,24 @@ class ReferenceModel:
         for il in range(self.key("block_count")):
             W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
             n = _rms_norm(x, W("attn_norm"), eps)
-            q, k, v = n @ W("attn_q").T, n @ W("attn_k").T, n @ W("attn_v").T
+            if self.has(f"blk.{il}.attn_qkv.weight"):  # phi3: Q, K, V stacked by rows
+                q, k, v = np.split(n @ W("attn_qkv").T, [n_head * hd, (n_head + n_head_kv) * hd], axis=1)
+            else:
+                q, k, v = n @ W("attn_q").T, n @ W("attn_k").T, n @ W("attn_v").T
             if self.arch == "qwen2":
                 q, k, v = (a + self.weight(f"blk.{il}.attn_{c}.bias") for a, c in ((q, "q"), (k, "k"), (v, "v")))
             q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_head_kv, hd), v.reshape(T, n_head_kv, hd)
             if self.arch == "qwen3":
                 q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
-            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors)
-            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors)
+            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
+            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
             h = x + _attention(q, k, v, scale).reshape(T, -1) @ W("attn_output").T
             m = _rms_norm(h, W("ffn_norm"), eps)
-            gate = m @ W("ffn_gate").T
-            x = h + (gate / (1.0 + np.exp(-gate)) * (m @ W("ffn_up").T)) @ W("ffn_down").T
+            if self.has(f"blk.{il}.ffn_gate.weight"):
+                gate, up = m @ W("ffn_gate").T, m @ W("ffn_up").T
+            else:  # phi3: ffn_up holds gate then up
+                gate, up = np.split(m @ W("ffn_up").T, 2, axis=1)
+            x = h + (gate / (1.0 + np.exp(-gate)) * up) @ W("ffn_down").T
         return x
 
     def _gemma3(self, tokens):

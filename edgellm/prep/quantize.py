@@ -49,6 +49,7 @@ FILE_TYPES = {ft.name: ft for ft in (
     FileType("Q4_K_S", 14, "Q4_K"), FileType("Q4_K_M", 15, "Q4_K"),
     FileType("Q5_K_S", 16, "Q5_K"), FileType("Q5_K_M", 17, "Q5_K"),
     FileType("Q6_K", 18, "Q6_K"), FileType("IQ4_NL", 25, "IQ4_NL"),
+    FileType("IQ4_XS", 30, "IQ4_XS"),
 )}
 FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -156,7 +157,7 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
             new_type = "Q5_K"
         elif f in ("Q4_K_M", "Q5_K_M") and _use_more_bits(st.i_attention_wv, st.n_attention_wv):
             new_type = "Q6_K"
-        elif f == "IQ4_NL" and st.n_gqa >= 4:
+        elif f in ("IQ4_NL", "IQ4_XS") and st.n_gqa >= 4:
             new_type = "Q5_K"
         elif f == "Q4_K_S" and st.i_attention_wv < 4:
             new_type = "Q5_K"
@@ -183,7 +184,7 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
                             else "Q5_K" if _use_more_bits(i_layer, n_layer) else "Q4_K")
             elif _use_more_bits(i_layer, n_layer):
                 new_type = "Q6_K"
-        elif f == "IQ4_NL" and i_layer < n_layer // 8:  # (llama.cpp: without an importance matrix)
+        elif f in ("IQ4_NL", "IQ4_XS") and i_layer < n_layer // 8:  # (llama.cpp: without an importance matrix)
             new_type = "Q5_K"
         elif f == "Q5_K_M" and _use_more_bits(i_layer, n_layer):
             new_type = "Q6_K"
@@ -193,7 +194,7 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
     elif cat == "attn_output":
         if not falcon:
             if st.n_expert == 8:
-                if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL"):
+                if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS"):
                     new_type = "Q5_K"
             else:
                 new_type = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(f, new_type)
@@ -204,7 +205,7 @@ def _mix_type(st: _MixState, name: str, shape: tuple, new_type: str, ft: FileTyp
 
 
 # Where rows do not split into the type's blocks: llama-quant.cpp's tensor_type_fallback.
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_FALLBACK = {"IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 def _fallback(shape: tuple, new_type: str) -> tuple[str, bool]:

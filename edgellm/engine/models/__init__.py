@@ -8,6 +8,7 @@ from edgellm.engine.models.base import DEFAULT_N_BATCH
 from edgellm.errors import ModelError
 from edgellm.engine.models.gemma3 import Gemma3Config, Gemma3Model
 from edgellm.engine.models.llama import LlamaConfig, LlamaModel
+from edgellm.engine.models.phi3 import Phi3Config, Phi3Model
 from edgellm.engine.models.qwen2 import Qwen2Config, Qwen2Model
 from edgellm.engine.models.qwen3 import Qwen3Config, Qwen3Model
 
@@ -24,6 +25,7 @@ ARCHITECTURES = {
     "gemma3": Architecture("gemma3", Gemma3Config, Gemma3Model),
     "qwen2": Architecture("qwen2", Qwen2Config, Qwen2Model),
     "qwen3": Architecture("qwen3", Qwen3Config, Qwen3Model),
+    "phi3": Architecture("phi3", Phi3Config, Phi3Model),
 }
 
 # GGUF architecture names whose forward pass is one of the above, unchanged.

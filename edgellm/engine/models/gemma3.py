@@ -105,8 +105,8 @@ class Gemma3Model(DecoderModel):
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
         self.load_weights(gguf_file, self.tensor_specs(config))
-        self.rope_local = ops.Rope(config.n_rot, config.rope_base_local)
-        self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale)
+        self.rope_local = ops.Rope(config.n_rot, config.rope_base_local, 1.0, None, config.rope_scaling)
+        self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, None, config.rope_scaling)
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
         self.windows = config.layer_windows()
         self.make_cache()

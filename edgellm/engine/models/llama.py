@@ -93,7 +93,8 @@ class LlamaModel(DecoderModel):
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
         w = self.load_weights(gguf_file, self.tensor_specs(config))
-        self.rope = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, w.get("rope_freqs.weight"))
+        self.rope = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, w.get("rope_freqs.weight"),
+                             config.rope_scaling)
         self.make_cache()
         self.buffers = LlamaBuffers(config, self.n_batch)
 

@@ -1,0 +1,56 @@
+"""Q4_0 matrices of a multiple of 8 rows, as llama.cpp's x86 CPU backend computes them.
+
+On an AVX2 machine llama.cpp repacks every Q4_0 matrix whose row count is a multiple of 8 at load (q4_0_8x8 in
+ggml-cpu/repack.cpp) and multiplies it with ggml_gemv_q4_0_8x8_q8_0 (single tokens) and ggml_gemm_q4_0_8x8_q8_0
+(groups of four tokens), never with ggml_vec_dot_q4_0_q8_0. Both give each (row, token) the same arithmetic: per
+32-value block the exact integer dot of the signed quants (nibble - 8) with the Q8_0 activations, then
+acc = fma(float(dot), d_w * d_x, acc), one float32 chain over the blocks in order. The four-token gemm quantizes its
+activations as quantize_row_q8_0 does (ggml_quantize_mat_q8_0_4x8: the same scale, the same rounding), so every
+token of a batch gives the bits of that token alone. Pure-Q4_0 files, the ones ARM users pick for these repacked
+kernels, have such matrices everywhere, the output matrix included.
+
+matmul_q4_0_rows8 follows quant.matmul_block32's contract (w, row_bytes, x, xq, xd, xs, out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
+
+from .dots_block32 import PREFETCH_BYTES, _quantize_tokens
+from .simd import dot_i8x32, fma32, i8x32_sub, i32x8_hsum, load_f16, load_f32, load_i8x32, load_nibbles_lo_hi, prefetch
+
+_F32 = np.float32
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_0_rows8(w, row_bytes, x, xq, xd, xs, out):
+    _quantize_tokens(x, xq, xd, xs)
+    n_tokens, n_in = x.shape
+    nb = n_in // 32
+    for r in prange(out.shape[1]):
+        for t in range(n_tokens):  # the row (nb * 18 bytes) stays in L1 across the tokens
+            o, acc = r * row_bytes, _F32(0)
+            for b in range(nb):
+                prefetch(w, o + PREFETCH_BYTES)
+                dot = i32x8_hsum(dot_i8x32(i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8), load_i8x32(xq, t * n_in + 32 * b)))
+                acc = fma32(_F32(dot), load_f16(w, o) * load_f32(xd, t * nb + b), acc)
+                o += 18
+            out[t, r] = acc
+
+
+def rows8_reference(raw, n_out, n_in, xq, xd):
+    """numpy: the float32 results of the chain above for one token's Q8_0 activations (xq int8 [n_in], xd float32
+    [n_in / 32], d already rounded to float16): exact integer dots, one FMA per block (float64 holds the product of
+    two float32 exactly, so only the sum rounds, and these magnitudes never meet double rounding)."""
+    blocks = np.asarray(raw, np.uint8).reshape(n_out, n_in // 32, 18)
+    d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    qs = blocks[:, :, 2:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.int64) - 8
+    dots = (q * xq.reshape(1, -1, 32).astype(np.int64)).sum(axis=2)
+    out = np.zeros(n_out, np.float32)
+    for b in range(n_in // 32):
+        scale = (d[:, b] * np.float32(xd[b])).astype(np.float32)
+        out = (dots[:, b].astype(np.float32).astype(np.float64) * scale.astype(np.float64) + out).astype(np.float32)
+    return out
