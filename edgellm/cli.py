@@ -372,7 +372,8 @@ def cmd_batch(args) -> int:
         execute = jobs.local_executor(m, defaults, args.parallel)
     s = jobs.run_file(args.input, args.output, execute, progress=not args.no_progress)
     print(f"edgellm: {s.lines} lines written ({s.errors} errors), {s.skipped} already in {args.output}; "
-          f"{s.completion_tokens} tokens in {s.seconds:.1f} s, {s.tokens_per_s:.1f} tok/s", file=sys.stderr)
+          f"{s.completion_tokens} tokens in {s.seconds:.1f} s, {s.tokens_per_s:.1f} tok/s (first record after "
+          f"{s.first_record_s:.1f} s)", file=sys.stderr)
     return 0
 
 

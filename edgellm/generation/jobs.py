@@ -210,6 +210,7 @@ class JobSummary:
     errors: int = 0         # of lines, the error records
     completion_tokens: int = 0
     seconds: float = 0.0
+    first_record_s: float = 0.0  # start-up included: model load, or a Ray cluster and its actors
 
     @property
     def tokens_per_s(self) -> float:
@@ -232,6 +233,7 @@ def run_file(in_path, out_path, execute, progress: bool = True, err=None) -> Job
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 out.flush()
                 summary.lines += 1
+                summary.first_record_s = summary.first_record_s or time.perf_counter() - t0
                 if "error" in record:
                     summary.errors += 1
                     _report(err, bar, f"edgellm: line {record['error']['line']}: {record['error']['message']}")
