@@ -260,7 +260,7 @@ def _count_lines(in_path) -> int:
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm  # the CLI's progress bar; the API runs without it
+    from tqdm import tqdm  # start-up time: only a job with a progress bar loads it
     return tqdm(total=total, unit="line", dynamic_ncols=True, file=sys.stderr)
 
 

@@ -43,7 +43,7 @@ class EdgeLLMPredictor:
     (edgellm.generation.jobs: same lines, same records as `edgellm batch`). Each actor loads the model once."""
 
     def __init__(self, model=None, defaults: dict | None = None, n_parallel: int = DEFAULT_PARALLEL, **load_kwargs):
-        import edgellm
+        import edgellm  # in the actor's process: the kernels load there, not in the driver
         self.model = edgellm.load(model, **load_kwargs)
         self.defaults = dict(defaults or {})
         self.n_parallel = n_parallel
@@ -101,6 +101,7 @@ def serve_deployment(model=None, *, n_threads: int = 1, min_replicas: int = 1, m
     Replicas autoscale between min_replicas and max_replicas on queue length: Serve adds one when the requests
     queued at or running in the replicas average more than target_queue each (a replica generates one at a time,
     so 2 means one running and one waiting). Each replica reserves n_threads CPUs (the threads rule)."""
+    # Serve (FastAPI and more) and the server's web stack load only when a deployment is made, not for Ray Data
     from ray import serve
     from edgellm.server import create_app
     model = _model_ref(model)
@@ -108,7 +109,7 @@ def serve_deployment(model=None, *, n_threads: int = 1, min_replicas: int = 1, m
     @serve.ingress()
     class EdgeLLMServer:
         def __init__(self):
-            import edgellm
+            import edgellm  # in the replica's process: the kernels load there
             self.llm = edgellm.load(model, n_threads=n_threads, **load_kwargs)
 
         def __serve_build_asgi_app__(self):
