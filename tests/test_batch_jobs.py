@@ -154,3 +154,20 @@ def test_resume_matches_lines_by_id_and_by_index(tiny, tmp_path):
     assert (summary.lines, summary.skipped) == (2, 1)
     assert sorted(r["index"] for r in records[2:]) == [0, 2]
     assert sum(r.get("id") == "a" for r in records) == 1
+
+
+def test_progress_bar_counts_lines_and_tokens_per_second(tmp_path, capsys):
+    """The bar (tqdm, on stderr) over the lines still to do, with the tokens/s of the records so far."""
+    write_jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}"} for i in range(5)])
+    write_jsonl(tmp_path / "out.jsonl", [{"index": 0, "text": "", "finish_reason": "stop", "usage": {}}])
+
+    def execute(lines):  # records as a model would give them, 3 tokens each
+        for index, _ in lines:
+            time.sleep(0.01)
+            yield {"index": index, "text": "abc", "finish_reason": "length",
+                   "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
+    summary = jobs.run_file(tmp_path / "in.jsonl", tmp_path / "out.jsonl", execute, progress=True)
+    err = capsys.readouterr().err
+    assert (summary.lines, summary.skipped, summary.completion_tokens) == (4, 1, 12)
+    assert "4/4" in err and "tok/s" in err and "line" in err
+    assert 0 < summary.tokens_per_s and summary.first_record_s <= summary.seconds
