@@ -1,7 +1,7 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
-Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), info, warmup, serve (the HTTP server, an
-optional extra), plus quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
+Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), batch (a JSONL file through the batch
+engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra), plus quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
 """
 from __future__ import annotations
 
@@ -357,6 +357,29 @@ def cmd_serve(args) -> int:
         report.close()
 
 
+def cmd_batch(args) -> int:
+    from edgellm.generation import jobs  # start-up time: each subcommand imports only what it runs
+    defaults = {**_sampling_kwargs(args), "max_tokens": _max_tokens(args.n_predict)}
+    load = dict(n_threads=args.threads, n_ctx=args.ctx_size, kv_type=args.kv_type, n_keep=args.keep)
+    if args.ray is not None:
+        try:
+            from edgellm.integrations.ray import ray_executor  # an optional extra (ray[data])
+        except ImportError as e:
+            raise EdgeLLMError(f"--ray needs its optional dependencies ({e.name or e}); "
+                               "install them with: pip install 'edgellm[ray]'") from None
+        execute = ray_executor(args.model, defaults, address=args.ray, actors=args.actors, n_parallel=args.parallel,
+                               **load)
+    else:
+        m = _load(args)
+        m.compile_progress = CompileReport()
+        execute = jobs.local_executor(m, defaults, args.parallel)
+    s = jobs.run_file(args.input, args.output, execute, progress=not args.no_progress)
+    print(f"edgellm: {s.lines} lines written ({s.errors} errors), {s.skipped} already in {args.output}; "
+          f"{s.completion_tokens} tokens in {s.seconds:.1f} s, {s.tokens_per_s:.1f} tok/s (first record after "
+          f"{s.first_record_s:.1f} s)", file=sys.stderr)
+    return 0
+
+
 def cmd_info(args) -> int:
     from edgellm.prep.info import describe  # start-up time: each subcommand imports only what it runs
     print(describe(args.model, n_ctx=args.ctx_size, kv_type=args.kv_type))
@@ -427,6 +450,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_args(p)
     _add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("batch", help="a JSONL file of prompts or chats through the batch engine, resumable, "
+                                     "in this process or on Ray (--ray)")
+    p.add_argument("input", help="JSONL: one {\"prompt\": ...} or {\"messages\": [...]} per line, optional \"id\" "
+                                 "and per-line options (max_tokens, temperature, response_format, ...)")
+    p.add_argument("output", help="JSONL of records (index, id, text, finish_reason, usage); appended: lines it "
+                                  "already has are skipped")
+    p.add_argument("-m", "--model", default=None, help="catalog name or .gguf path (default: the catalog default)")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per line unless the line says "
+                                                                   "max_tokens (default 128; -1: no limit)")
+    p.add_argument("--parallel", type=int, default=16, help="sequences decoded together per model (default 16)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray Data: a cluster's address (e.g. auto or ray://host:10001), or none to start a "
+                        "local one (needs the edgellm[ray] extra)")
+    p.add_argument("--actors", type=int, default=None,
+                   help="with --ray: model replicas (default: one per node); each gets the node's cores / its "
+                        "actors on that node as threads, unless -t says")
+    _add_load_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("info", help="metadata, tensor types and sizes, and the memory plan")
     _add_model_arg(p)

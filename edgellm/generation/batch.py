@@ -49,12 +49,21 @@ def release_pool(model) -> None:
     _POOLS.pop(model, None)
 
 
-def run_batch(model, prompt_ids: list, opts, pool, bias):
+def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
     """Generator of (index, text piece) for every sequence; returns the Completions in prompt order.
-    Holds the model (one call at a time) from its first step to its end."""
+    Holds the model (one call at a time) from its first step to its end.
+
+    opts and bias: one for every prompt, or lists with one per prompt (batch jobs mix options line by line).
+    on_finish(index, completion) is called as each sequence ends, so a job can record it before the batch ends."""
     fm = model.model
     n_parallel, seq_ctx = len(pool.caches), pool.caches[0].n_ctx
     completions = [None] * len(prompt_ids)
+    per_prompt = isinstance(opts, (list, tuple))
+
+    def finished(index, completion):
+        completions[index] = completion
+        if on_finish is not None:
+            on_finish(index, completion)
     with model.exclusive("generate_batch"):
         queue = deque(range(len(prompt_ids)))
         free = list(range(n_parallel))[::-1]
@@ -64,8 +73,9 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
             while free and queue:  # a free slot takes the next queued prompt: prefilled alone in its cache
                 index, slot = queue.popleft(), free.pop()
                 ids = prompt_ids[index]
-                budget = max_new_tokens(opts.max_tokens, seq_ctx, len(ids), fm.context_shift)
-                seq = SequenceState(model, ids, opts, budget, bias)
+                o, b = (opts[index], bias[index]) if per_prompt else (opts, bias)
+                budget = max_new_tokens(o.max_tokens, seq_ctx, len(ids), fm.context_shift)
+                seq = SequenceState(model, ids, o, budget, b)
                 seq.index = index
                 cache = pool.caches[slot]
                 cache.reset()
@@ -78,7 +88,7 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
                         continue
                     except Cancelled:  # cancel() during this prompt: whole batches ran, the cache is dropped
                         seq.stop_reason, seq.done = "cancelled", True
-                completions[index] = seq.finish()[1]
+                finished(index, seq.finish()[1])
                 free.append(slot)
             step_slots = []
             for slot in sorted(pending):
@@ -92,9 +102,10 @@ def run_batch(model, prompt_ids: list, opts, pool, bias):
                 if event is not None and event[0]:
                     yield seq.index, event[0]
                 if seq.done:
-                    piece, completions[seq.index] = seq.finish()
+                    piece, completion = seq.finish()
                     if piece:
                         yield seq.index, piece
+                    finished(seq.index, completion)
                     del active[slot]
                     free.append(slot)
                 else:
