@@ -3,16 +3,17 @@ for bit: teacher-forced rows and decode-path rows hash (sha256 of the full float
 0.3.36 computed (tools/record_llama_exact.py), the raw-text prompts tokenize to llama.cpp's ids, and perplexity
 on two texts is llama-perplexity's. Each model with a tests/fixtures/exact_<model>.npz is checked.
 
-CI checks a fixed subset of the prompts: on Gemma every prompt longer than its 512-token sliding window (they
-cross the 512-token batch too, and the longest wrap the window's ring), on both models a spread of the rest at 2
-threads and a smaller spread at 1 thread, and perplexity on the first chunks of each text. The full set (every
-prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two cores for CI: it runs with
-EDGELLM_EXACT_FULL=1, and tools/check_llama_exact.py reports how many rows of it are exact.
+CI checks a fixed subset of the prompts: on Gemma a spread of the prompts longer than its 512-token sliding
+window up to the longest (they cross the 512-token batch too, and the longest wrap the window's ring), on both
+models a spread of the rest at 2 threads and a smaller spread at 1 thread, and perplexity on the first chunks of
+each text. The full set (every prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two
+cores for CI: it runs with EDGELLM_EXACT_FULL=1, and tools/check_llama_exact.py reports how many rows of it are exact.
 
 Where this holds: x86-64 Linux with AVX2 and FMA (glibc's libm), the CPU paths llama.cpp's recording ran on and
-ours were checked against (the AVX2 kind and the AVX-512 + VNNI kind). Elsewhere (aarch64, an x86 CPU without
-AVX2) our kernels keep the same integer arithmetic but llama.cpp itself takes other kernels, so its x86 bits are
-not the reference there and these tests skip; tests/test_models_real.py's tolerances remain the contract.
+ours were checked on (AVX2 on a Zen 3; AVX-512 + VNNI on a Sapphire Rapids and a Zen 4). Elsewhere (aarch64, an
+x86 CPU without AVX2) our kernels keep the same integer arithmetic but llama.cpp itself takes other kernels, so its
+x86 bits are not the reference there and these tests skip (tests/exact_host.py); tests/test_models_real.py's
+tolerances remain the contract.
 """
 import gzip
 import io
@@ -39,8 +40,9 @@ FULL = os.environ.get("EDGELLM_EXACT_FULL") == "1"
 FULL_REASON = "the full set is not run in CI (two cores); set EDGELLM_EXACT_FULL=1 to run it"
 RECORDED = [name for name in (SMOLLM2, GEMMA) if fixture_path(name).exists()]
 
-WINDOW = 512  # Gemma's sliding window (and llama.cpp's batch): CI checks every Gemma prompt longer than it
+WINDOW = 512  # Gemma's sliding window (and llama.cpp's batch): CI checks Gemma prompts longer than it
 SPREAD = {2: 20, 1: 6}  # prompts of at most WINDOW tokens checked in CI per model, by thread count
+LONG_SPREAD = 6  # Gemma prompts longer than WINDOW checked in CI at 2 threads, spread over their lengths
 PPL_TEXTS = ("ppl_text.txt", "ppl_text_psf_license.txt")
 PPL_CI_CHUNKS = 1  # chunks of each text CI scores; the full texts run with EDGELLM_EXACT_FULL=1
 # llama-perplexity accumulates the same float64 log-likelihoods in another order (per thread, as rows finish),
@@ -48,14 +50,23 @@ PPL_CI_CHUNKS = 1  # chunks of each text CI scores; the full texts run with EDGE
 PPL_REL_TOL = 1e-12
 
 
+def _spread(indices, count):
+    """`count` of `indices` evenly spaced, the first and the last among them (all of them if there are fewer)."""
+    if len(indices) <= count:
+        return list(indices)
+    return [indices[round(k * (len(indices) - 1) / (count - 1))] for k in range(count)]
+
+
 def ci_subset(rec, name, n_threads):
     """Indices of the recorded prompts CI checks: fixed by the recording, spread evenly over the set's kinds and
-    lengths (the set is ordered by source). Gemma's long prompts at 2 threads only."""
+    lengths (the set is ordered by source). Gemma's long prompts at 2 threads only, spread over their lengths up to
+    the longest (the ones that cross the window, the batch and the ring's wrap)."""
     lengths = [rec.sequence(i)[1] for i in range(len(rec))]
     short = [i for i, n in enumerate(lengths) if n <= WINDOW]
     picked = set(short[int(k * len(short) / SPREAD[n_threads])] for k in range(SPREAD[n_threads]))
     if name == GEMMA and n_threads == 2:
-        picked |= {i for i, n in enumerate(lengths) if n > WINDOW}
+        long = sorted((i for i, n in enumerate(lengths) if n > WINDOW), key=lambda i: lengths[i])
+        picked |= set(_spread(long, LONG_SPREAD))
     return sorted(picked)
 
 

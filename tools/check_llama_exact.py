@@ -104,11 +104,15 @@ def main():
     ap.add_argument("models", nargs="*", default=list(MODEL_FILES))
     ap.add_argument("--threads", default="2", help="comma-separated thread counts")
     ap.add_argument("--prompts", default="", help="comma-separated prompt ids (default: all recorded)")
+    ap.add_argument("--fixture", default="", help="a recording to check instead of tests/fixtures' (one model)")
+    ap.add_argument("--progress", action="store_true", help="a line per prompt as it is checked")
     args = ap.parse_args()
     from edgellm.store import catalog
     only = {int(p) for p in args.prompts.split(",") if p}
+    if args.fixture and len(args.models) != 1:
+        ap.error("--fixture names one model's recording: give that model")
     for name in args.models:
-        rec = Recording(fixture_path(name))
+        rec = Recording(Path(args.fixture) if args.fixture else fixture_path(name))
         path = catalog.pull(name, quiet=True)
         for n_threads in [int(t) for t in args.threads.split(",")]:
             f, model = build(path, rec, n_threads)
@@ -124,6 +128,9 @@ def main():
                 n_decode += len(seq) - n_prompt
                 bad_forced_rows += len(bad_forced)
                 bad_decode_rows += len(bad_decode)
+                if args.progress:
+                    print(f"{name} t{n_threads} prompt {pid}: {len(seq)} rows, {len(bad_forced)} teacher-forced "
+                          f"and {len(bad_decode)} decode rows differ ({time.time() - t0:.0f} s)", flush=True)
                 if bad_forced or bad_decode:
                     bad_prompts += 1
                     print(f"{name} t{n_threads} prompt {pid} ({n_prompt} + {len(seq) - n_prompt} tokens): "

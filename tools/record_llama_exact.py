@@ -6,7 +6,8 @@ Run with the python that has llama-cpp-python (tests never need it):
         --prompts tests/fixtures/exact_prompts.json.gz --ppl-text tests/fixtures/ppl_text.txt --ppl-text OTHER.txt
 
 For every prompt (its text tokenized by llama.cpp with special tokens parsed, BOS where the file asks; a chat
-rendered with the file's own template first), it records:
+rendered with the file's own template first, or, where the file has none, with llama.cpp's built-in template for
+its architecture: Gemma's turn markup, as llama.cpp's "gemma" template writes it), it records:
 - the greedy continuation (argmax, up to --gen tokens, stopping at an end-of-generation token);
 - teacher-forced rows: the prompt and continuation evaluated as one sequence (llama-cpp-python's `eval`, batches
   of n_batch, every row's logits), a sha256 of each row's full float32 logits;
@@ -22,6 +23,7 @@ The teacher-forced evaluation reuses the decode path's whole 512-token batches o
 at identical cells), which halves the time of long prompts; --no-reuse evaluates everything from scratch.
 """
 import argparse
+import ctypes
 import gzip
 import hashlib
 import json
@@ -38,8 +40,34 @@ def row_hash(row) -> bytes:
     return hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).digest()
 
 
+# llama.cpp's built-in templates (llama_chat_apply_template by name) for files that carry no chat template of their
+# own, by general.architecture: what llama.cpp's chat endpoint falls back to for them
+BUILTIN_TEMPLATES = {"gemma3": "gemma", "gemma2": "gemma", "gemma": "gemma"}
+
+
+def builtin_template(llm):
+    return BUILTIN_TEMPLATES.get(llm.metadata.get("general.architecture", ""))
+
+
+def render_builtin(llama_cpp, name, messages):
+    """The prompt text llama.cpp's own C++ template `name` renders (generation prompt appended)."""
+    keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+    chat = (llama_cpp.llama_chat_message * len(keep))(*[llama_cpp.llama_chat_message(r, c) for r, c in keep])
+    size = 4096 + 2 * sum(len(c) for _, c in keep)
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(keep), True, buf, size)
+        if n < 0:
+            raise ValueError(f"llama.cpp has no built-in chat template {name!r}")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8")
+        size = n + 1
+
+
 def render_chat(llama_cpp, llm, messages):
     meta = llm.metadata
+    if "tokenizer.chat_template" not in meta:
+        return render_builtin(llama_cpp, builtin_template(llm), messages)
     vocab_tok = lambda i: llm.detokenize([i], special=True).decode("utf-8", errors="replace")  # noqa: E731
     formatter = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
         template=meta["tokenizer.chat_template"], eos_token=vocab_tok(llm.token_eos()),
@@ -165,7 +193,7 @@ def main():
     done = []
     t0 = time.time()
     for k, p in enumerate(prompts):
-        if p["kind"] == "chat" and "tokenizer.chat_template" not in llm.metadata:
+        if p["kind"] == "chat" and "tokenizer.chat_template" not in llm.metadata and not builtin_template(llm):
             print(f"prompt {p['id']}: a chat, and the file has no chat template: skipped", flush=True)
             continue
         text = render_chat(llama_cpp, llm, p["messages"]) if p["kind"] == "chat" else p["text"]
