@@ -290,3 +290,24 @@ def test_prompt_lookup_drafts_the_latest_continuation():
     h += [5, 6]
     assert lookup.propose(h, 2) == [7, 2]  # (5, 6) -> 7 2; the index was extended, not rebuilt
     assert PromptLookup().propose([1, 2, 3, 4], 4) == []
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+def test_cli_run_lookup_prints_plain_greedy_text(tiny_paths, tiny, capsys):
+    from edgellm import cli
+    argv = ["run", str(tiny_paths[0]), "-p", REPEATING, "-n", "40", "--no-echo", "-t", "1", "-c", "256",
+            "--ignore-eos"]
+    assert cli.main(argv + ["--lookup"]) == 0
+    out = capsys.readouterr()
+    assert out.out == tiny.generate(REPEATING, max_tokens=40, ignore_eos=True) + "\n"
+    assert "drafted" in out.err  # the timing line counts the drafts
+
+
+def test_cli_bench_lookup_reports_every_task(tiny_paths, capsys):
+    from edgellm import cli
+    from edgellm.prep.speculative_bench import TASKS
+    assert cli.main(["bench", str(tiny_paths[0]), "--lookup", "-n", "12", "-r", "1", "-t", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + sum(len(t) for t in TASKS.values())
+    assert all(row.rstrip(" |").endswith("yes") for row in rows[1:])  # identical greedy output on every task
