@@ -390,7 +390,7 @@ def cmd_bench(args) -> int:
 
 def _bench_speculative(args) -> int:
     """The speculative task set (edgellm.prep.speculative_bench): t/s with and without, acceptance, identical."""
-    from edgellm.prep import speculative_bench
+    from edgellm.prep import speculative_bench  # start-up time: each subcommand imports only what it runs
     threads = (args.threads or [None])[0]
     m = edgellm.load(args.model, n_threads=threads, draft_model=args.draft_model)
     mode = "draft" if args.draft_model else "lookup"
