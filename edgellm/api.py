@@ -32,8 +32,10 @@ from edgellm.errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError,
                             PromptError, SamplingError)  # (NumericalError, SamplingError: this module's API)
 from edgellm.generation import kernel_paths
 from edgellm.generation.batch import prepare, release_pool, run_batch
+from edgellm.generation import speculative as speculative_mod
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
-from edgellm.generation.options import GenerationOptions, parse_options
+from edgellm.generation.options import MODEL_DEFAULT, GenerationOptions, parse_options
+from edgellm.generation.sampling import Sampler
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
 from edgellm.generation.state import ModelState
 from edgellm.store import catalog, hub
@@ -67,12 +69,17 @@ class Model:
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
                  check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
-                 context_shift: bool = True, precompile=(), compile_progress=None):
+                 context_shift: bool = True, precompile=(), compile_progress=None, draft_model=None,
+                 speculative="auto"):
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
         context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
         precompile, compile_progress: see precompile(), run at load when paths are given. Kernels not compiled
-        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s)."""
+        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s).
+        speculative: the generating calls' default speculative decoding (docs/speculative.md), None (off),
+        "lookup" (drafts from the prompt and output so far) or "draft" (drafts by draft_model, a smaller model of
+        the same vocabulary: a catalog name, path or Model); "auto": "draft" with a draft_model, else None.
+        Each call can override it with speculative=."""
         t0 = time.perf_counter()
         device = resolve_device(device)  # DeviceError here, before the file is read
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
@@ -114,9 +121,23 @@ class Model:
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
         self.device = device
         self._load_compile_s = 0.0
+        self._set_speculation(draft_model, speculative, n_threads=n_threads, kv_type=kv_type,
+                              check_memory=check_memory)
         self.timings = Timings(load_s=time.perf_counter() - t0)
         if precompile:
             self.precompile(precompile, compile_progress)
+
+    def _set_speculation(self, draft_model, speculative, **load_kwargs) -> None:
+        if draft_model is not None:
+            if self.device != "cpu":
+                raise SamplingError("speculative decoding runs on the CPU backend only")
+            draft = draft_model if isinstance(draft_model, Model) else \
+                Model(draft_model, n_ctx=self.n_ctx, **load_kwargs)
+            speculative_mod.check_same_vocabulary(self, draft)
+            self.draft_model = draft
+        if speculative == "auto":
+            speculative = "draft" if self.draft_model is not None else None
+        self.speculative = speculative_mod.check_mode(speculative, self.draft_model is not None)
 
     def precompile(self, paths=("prompt",), progress=None) -> float:
         """Compile now the kernels of those warm-up paths (edgellm.generation.kernel_paths.PATHS: "prompt", every
@@ -191,6 +212,8 @@ class Model:
         # call yields anything, so a terminal can show it); see also precompile()
         self.compile_progress = None
         self.last_batch: list | None = None
+        self.draft_model: Model | None = None  # speculative decoding's drafter, when one was loaded
+        self.speculative: str | None = None  # the generating calls' default (load(speculative=...))
 
     def __repr__(self):
         return f"Model({self.name!r}, n_ctx={self.n_ctx}, n_vocab={self.n_vocab}, threads={self.n_threads})"
@@ -435,6 +458,8 @@ class Model:
 
         Checks what it can before returning; the generator holds the model from its first step to its end, so a
         consumer that stops early must close() it (or drop it)."""
+        mode = self.speculative if opts.speculative is MODEL_DEFAULT else opts.speculative
+        speculative_mod.check_mode(mode, self.draft_model is not None)  # refused before anything runs
         return self._locked_decode(ids, opts, logit_bias_arrays(opts, self.n_vocab))
 
     def _locked_decode(self, ids, opts, bias):
@@ -459,6 +484,7 @@ class Model:
         t.compile_s = self._load_compile_s
         t0, c0 = time.perf_counter(), compile_seconds()  # kernels compiled on first use are timed apart
         decode_kind = self._kinds([(0, 1)])[0]
+        spec = None
         if not seq.done:
             try:
                 with reporting_compiles(self.compile_progress):
@@ -468,6 +494,8 @@ class Model:
             c1 = compile_seconds()
             t.prompt_s = time.perf_counter() - t0 - (c1 - c0)
             t1 = time.perf_counter()
+            if logits is not None:
+                spec = self._speculator(opts, seq)
             while True:
                 if logits is None or self._cancel_requested.is_set():
                     seq.stop_reason = "cancelled"
@@ -480,8 +508,34 @@ class Model:
                 if seq.done:
                     break
                 token = seq.generated[-1]
+                draft = spec.draft(seq.history) if spec is not None else None
+                if draft is not None:
+                    # the target's row after each drafted token, in order, while the drafts are accepted
+                    accepted, logits = 0, draft.rows[-1]
+                    for row, choice in zip(draft.rows, draft.choices):
+                        check_finite(row, f"after {len(seq.history)} tokens")
+                        event = seq.step(row, choice)
+                        if event is None:
+                            break
+                        yield event
+                        if seq.generated[-1] != choice[0]:
+                            break
+                        accepted += 1
+                        if seq.done:
+                            break
+                    kept = spec.settle(draft, accepted)
+                    self._cached_tokens += kept
+                    self._cached_kinds += [decode_kind] * len(kept)
+                    if event is None or seq.done or accepted == len(draft.choices):
+                        if event is None or seq.done:
+                            break
+                        continue  # every draft accepted: the last row gives the next token
+                    token = seq.generated[-1]  # the target's own token where a draft was rejected: fed below
                 try:
+                    ts = time.perf_counter()
                     logits = self.model.forward(np.array([token], dtype=np.int32))[-1]
+                    if spec is not None:
+                        spec.timed_step(time.perf_counter() - ts)
                 except Cancelled:
                     logits = None  # the token was generated but not fed: the cache does not hold it
                     continue
@@ -490,16 +544,40 @@ class Model:
                 if self._shift_log():
                     self._apply_shifts()
             t.generated_tokens = len(seq.generated)
+            if spec is not None:
+                t.draft_tokens, t.accepted_tokens = spec.drafted, spec.accepted
             c2 = compile_seconds()
             t.generate_s = time.perf_counter() - t1 - (c2 - c1)
             t.compile_s += c2 - c0
             t.sample_s = seq.sample_s
             t.mask_s = seq.constraint.mask_s if seq.constraint is not None else 0.0
         piece, completion = seq.finish()
+        if spec is not None:
+            completion.speculative = spec.mode
+            completion.draft_tokens, completion.accepted_tokens = spec.drafted, spec.accepted
         if piece:
             yield piece, None
         self.last_completion = completion
         yield completion
+
+    def _speculator(self, opts, seq):
+        """The speculative decoding this call asked for (or the model's default), started for its sequence;
+        None when off."""
+        mode = self.speculative if opts.speculative is MODEL_DEFAULT else opts.speculative
+        mode = speculative_mod.check_mode(mode, self.draft_model is not None)
+        if mode is None:
+            return None
+        if not hasattr(self.model, "forward_verify"):
+            raise SamplingError(f"speculative decoding needs the CPU backend; {type(self.model).__name__} has no "
+                                "verification pass")
+        if mode == "lookup":
+            drafter = speculative_mod.PromptLookup()
+        else:
+            sampler = None if opts.sampling.greedy else Sampler(
+                opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
+            drafter = speculative_mod.DraftModel(self.draft_model, sampler)
+            drafter.start(seq.history)
+        return speculative_mod.Speculator(mode, self.model, drafter)
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

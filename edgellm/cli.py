@@ -138,8 +138,11 @@ class CompileReport:
 
 
 def _load(args):
+    speculative = {}  # (run's options: speculative decoding)
+    if getattr(args, "draft_model", None) or getattr(args, "lookup", False):
+        speculative = {"draft_model": args.draft_model, "speculative": "draft" if args.draft_model else "lookup"}
     return edgellm.load(args.model, n_threads=args.threads, n_ctx=args.ctx_size, device=args.device,
-                        kv_type=args.kv_type, n_keep=args.keep)
+                        kv_type=args.kv_type, n_keep=args.keep, **speculative)
 
 
 def _max_tokens(n_predict: int):
@@ -394,6 +397,8 @@ def _int_list(text: str) -> list:
 
 
 def cmd_bench(args) -> int:
+    if args.lookup or args.draft_model:
+        return _bench_speculative(args)
     from edgellm.prep import bench  # start-up time: each subcommand imports only what it runs
     compiling = CompileReport()
     try:
@@ -406,6 +411,18 @@ def cmd_bench(args) -> int:
     print(bench.to_json(report) if args.output == "json" else bench.to_markdown(report))
     if args.plot:
         bench.plot(report, args.plot)
+    return 0
+
+
+def _bench_speculative(args) -> int:
+    """The speculative task set (edgellm.prep.speculative_bench): t/s with and without, acceptance, identical."""
+    from edgellm.prep import speculative_bench  # start-up time: each subcommand imports only what it runs
+    threads = (args.threads or [None])[0]
+    m = edgellm.load(args.model, n_threads=threads, draft_model=args.draft_model)
+    mode = "draft" if args.draft_model else "lookup"
+    rows = speculative_bench.bench(m, mode, n_gen=args.n_gen[0], repeats=args.repetitions,
+                                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(speculative_bench.to_markdown(rows))
     return 0
 
 
@@ -438,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (default 64; -1: no limit)")
     p.add_argument("--no-echo", dest="echo", action="store_false", help="do not print the prompt first")
+    p.add_argument("--lookup", action="store_true",
+                   help="speculative decoding with prompt lookup: drafts copied from the prompt and output so far")
+    p.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="speculative decoding with this smaller model of the same vocabulary drafting")
     _add_load_args(p)
     _add_sampling_args(p)
     p.set_defaults(func=cmd_run)
@@ -523,6 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("md", "json"), default="md")
     p.add_argument("--profile", action="store_true", help="time per operation type and layer (where supported)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the roofline (needs matplotlib)")
+    p.add_argument("--lookup", action="store_true", help="instead: the speculative task set, prompt lookup against "
+                   "plain decoding (t/s, speed-up, acceptance, identical output); -n sets the tokens per task")
+    p.add_argument("--draft-model", default=None, metavar="MODEL", help="instead: the speculative task set, this "
+                   "model drafting against plain decoding")
     p.set_defaults(func=cmd_bench)
     return ap
 

@@ -70,10 +70,12 @@ def chat_logprobs(logprobs: Mapping | None) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def completion_response(*, completion_id: str, created: int, model: str, text: str, finish_reason: str,
-                        prompt_tokens: int, completion_tokens: int, logprobs: dict | None = None) -> dict:
-    """CreateCompletionResponse: the whole result of create_completion(stream=False)."""
+                        prompt_tokens: int, completion_tokens: int, logprobs: dict | None = None,
+                        completion_tokens_details: dict | None = None) -> dict:
+    """CreateCompletionResponse: the whole result of create_completion(stream=False). completion_tokens_details:
+    added to usage when given (speculative decoding's accepted / rejected drafted tokens, OpenAI's names)."""
     _check_finish_reason(finish_reason)
-    return {
+    response = {
         "id": completion_id,
         "object": "text_completion",
         "created": created,
@@ -85,6 +87,9 @@ def completion_response(*, completion_id: str, created: int, model: str, text: s
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+    if completion_tokens_details is not None:
+        response["usage"]["completion_tokens_details"] = dict(completion_tokens_details)
+    return response
 
 
 def completion_chunk(*, completion_id: str, created: int, model: str, text: str,

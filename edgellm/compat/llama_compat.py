@@ -72,7 +72,7 @@ def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, 
     return completion_response(completion_id=completion_id, created=created, model=model_name,
                                text=(prompt_text if echo else "") + done.text, finish_reason=done.finish_reason,
                                prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-                               logprobs=logprobs)
+                               logprobs=logprobs, completion_tokens_details=speculation_details(done))
 
 
 def _completion_chunks(events, completion_id, created, model_name, opts, base_offset, echo_text):
@@ -137,7 +137,17 @@ def _completion_dict(done, completion_id, created, model_name, opts):
     return completion_response(
         completion_id=completion_id, created=created, model=model_name, text=done.text,
         finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
-        logprobs=_logprobs_dict(done.token_info, 0) if opts.logprobs is not None else None)
+        logprobs=_logprobs_dict(done.token_info, 0) if opts.logprobs is not None else None,
+        completion_tokens_details=speculation_details(done))
+
+
+def speculation_details(done):
+    """usage's completion_tokens_details under speculative decoding (None without): drafted tokens the target
+    accepted and rejected, as OpenAI reports its predicted outputs."""
+    if done.speculative is None:
+        return None
+    return {"accepted_prediction_tokens": done.accepted_tokens,
+            "rejected_prediction_tokens": done.draft_tokens - done.accepted_tokens}
 
 
 def _chat_stream(chunks):

@@ -167,6 +167,15 @@ class KVCache:
         self.n_shifted = 0
         self.shift_log = []
 
+    def truncate(self, n_past: int) -> None:
+        """Keep positions [0, n_past) only: later slots are marked empty, nothing is copied. A window ring's slot that
+        a dropped position overwrote held a position older than the window, which no later query reads."""
+        if not 0 <= n_past <= self.n_past:
+            raise ModelError(f"cannot truncate {self.n_past} cached positions to {n_past}")
+        for layer in self.layers:
+            layer.slot_pos[layer.slot_pos >= n_past] = EMPTY_SLOT
+        self.n_past = n_past
+
     # -- context shift ---------------------------------------------------------------------------------------
     def shift(self, n_keep: int, n_discard: int, layer_rope) -> None:
         """Drop positions [n_keep, n_keep + n_discard); later positions move down by n_discard, their keys

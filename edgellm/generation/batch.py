@@ -15,9 +15,9 @@ from collections import deque
 import numpy as np
 
 from edgellm.engine import validate
-from edgellm.errors import Cancelled, PromptError
+from edgellm.errors import Cancelled, PromptError, SamplingError
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
-from edgellm.generation.options import parse_options
+from edgellm.generation.options import MODEL_DEFAULT, parse_options
 
 # Model -> ((n_seq, seq_ctx), its KV pool): the caches of the last batch shape, kept between calls of that shape
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -127,6 +127,10 @@ def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):
     if len(prompts) == 0:
         raise PromptError("generate_batch() needs at least one prompt")
     opts = parse_options("generate_batch", {**options, "max_tokens": max_tokens}, model.NATIVE_DEFAULTS)
+    if opts.speculative not in (None, MODEL_DEFAULT):  # (a model's load() default is for single sequences)
+        raise SamplingError("speculative decoding runs one sequence at a time; a batch already reads the weights "
+                            "once for all its sequences, the saving speculation makes, so the two are not combined: "
+                            "leave speculative out of generate_batch / stream_batch")
     prompt_ids = [model.prompt_ids(p) for p in prompts]
     fm = model.model
     for name, value in (("n_parallel", n_parallel), ("seq_ctx", seq_ctx)):

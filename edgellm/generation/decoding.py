@@ -68,8 +68,10 @@ class SequenceState:
         if opts.constraint is not None:  # each sequence its own matcher, from the grammar checked in the options
             self.constraint = SequenceConstraint(opts.constraint, model.tokenizer, model.n_vocab)
 
-    def step(self, logits: np.ndarray):
-        """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation."""
+    def step(self, logits: np.ndarray, draft=None):
+        """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation.
+        draft: (token, q_ids, q_probs) a drafter proposed here (edgellm.generation.speculative): the token is
+        chosen by the rejection rule (Sampler.sample_draft), equal to the draft exactly when it is accepted."""
         opts, tok = self.opts, self.model.tokenizer
         ts = time.perf_counter()
         scores = logits
@@ -81,7 +83,10 @@ class SequenceState:
                                 dtype=np.float32)
         if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
             scores = self.constraint.mask(scores, self.max_tokens - len(self.generated))
-        token = self.sampler.sample(scores, self.history)
+        if draft is None:
+            token = self.sampler.sample(scores, self.history)
+        else:
+            token = self.sampler.sample_draft(scores, self.history, *draft)
         if self.constraint is not None:  # near max_tokens, a token that leaves no room to complete is replaced
             token = self.constraint.vet(token, self.max_tokens - len(self.generated))
         self.sample_s += time.perf_counter() - ts

@@ -19,7 +19,9 @@ from edgellm.generation.textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
 GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "logit_bias", "logits_processor",
-                    "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice")
+                    "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice",
+                    "speculative")
+MODEL_DEFAULT = "model-default"  # GenerationOptions.speculative when the call names none: the model's load() choice
 
 # llama-cpp-python arguments with no edgellm counterpart: accepted at the value that means "off", so code passing
 # its defaults explicitly still runs; anything else is refused rather than silently ignored.
@@ -49,6 +51,7 @@ class GenerationOptions:
     logits_processor: Callable | None = None  # f(input_ids, scores) -> scores, llama-cpp-python's signature
     stopping_criteria: Callable | None = None  # f(input_ids, logits) -> bool: True ends with finish_reason "stop"
     constraint: object | None = None  # edgellm.generation.constrain.ConstraintSpec: what every generated token must fit
+    speculative: str | None = MODEL_DEFAULT  # None (off), "lookup", "draft" (edgellm.generation.speculative)
 
 
 def _unexpected(caller: str, name: str, accepted) -> TypeError:
@@ -138,4 +141,11 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         logits_processor=_as_callable_chain("logits_processor", values.get("logits_processor"), _chain_processors),
         stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
         constraint=constraint_from_options(values),
+        speculative=_check_speculative(values.get("speculative", MODEL_DEFAULT)),
     )
+
+
+def _check_speculative(value):
+    if value is MODEL_DEFAULT or value is None or value is False or value in ("lookup", "draft"):
+        return None if value is False else value
+    raise SamplingError(f"speculative must be None, 'lookup' or 'draft', got {value!r}")

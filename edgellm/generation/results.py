@@ -21,6 +21,13 @@ class Timings:
     # Numba compiling kernels (first run only): at load when it precompiled, plus any on first use during the call;
     # in none of the times above
     compile_s: float = 0.0
+    # speculative decoding: tokens drafted and, of those, accepted by the target (0 and 0 without speculation)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -39,6 +46,8 @@ class Timings:
     def summary(self) -> str:
         return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} t/s | "
                 f"generation: {self.generated_tokens} tokens, {self.generate_tps:.1f} t/s | load {self.load_s:.2f} s"
+                + (f" | drafted {self.draft_tokens}, accepted {self.accepted_tokens} "
+                   f"({100 * self.acceptance_rate:.0f}%)" if self.draft_tokens else "")
                 + (f" | compile {self.compile_s:.1f} s (first run only)" if self.compile_s > 0 else ""))
 
 
@@ -79,6 +88,11 @@ class Completion:
     # TokenInfo per generated token (logprobs filled when asked); as in llama-cpp-python, the tokens of a matched
     # stop string are included (and counted in usage) although their text is cut
     token_info: list = field(default_factory=list)
+    # speculative decoding (edgellm.generation.speculative): the mode used, None when off; tokens drafted and
+    # accepted (every generated token is the target's either way)
+    speculative: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:

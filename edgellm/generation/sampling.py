@@ -328,6 +328,43 @@ class Sampler:
         return int(ids[min(i, ids.size - 1)])
 
 
+    def sample_draft(self, logits, history: Sequence[int], token: int, q_ids=None, q_probs=None) -> int:
+        """The next token when a drafter proposed `token`, drawn from q (q_ids, q_probs; None: a point mass, as
+        prompt lookup and greedy drafts are): speculative sampling's rejection rule, whose output is distributed
+        as sample()'s. Keep `token` with probability min(1, p(token) / q(token)); else draw from the residual
+        max(p - q, 0), normalised, which never holds `token`. Greedy (one candidate) it keeps `token` exactly
+        when it is the argmax, and draws nothing from the random stream."""
+        ids, probs = self.candidates(logits, history)
+        if ids.size == 1:
+            return int(ids[0])
+        is_token = ids == token
+        p_x = float(probs[is_token].sum())
+        q_on_ids = np.zeros_like(probs)
+        if q_ids is None:
+            q_x = 1.0
+            q_on_ids[is_token] = 1.0
+        else:
+            q_ids, q_probs = np.asarray(q_ids), np.asarray(q_probs, np.float64)
+            q_x = float(q_probs[q_ids == token].sum())
+            where = {int(t): i for i, t in enumerate(ids)}
+            for t, q in zip(q_ids.tolist(), q_probs.tolist()):
+                i = where.get(t)
+                if i is not None:
+                    q_on_ids[i] = q
+        if q_x > 0 and self._rng.random() * q_x < p_x:
+            return int(token)
+        residual = np.maximum(probs - q_on_ids, 0.0)
+        residual[is_token] = 0.0  # (rejected: p(token) < q(token), so its residual is 0 up to rounding)
+        if residual.sum() <= 0.0:  # p == q on every candidate but token: only rounding can bring us here
+            residual = probs.copy()
+            residual[is_token] = 0.0
+            if residual.sum() <= 0.0:
+                return int(token)
+        cum = np.cumsum(residual)
+        i = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
+        return int(ids[min(i, ids.size - 1)])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Log-probabilities (of the raw logits, as llama-cpp-python reports them)
 # ---------------------------------------------------------------------------------------------------------------

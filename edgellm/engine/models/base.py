@@ -197,6 +197,33 @@ class DecoderModel:
             cache.n_past = start_pos + end - begin
         return result
 
+    def forward_verify(self, tokens) -> np.ndarray:
+        """Append tokens to self.cache and return logits [T, n_vocab] for every row, each row computed with the
+        arithmetic of a one-token decode step (its own group of one row: decode matmul kernels, decode attention
+        order), so row i equals what forward() of tokens[i] alone after tokens[:i] gives, bit for bit, while the
+        weights are read once for all rows. Speculative decoding verifies drafts with it and truncate()s the rest.
+        Needs the rows to fit without a context shift and T <= n_batch (a window ring holds one batch beyond
+        its window, so rolled-back rows never overwrite a position a later query needs)."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n, cache = tokens.shape[0], self.cache
+        if not 0 < n <= self.n_batch or cache.n_past + n > cache.n_ctx:
+            raise ModelError(f"forward_verify needs 1 to n_batch ({self.n_batch}) tokens that fit the context: "
+                             f"{n} tokens after {cache.n_past} of {cache.n_ctx}")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
+                             f"vocabulary [0, {self.n_vocab})")
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        logits = np.empty((n, self.n_vocab), np.float32)
+        start = cache.n_past
+        groups = tuple((i, i + 1, cache) for i in range(n)) if n > 1 else None
+        self.forward_batch(tokens, self._all_positions[start:start + n], logits, groups=groups)
+        cache.n_past = start + n
+        return logits
+
+    def truncate(self, n_past: int) -> None:
+        """Forget the cached positions from n_past on (rejected draft rows); nothing is copied."""
+        self.cache.truncate(n_past)
+
     def prompt_step(self, cache=None) -> int:
         """The tokens per batch forward() splits a prompt into."""
         cache = self.cache if cache is None else cache

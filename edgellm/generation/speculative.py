@@ -1,0 +1,267 @@
+"""Speculative decoding: a cheap drafter proposes the next few tokens, the target model checks them all in one
+forward pass (DecoderModel.forward_verify, every row with a decode step's arithmetic), and the rejected rows are
+dropped from the KV cache (KVCache.truncate: slots marked empty, nothing copied).
+
+Sections: the drafters (`PromptLookup`: the continuation of the latest earlier occurrence of the last n tokens;
+`DraftModel`: a smaller model of the same vocabulary, its KV cache kept in step with the target's); `DraftLength`,
+which adapts the number of drafted tokens to how many get accepted and pauses drafting where nothing is;
+`Speculator`, one generation's drafter, length and counts, which the decode loop in edgellm/api.py drives.
+
+Which drafted tokens are kept is decided by SequenceState.step (edgellm/generation/decoding.py) through
+Sampler.sample_draft (edgellm/generation/sampling.py), position by position, with the target's logits at that
+position and everything the plain loop applies there (bias, processors, grammar mask, penalties over the history
+so far). Greedy, a drafted token is kept exactly when it is the target's argmax, so the output is plain greedy
+decoding's; sampling, the rejection rule keeps the output distribution the target's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgellm.errors import ModelError, SamplingError
+
+MODES = ("lookup", "draft")
+LOOKUP_NGRAM_MAX = 4  # the longest suffix searched for; longer matches predict better but occur less often
+LOOKUP_NGRAM_MIN = 2  # single-token matches are mostly chance on open text
+DRAFT_MAX = {"lookup": 12, "draft": 6}  # most tokens drafted per step: a model draft costs a draft forward each
+
+
+def check_mode(value, has_draft_model: bool):
+    """The speculative mode a caller asked for: None (off), "lookup" or "draft"; refuses anything else."""
+    if value is None or value is False:
+        return None
+    if value not in MODES:
+        raise SamplingError(f"speculative must be None, 'lookup' or 'draft', got {value!r}")
+    if value == "draft" and not has_draft_model:
+        raise SamplingError("speculative='draft' needs a draft model: load(..., draft_model=PATH)")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drafters
+# ---------------------------------------------------------------------------------------------------------------
+
+class PromptLookup:
+    """Drafts from the text itself: for n from LOOKUP_NGRAM_MAX down to LOOKUP_NGRAM_MIN, the tokens that followed
+    the latest earlier occurrence of the history's last n tokens. An index per n maps each n-gram to where its
+    latest continuation starts; it is extended by the tokens added since the last call, so a step costs a few
+    dictionary look-ups whatever the length of the history."""
+
+    def __init__(self, n_max: int = LOOKUP_NGRAM_MAX, n_min: int = LOOKUP_NGRAM_MIN):
+        self.sizes = range(n_max, n_min - 1, -1)
+        self.index = {n: {} for n in self.sizes}
+        self.n_indexed = 0
+
+    def _extend(self, history) -> None:
+        for t in range(max(self.n_indexed, 1), len(history)):
+            for n in self.sizes:  # the n-gram ending just before t now has a continuation starting at t
+                if t >= n:
+                    self.index[n][tuple(history[t - n:t])] = t
+        self.n_indexed = len(history)
+
+    def propose(self, history, k: int) -> list[int]:
+        self._extend(history)
+        end = len(history)
+        for n in self.sizes:
+            if end < n:
+                continue
+            start = self.index[n].get(tuple(history[end - n:]))
+            if start is not None:
+                return list(history[start:start + k])
+        return []
+
+
+class DraftModel:
+    """Drafts with a smaller model: k greedy (or, sampling, drawn from its own distribution) tokens, one draft
+    forward each. Its cache holds a prefix of the target's history; before each draft it is rolled back to the
+    common prefix (at most the last draft's rejected tokens) and fed what the target accepted since."""
+
+    def __init__(self, draft, sampler=None):
+        self.draft = draft  # an edgellm Model
+        self.forward = draft.model
+        self.sampler = sampler  # None: greedy drafts (a point mass for the rejection rule)
+        self.tokens: list[int] = []  # what the draft's cache holds
+
+    def start(self, prompt_ids) -> None:
+        self.forward.reset()
+        self.tokens = []
+
+    def propose(self, history, k: int):
+        """(tokens, q): q[i] is (ids, probs), the draft's distribution the i-th token was drawn from, or None when
+        greedy."""
+        limit = self.forward.cache.n_ctx - 1  # never let the draft's context shift: stop drafting instead
+        k = min(k, limit - len(history))
+        if k <= 0:
+            return [], []
+        c = 0
+        n = min(len(self.tokens), len(history))
+        while c < n and self.tokens[c] == history[c]:
+            c += 1
+        if c < len(self.tokens):
+            self.forward.truncate(c)
+            del self.tokens[c:]
+        logits = self.forward.forward(np.asarray(history[c:], np.int32))[-1] if c < len(history) else None
+        if logits is None:  # (the whole history is cached: never happens, the target's last token is new)
+            return [], []
+        self.tokens = list(history)
+        drafted, qs, context = [], [], list(history)
+        for i in range(k):
+            if self.sampler is None:
+                token, q = int(np.argmax(logits)), None
+            else:
+                ids, probs = self.sampler.candidates(logits, context)
+                cum = np.cumsum(probs)
+                j = int(np.searchsorted(cum, self.sampler._rng.random() * cum[-1], side="right"))
+                token, q = int(ids[min(j, ids.size - 1)]), (ids, probs)
+            drafted.append(token)
+            qs.append(q)
+            context.append(token)
+            if i + 1 < k:
+                logits = self.forward.forward(np.array([token], np.int32))[-1]
+                self.tokens.append(token)
+        return drafted, qs
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """ModelError unless the draft model's tokens are the target's, id for id (a drafted id must mean the same
+    text to both)."""
+    a, b = target.tokenizer, draft.tokenizer
+    if target.n_vocab != draft.n_vocab or a.n_vocab != b.n_vocab:
+        raise ModelError(f"the draft model {draft.name} has a vocabulary of {draft.n_vocab} tokens, the target "
+                         f"{target.name} {target.n_vocab}: speculative decoding needs the same vocabulary")
+    for i in range(a.n_vocab):
+        if a.token_to_bytes(i) != b.token_to_bytes(i):
+            raise ModelError(f"the draft model {draft.name} and the target {target.name} differ at token {i} "
+                             f"({a.token_to_bytes(i)!r} vs {b.token_to_bytes(i)!r}): speculative decoding needs "
+                             "the same vocabulary")
+    if a.eos_id != b.eos_id or a.bos_id != b.bos_id:
+        raise ModelError(f"the draft model {draft.name} has other BOS/EOS tokens than {target.name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The draft length
+# ---------------------------------------------------------------------------------------------------------------
+
+class DraftLength:
+    """How many tokens to draft next, from two running estimates: alpha, the chance that the target accepts a
+    drafted token given it accepted the ones before (accepted / (accepted + rejections) over recent drafts), and
+    beta, what each extra drafted and verified token costs relative to a plain decode step (timed: a verification of T rows
+    costs about 1 + beta (T - 1) steps; on a small model on a CPU the kernels are compute-bound enough that beta
+    is 0.2-0.4, not ~0). A draft of k tokens then yields (1 - alpha^(k+1)) / (1 - alpha) tokens for 1 + beta k
+    steps; the k that maximises the ratio is drafted, and where even the best ratio is below 1 (open-ended text:
+    drafts rejected), drafting pauses, for a pause that doubles while it stays so and resets when a draft is
+    accepted again."""
+
+    DECAY = 0.7  # weight of the past in the running estimates, per draft (or per timed step)
+    ALPHA_START, BETA_START = 0.5, 0.3
+    PAUSE_FIRST, PAUSE_MAX = 4, 128
+
+    def __init__(self, k_max: int):
+        self.k_max = k_max
+        self.accepted, self.rejected = self.ALPHA_START, 1.0 - self.ALPHA_START  # decayed counts
+        self.beta = self.BETA_START
+        self.step_s = None  # running time of a plain decode step
+        self.pause, self.paused = self.PAUSE_FIRST, 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def best(self) -> tuple[int, float]:
+        """(k, expected speed-up over plain decoding) of the best draft length now."""
+        a, best_k, best_gain = min(self.alpha, 0.999), 0, 1.0
+        for k in range(1, self.k_max + 1):
+            gain = (1 - a ** (k + 1)) / (1 - a) / (1 + self.beta * k)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k, best_gain
+
+    def want(self) -> int:
+        """Tokens to draft now (0: decode plainly)."""
+        if self.paused > 0:
+            self.paused -= 1
+            return 0 if self.paused else 1  # the pause's last step probes with one drafted token
+        k, _ = self.best()
+        if k == 0:
+            self.paused = self.pause
+            self.pause = min(self.PAUSE_MAX, 2 * self.pause)
+        return k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        d = self.DECAY
+        self.accepted = d * self.accepted + accepted
+        self.rejected = d * self.rejected + (accepted < drafted)
+        if accepted:
+            self.pause = self.PAUSE_FIRST
+
+    def timed_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s is None else self.DECAY * self.step_s + (1 - self.DECAY) * seconds
+
+    def timed_verification(self, rows: int, seconds: float) -> None:
+        if self.step_s is None or rows < 2:
+            return
+        beta = max(0.0, (seconds / self.step_s - 1.0) / (rows - 1))
+        self.beta = self.DECAY * self.beta + (1 - self.DECAY) * beta
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One generation's speculation
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Draft:
+    """One verification: the tokens fed ([the pending token] + drafted), the target's logits at each, and for each
+    drafted token what SequenceState.step compares it with: (token, q_ids, q_probs)."""
+    tokens: list
+    rows: np.ndarray  # [len(tokens), n_vocab]
+    choices: list
+
+
+class Speculator:
+    """Drives one generation's drafts against the target's forward model. draft(): propose and verify; settle():
+    after the decode loop has stepped through the rows, drop the rejected ones and update the counts."""
+
+    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None):
+        self.mode, self.target, self.drafter = mode, target_forward, drafter
+        self.length = DraftLength(k_max or DRAFT_MAX[mode])
+        self.drafted = self.accepted = self.verifications = 0
+
+    def draft(self, history) -> Draft | None:
+        """The target's logits after history[-1] (not yet in its cache) and a draft after it; None when no draft
+        is worth it now (paused, nothing found, no room: the caller decodes one token plainly)."""
+        room = min(self.target.n_batch, self.target.n_ctx - self.target.n_past) - 1  # the draft must fit without a shift
+        k = min(self.length.want(), room)
+        if k <= 0:
+            return None
+        t0 = time.perf_counter()
+        if isinstance(self.drafter, PromptLookup):
+            tokens, qs = self.drafter.propose(history, k), None
+        else:
+            tokens, qs = self.drafter.propose(history, k)
+        if not tokens:
+            return None
+        fed = [history[-1]] + tokens
+        rows = self.target.forward_verify(np.asarray(fed, np.int32))
+        # a draft model's forwards count in the cost of the draft, as the verification does
+        self.length.timed_verification(len(fed), time.perf_counter() - t0)
+        choices = [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
+        return Draft(fed, rows, choices)
+
+    def timed_step(self, seconds: float) -> None:
+        """The time of a plain decode step, which a verification's cost is measured against."""
+        self.length.timed_step(seconds)
+
+    def settle(self, draft: Draft, accepted: int) -> list[int]:
+        """Keep the pending token and the first `accepted` drafted tokens in the target's cache; returns them."""
+        kept = draft.tokens[:1 + accepted]
+        self.target.truncate(self.target.n_past - (len(draft.tokens) - len(kept)))
+        drafted = len(draft.tokens) - 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verifications += 1
+        self.length.update(drafted, accepted)
+        return kept

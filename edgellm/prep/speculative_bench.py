@@ -1,0 +1,115 @@
+"""Speculative decoding's benchmark: a task set of three kinds (input-grounded, open-ended, chat), and one
+measurement that decodes a task greedily with and without speculation, alternating, and reports tokens/s, the
+speed-up, the acceptance rate and whether the outputs are identical. `edgellm bench --lookup` / `--draft-model`
+run it in one process; tools/speculative_bench.py runs each measurement in a fresh process.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+CODE = '''import json
+
+
+def load_config(path):
+    with open(path) as f:
+        config = json.load(f)
+    if "name" not in config:
+        raise ValueError("config has no name")
+    return config
+
+
+def save_config(config, path):
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def merge_configs(base, override):
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = value
+    return merged
+'''
+
+PASSAGE = ("The Rhine is a river that begins in the Swiss Alps and flows north through Switzerland, along the "
+           "border of France and Germany, and through the Netherlands into the North Sea. It is about 1,230 "
+           "kilometres long. The river has been an important trade route since Roman times, and many castles "
+           "stand on its banks in the Middle Rhine valley. Basel, Strasbourg, Cologne and Rotterdam are among "
+           "the cities on the river. Rotterdam, at the mouth of the Rhine, has the largest port in Europe.")
+
+# kind -> [(name, chat messages)]
+TASKS = {
+    "input-grounded": [
+        ("code-edit", [{"role": "user", "content": "Rewrite this code with one change: rename the function "
+                        "load_config to read_config. Output the whole code.\n\n" + CODE}]),
+        ("extract", [{"role": "user", "content": PASSAGE + "\n\nCopy the sentences of this passage that "
+                      "name a city, word for word."}]),
+        ("answer-from-context", [{"role": "user", "content": "Context: " + PASSAGE + "\n\nUsing the context, "
+                                  "answer: where does the Rhine begin, how long is it, and which port is at "
+                                  "its mouth?"}]),
+    ],
+    "open-ended": [
+        ("story", [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a "
+                    "message in a bottle."}]),
+    ],
+    "chat": [
+        ("chat", [{"role": "user", "content": "Hi! I'm planning a trip to Lisbon."},
+                  {"role": "assistant", "content": "Lovely! Lisbon is great in spring. What would you like to "
+                   "know?"},
+                  {"role": "user", "content": "What should I see in two days?"}]),
+    ],
+}
+
+
+def measure(model, ids, mode: str | None, n_gen: int) -> dict:
+    """Decode greedily from an empty cache: tokens, generation t/s (decode steps only), drafted and accepted."""
+    model.reset()
+    t0 = time.perf_counter()
+    c = model.complete(ids, max_tokens=n_gen, speculative=mode)
+    wall = time.perf_counter() - t0
+    t = model.timings
+    return {"tokens": c.tokens, "n": len(c.tokens), "tps": t.generate_tps, "wall_s": wall,
+            "drafted": c.draft_tokens, "accepted": c.accepted_tokens}
+
+
+def compare(model, ids, mode: str, n_gen: int, repeats: int = 2) -> dict:
+    """Plain and speculative runs, alternating (so that load from other processes hits both alike)."""
+    plain, spec = [], []
+    for _ in range(repeats):
+        plain.append(measure(model, ids, None, n_gen))
+        spec.append(measure(model, ids, mode, n_gen))
+    return summarise(plain, spec)
+
+
+def summarise(plain: list, spec: list) -> dict:
+    p_tps = statistics.median(r["tps"] for r in plain)
+    s_tps = statistics.median(r["tps"] for r in spec)
+    drafted = sum(r["drafted"] for r in spec)
+    return {"n_gen": plain[0]["n"], "plain_tps": p_tps, "spec_tps": s_tps,
+            "speedup": s_tps / p_tps if p_tps else 0.0,
+            "acceptance": sum(r["accepted"] for r in spec) / drafted if drafted else 0.0,
+            "drafted": drafted // len(spec),
+            "identical": all(r["tokens"] == plain[0]["tokens"] for r in plain + spec)}
+
+
+def to_markdown(rows) -> str:
+    lines = ["| task | kind | tokens | plain t/s | speculative t/s | speed-up | acceptance | identical |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['kind']} | {r['n_gen']} | {r['plain_tps']:.1f} | {r['spec_tps']:.1f} | "
+                     f"{r['speedup']:.2f}x | {100 * r['acceptance']:.0f}% | {'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def bench(model, mode: str, n_gen: int = 128, repeats: int = 2, kinds=None, log=None) -> list:
+    """compare() on every task of TASKS (or of the given kinds) with a loaded Model."""
+    rows = []
+    for kind, tasks in TASKS.items():
+        if kinds and kind not in kinds:
+            continue
+        for name, messages in tasks:
+            if log:
+                log(f"{name} ...")
+            r = compare(model, model.chat_prompt_ids(messages), mode, n_gen, repeats)
+            rows.append({"task": name, "kind": kind, **r})
+    return rows

@@ -1,0 +1,313 @@
+"""Speculative decoding (edgellm.generation.speculative): the verification pass gives every row a decode step's bits
+and its rollback leaves the cache (ring included) as if the rejected rows never ran; greedy output with prompt
+lookup or a draft model is plain greedy decoding's, token for token and logits for logits, with stop strings,
+logprobs, streams and a grammar; the rejection rule samples the target's distribution (checked statistically on a
+small vocabulary); the options are checked and refused where speculation does not apply."""
+import numpy as np
+import pytest
+from fake_model import fake_metadata, ScriptedDecoder
+from hardening_tiny import tiny_spec, write_loadable_tiny_model
+from helpers_tiny_gguf import TinySpec, write_tiny_model
+
+import edgellm
+from edgellm.api import Model
+from edgellm.engine import gguf as gguf_reader
+from edgellm.engine.models import build_model
+from edgellm.errors import ModelError, SamplingError
+from edgellm.generation.sampling import Sampler, SamplingParams
+from edgellm.generation.speculative import DRAFT_MAX, DraftLength, PromptLookup
+from edgellm.tokenizer import Tokenizer
+
+# Text that repeats itself, so that prompt lookup finds drafts (and a random tiny model's loops repeat it too).
+REPEATING = "hello world hello world STOP or hello world or hello he ll world hello world hello"
+# chi-square critical values at p = 1e-4 (a fixed seed makes each test deterministic; this bounds its false alarm)
+CHI2_CRITICAL = {5: 25.74, 26: 59.6}
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spec")
+    target = write_loadable_tiny_model(d / "target.gguf", tiny_spec(seed=5, weight_type="Q8_0"))
+    # the same random weights at 4 bits: a draft that mostly agrees with the target
+    draft = write_loadable_tiny_model(d / "draft.gguf", tiny_spec(seed=5, weight_type="Q4_0"))
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_paths):
+    return edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
+
+
+def _run(m, prompt, **kw):
+    """The Completion and the scores seen at every step (through a logits processor, which sees each row)."""
+    seen = []
+    c = m.complete(prompt, logits_processor=lambda ids, s: (seen.append(s.copy()), s)[1], **kw)
+    return c, seen
+
+
+def _same(a, b):
+    (ca, sa), (cb, sb) = a, b
+    assert ca.tokens == cb.tokens and ca.text == cb.text
+    assert (ca.finish_reason, ca.stop_reason) == (cb.finish_reason, cb.stop_reason)
+    assert len(sa) == len(sb) and all(np.array_equal(x, y) for x, y in zip(sa, sb))
+
+
+# --- the verification pass and the rollback ------------------------------------------------------------------------
+
+def _check_verify_equals_decode(fm, prompt, fed, reject_at):
+    fm.reset()
+    fm.forward(np.asarray(prompt, np.int32))
+    n0 = fm.cache.n_past
+    want = [fm.forward(np.array([t], np.int32))[-1].copy() for t in fed]
+    fm.truncate(n0)
+    rows = fm.forward_verify(np.asarray(fed, np.int32))
+    assert all(np.array_equal(r, w) for r, w in zip(rows, want)), "a verified row differs from its decode step"
+    # roll back the drafted rows after reject_at, then continue: the bits of a cache that never held them
+    fm.truncate(n0 + reject_at)
+    after = fm.forward(np.array([7], np.int32))[-1].copy()
+    fm.reset()
+    fm.forward(np.asarray(prompt, np.int32))
+    for t in fed[:reject_at]:
+        fm.forward(np.array([t], np.int32))
+    assert np.array_equal(after, fm.forward(np.array([7], np.int32))[-1])
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_K", "Q6_K"])
+def test_verified_rows_equal_decode_steps_bit_for_bit(tmp_path, weight_type):
+    """Q4_K and Q6_K compute a batch's rows with other kernels than one token; the verification must not."""
+    path = write_loadable_tiny_model(tmp_path / "m.gguf", tiny_spec(seed=1, weight_type=weight_type, n_embd=256,
+                                                                    n_ff=256, n_head=4, n_head_kv=2))
+    with gguf_reader.open(path) as f:
+        fm = build_model(f, n_ctx=128, n_threads=1)
+        _check_verify_equals_decode(fm, list(range(3, 40)), [11, 12, 13, 14, 15, 16, 17, 18, 19], reject_at=3)
+
+
+def test_rollback_in_a_wrapped_window_ring(tmp_path):
+    """Gemma-3 layout, window 5 and batches of 8: each ring holds 12 slots, the prompt wraps it, and the drafted
+    rows overwrite slots of positions that the rollback must leave out of every later window."""
+    spec = TinySpec(arch="gemma3", weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_kv=1, head_dim=32,
+                    sliding_window=5, seed=2)
+    path = tmp_path / "g.gguf"
+    write_tiny_model(path, spec)
+    with gguf_reader.open(path) as f:
+        fm = build_model(f, n_ctx=128, n_threads=1, n_batch=8)
+        assert fm.cache.layers[0].slot_pos.shape[0] == 5 + 8 - 1
+        for reject_at in (0, 2, 7):
+            _check_verify_equals_decode(fm, list(range(3, 30)), [40, 41, 42, 43, 44, 45, 46, 47], reject_at)
+
+
+# --- greedy: the same tokens as plain decoding ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", [REPEATING, "STOP or go go go go go", "ll he"])
+def test_greedy_lookup_gives_plain_greedy_output(tiny, prompt):
+    plain = _run(tiny, prompt, max_tokens=60, ignore_eos=True, speculative=None)
+    spec = _run(tiny, prompt, max_tokens=60, ignore_eos=True, speculative="lookup")
+    _same(plain, spec)
+    c = spec[0]
+    assert c.speculative == "lookup" and plain[0].speculative is None
+    assert tiny.timings.draft_tokens == c.draft_tokens and tiny.timings.accepted_tokens == c.accepted_tokens
+
+
+def test_lookup_drafts_are_accepted_on_repeating_text(tiny):
+    c = tiny.complete(REPEATING, max_tokens=80, ignore_eos=True, speculative="lookup")
+    assert c.accepted_tokens > 0 and c.draft_tokens >= c.accepted_tokens
+    # whatever was drafted, each token came from the target: cache bookkeeping matches what it holds
+    assert len(tiny._cached_tokens) == tiny.model.cache.n_past
+    assert tiny._cached_tokens == tiny.tokenize(REPEATING)[:len(tiny._cached_tokens)] + \
+        c.tokens[:len(tiny._cached_tokens) - len(tiny.tokenize(REPEATING))]
+
+
+def test_stop_strings_logprobs_and_stream_compose(tiny):
+    kw = dict(max_tokens=60, ignore_eos=True, logprobs=2, stop=["or h"])
+    plain = tiny.complete(REPEATING, speculative=None, **kw)
+    spec = tiny.complete(REPEATING, speculative="lookup", **kw)
+    assert (spec.tokens, spec.text, spec.stop_reason) == (plain.tokens, plain.text, plain.stop_reason)
+    assert [(i.logprob, i.top_logprobs) for i in spec.token_info] == \
+        [(i.logprob, i.top_logprobs) for i in plain.token_info]
+    pieces = list(tiny.stream(REPEATING, speculative="lookup", max_tokens=60, ignore_eos=True))
+    assert "".join(pieces) == tiny.complete(REPEATING, max_tokens=60, ignore_eos=True).text
+
+
+def test_a_grammar_masks_every_verified_position(tiny):
+    """The mask applies at each verified row with the grammar advanced by the tokens accepted before it."""
+    kw = dict(max_tokens=40, regex="(hello world ){2}(or )+")
+    plain = _run(tiny, REPEATING, speculative=None, **kw)
+    spec = _run(tiny, REPEATING, speculative="lookup", **kw)
+    _same(plain, spec)
+    assert spec[0].text.startswith("hello world hello world or")
+
+
+def test_the_model_default_and_per_call_override(tiny_paths):
+    m = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1, speculative="lookup")
+    assert m.complete(REPEATING, max_tokens=30, ignore_eos=True).speculative == "lookup"
+    assert m.complete(REPEATING, max_tokens=30, ignore_eos=True, speculative=None).speculative is None
+    out = m.create_completion(REPEATING, max_tokens=30, temperature=0.0)
+    details = out["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] == m.last_completion.accepted_tokens
+    assert details["rejected_prediction_tokens"] == m.last_completion.draft_tokens - m.last_completion.accepted_tokens
+    chat = m.create_chat_completion([{"role": "user", "content": REPEATING}], max_tokens=10, temperature=0.0,
+                                    speculative=None)
+    assert "completion_tokens_details" not in chat["usage"]
+
+
+def test_refusals(tiny):
+    with pytest.raises(SamplingError, match="speculative must be"):
+        tiny.complete("hi", speculative="ngram")
+    with pytest.raises(SamplingError, match="needs a draft model"):
+        tiny.complete("hi", speculative="draft")
+    with pytest.raises(SamplingError, match="one sequence at a time"):
+        tiny.generate_batch(["hi", "or"], speculative="lookup")
+    assert tiny.generate_batch(["hi"], max_tokens=3, speculative=None)  # off is accepted
+
+
+# --- a draft model ------------------------------------------------------------------------------------------------
+
+def test_draft_model_greedy_gives_plain_greedy_output(tiny_paths, tiny):
+    m = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1, draft_model=str(tiny_paths[1]))
+    assert m.speculative == "draft"
+    for prompt in (REPEATING, "ll he", "STOP or go"):
+        plain = _run(tiny, prompt, max_tokens=50, ignore_eos=True, speculative=None)
+        spec = _run(m, prompt, max_tokens=50, ignore_eos=True)
+        _same(plain, spec)
+        assert spec[0].accepted_tokens > 0
+    # the draft's cache holds the target's history and at most one draft's tokens beyond (rolled back next step)
+    assert m.draft_model.model.cache.n_past <= len(m._cached_tokens) + DRAFT_MAX["draft"]
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path, tiny_paths):
+    md = fake_metadata()
+    tokens = list(md["tokenizer.ggml.tokens"]) + ["<|extra|>"]  # one more token
+    types = np.append(md["tokenizer.ggml.token_type"], 3).astype(np.int32)
+    other = write_loadable_tiny_model(tmp_path / "other.gguf", tiny_spec(seed=5, n_vocab=len(tokens)),
+                                      tokenizer={**md, "tokenizer.ggml.tokens": tokens,
+                                                 "tokenizer.ggml.token_type": types})
+    with pytest.raises(ModelError, match="same vocabulary"):
+        edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1, draft_model=str(other))
+
+
+# --- sampling: the rejection rule keeps the target's distribution -------------------------------------------------
+
+def _chi2(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("q", ["point", "distribution"])
+def test_rejection_rule_samples_the_target_distribution(q):
+    logits = np.array([2.0, 1.5, 0.3, 0.0, -0.5, 1.0], np.float32)
+    params = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    p = Sampler(params).candidates(logits)[1]
+    sampler = Sampler(params, seed=11)
+    draft_rng = np.random.default_rng(12)
+    q_probs = np.array([0.05, 0.05, 0.5, 0.1, 0.1, 0.2])  # far from p: many rejections
+    counts = np.zeros(6)
+    n = 30000
+    for _ in range(n):
+        if q == "point":
+            counts[sampler.sample_draft(logits, (), 2)] += 1
+        else:
+            x = int(draft_rng.choice(6, p=q_probs))
+            counts[sampler.sample_draft(logits, (), x, np.arange(6), q_probs)] += 1
+    assert _chi2(counts, p) < CHI2_CRITICAL[5]
+    # the test can tell: keeping every draft gives q's distribution (point: always token 2), far off
+    wrong = np.bincount(draft_rng.choice(6, size=n, p=q_probs), minlength=6) if q == "distribution" else \
+        np.eye(6)[2] * n
+    assert _chi2(wrong, p) > 100 * CHI2_CRITICAL[5]
+
+
+class MarkovDecoder(ScriptedDecoder):
+    """ScriptedDecoder (logits keyed by the last token) with the verification pass and rollback."""
+    n_batch = 64
+
+    def forward_verify(self, tokens):
+        return self.forward(tokens, all_logits=True)
+
+    def truncate(self, n):
+        del self.fed[n:]
+
+
+def test_lookup_sampling_keeps_the_target_distribution_end_to_end():
+    """Three sampled tokens after a prompt whose bigrams make lookup draft after every first token: their joint
+    distribution (27 outcomes under top_k 3) is the exact one the logits give, within chi-square's bound."""
+    md = fake_metadata()
+    tok = Tokenizer.from_metadata(md)
+    dec = MarkovDecoder(tok.n_vocab, tok.eos_id, n_ctx=256, seed=4)
+    m = Model.from_parts(dec, tok, md)
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+    cand = Sampler(params)
+    start = 100
+
+    def step_probs(prev):
+        ids, probs = cand.candidates(dec._noise[prev])
+        return dict(zip(ids.tolist(), probs.tolist()))
+
+    # the prompt holds "start t1 x y" for each likely t1, with x the right next token for one and wrong for others
+    prompt = []
+    for i, t1 in enumerate(step_probs(start)):
+        nxt = sorted(step_probs(t1), key=step_probs(t1).get)
+        prompt += [start, t1, nxt[i % len(nxt)], 50 + i]
+    prompt += [7, start]
+    exact = {}
+    for t1, p1 in step_probs(start).items():
+        for t2, p2 in step_probs(t1).items():
+            for t3, p3 in step_probs(t2).items():
+                exact[(t1, t2, t3)] = p1 * p2 * p3
+    keys = sorted(exact)
+    counts = dict.fromkeys(keys, 0)
+    drafted = 0
+    for seed in range(3000):
+        c = m.complete(prompt, max_tokens=3, ignore_eos=True, seed=seed, speculative="lookup", top_k=3, top_p=1.0,
+                       min_p=0.0, temperature=1.0)
+        counts[tuple(c.tokens)] += 1
+        drafted += c.draft_tokens
+    assert drafted > 1000  # drafts were really checked, most runs
+    obs = np.array([counts[k] for k in keys], float)
+    assert _chi2(obs, np.array([exact[k] for k in keys])) < CHI2_CRITICAL[len(keys) - 1]
+
+
+# --- the draft length ------------------------------------------------------------------------------------------------
+
+def test_draft_length_grows_with_acceptance_and_pauses_without():
+    good = DraftLength(12)
+    for _ in range(6):
+        good.update(good.want(), good.want())
+    assert good.want() >= 8
+    bad = DraftLength(12)
+    wants = []
+    for _ in range(60):
+        k = bad.want()
+        wants.append(k)
+        bad.update(k, 0)
+    assert wants.count(0) > 45  # paused most of the time: open-ended text costs little
+    bad.update(1, 1)
+    assert bad.pause == DraftLength.PAUSE_FIRST  # an accepted draft ends the long pauses
+
+
+def test_prompt_lookup_drafts_the_latest_continuation():
+    lookup = PromptLookup(n_max=3, n_min=2)
+    h = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 2, 3]
+    assert lookup.propose(h, 3) == [5, 6, 7]  # (2, 3) last continued by 5 6 7, the latest occurrence
+    h += [5, 6]
+    assert lookup.propose(h, 2) == [7, 2]  # (5, 6) -> 7 2; the index was extended, not rebuilt
+    assert PromptLookup().propose([1, 2, 3, 4], 4) == []
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+def test_cli_run_lookup_prints_plain_greedy_text(tiny_paths, tiny, capsys):
+    from edgellm import cli
+    argv = ["run", str(tiny_paths[0]), "-p", REPEATING, "-n", "40", "--no-echo", "-t", "1", "-c", "256",
+            "--ignore-eos"]
+    assert cli.main(argv + ["--lookup"]) == 0
+    out = capsys.readouterr()
+    assert out.out == tiny.generate(REPEATING, max_tokens=40, ignore_eos=True) + "\n"
+    assert "drafted" in out.err  # the timing line counts the drafts
+
+
+def test_cli_bench_lookup_reports_every_task(tiny_paths, capsys):
+    from edgellm import cli
+    from edgellm.prep.speculative_bench import TASKS
+    assert cli.main(["bench", str(tiny_paths[0]), "--lookup", "-n", "12", "-r", "1", "-t", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + sum(len(t) for t in TASKS.values())
+    assert all(row.rstrip(" |").endswith("yes") for row in rows[1:])  # identical greedy output on every task

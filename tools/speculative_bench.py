@@ -1,0 +1,93 @@
+"""The speculative decoding benchmark (docs/speculative.md): every task of edgellm.prep.speculative_bench.TASKS,
+decoded greedily without and with speculation, each run in a fresh process, the two alternating, so that load from
+other processes on a shared host hits both alike. Prints a markdown table (t/s, speed-up, acceptance, identical
+output) and optionally llama.cpp's plain decode on the same prompts.
+
+    python tools/speculative_bench.py MODEL [--mode lookup|draft] [--draft-model PATH] [-n 128] [-r 2] [-t 1]
+        [--llama-cpp]   # also llama-cpp-python's plain decode t/s (run with /work/llama-venv/bin/python)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r'''
+import json, sys, edgellm
+from edgellm.prep import speculative_bench as sb
+model, draft, mode, kind, index, n_gen, threads = json.loads(sys.argv[1])
+m = edgellm.load(model, n_threads=threads, n_ctx=2048, draft_model=draft)
+ids = m.chat_prompt_ids(sb.TASKS[kind][index][1])
+sb.measure(m, ids[:8], mode, 2)  # warm: the kernels of this process
+print(json.dumps(sb.measure(m, ids, mode, n_gen)))
+'''
+
+LLAMA_CHILD = r'''
+import json, sys, time
+from llama_cpp import Llama
+path, prompts, n_gen, threads = json.loads(sys.argv[1])
+llm = Llama(path, n_ctx=2048, n_threads=threads, verbose=False)
+out = []
+for ids in prompts:
+    llm.reset()
+    llm.eval(ids)
+    n, t0 = 0, time.perf_counter()
+    for tok in llm.generate(ids, temp=0.0, reset=False):
+        n += 1
+        if n >= n_gen or tok == llm.token_eos():
+            break
+    out.append((n - 1) / (time.perf_counter() - t0))
+print(json.dumps(out))
+'''
+
+
+def child(args, mode, kind, index):
+    cmd = ["nice", "-n", "10", sys.executable, "-c", CHILD,
+           json.dumps([args.model, args.draft_model, mode, kind, index, args.n_gen, args.threads])]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--mode", choices=("lookup", "draft"), default=None)
+    ap.add_argument("--draft-model", default=None)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--repeats", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("--kinds", default=None, help="comma list of task kinds (default: all)")
+    ap.add_argument("--llama-cpp", default=None, metavar="PYTHON", help="a python with llama_cpp: also its plain "
+                    "decode t/s on the same prompts")
+    args = ap.parse_args()
+    mode = args.mode or ("draft" if args.draft_model else "lookup")
+    from edgellm.prep import speculative_bench as sb
+    rows = []
+    for kind, tasks in sb.TASKS.items():
+        if args.kinds and kind not in args.kinds.split(","):
+            continue
+        for index, (name, _) in enumerate(tasks):
+            plain, spec = [], []
+            for _ in range(args.repeats):
+                plain.append(child(args, None, kind, index))
+                spec.append(child(args, mode, kind, index))
+            row = {"task": name, "kind": kind, **sb.summarise(plain, spec)}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items()}), file=sys.stderr, flush=True)
+    print(sb.to_markdown(rows))
+    if args.llama_cpp:
+        import edgellm
+        m = edgellm.load(args.model, n_ctx=2048)
+        prompts = [m.chat_prompt_ids(msgs) for kind, tasks in sb.TASKS.items() for _, msgs in tasks
+                   if not args.kinds or kind in args.kinds.split(",")]
+        cmd = ["nice", "-n", "10", args.llama_cpp, "-c", LLAMA_CHILD,
+               json.dumps([m.path, prompts, args.n_gen, args.threads])]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        tps = json.loads(out.stdout.strip().splitlines()[-1])
+        print("\n| task | llama.cpp plain t/s | edgellm speculative / llama.cpp |\n| --- | ---: | ---: |")
+        for row, t in zip(rows, tps):
+            print(f"| {row['task']} | {t:.1f} | {row['spec_tps'] / t:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
