@@ -5,7 +5,7 @@ before NeoX rope.
     per layer:  q, k, v = rmsnorm(W_q·x)·q_norm, rmsnorm(W_k·x)·k_norm, W_v·x
                 h = x + rmsnorm(W_o · attention(rope(q), rope(k), v))·post_attention_norm
                 x = h + rmsnorm(W_down · (silu(W_gate·h) * W_up·h))·post_ffw_norm
-    logits = W_out · rmsnorm(x)·output_norm   (W_out = token_embd when output.weight is absent)
+    logits = W_out · rmsnorm(x)·output_norm
 
 OLMo 3 files (olmo2 with attention.sliding_window) are refused: their window layers use other rope settings.
 """
@@ -38,7 +38,7 @@ class Olmo2Config(ModelConfig):
 def tensor_specs(cfg: Olmo2Config):
     d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     specs = [matrix("token_embd.weight", (cfg.n_vocab, d)), vector("output_norm.weight", d),
-             matrix("output.weight", (cfg.n_vocab, d), optional=True)]
+             matrix("output.weight", (cfg.n_vocab, d))]  # llama.cpp requires it: OLMo 2 is never tied
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
         specs += [
