@@ -3,8 +3,9 @@ tests/helpers_tiny_archs.py) against llama.cpp's logits on it (tools/record_tiny
 
 The file is rebuilt from its seed and must hash as the recorded one. Teacher-forced rows (40 ids as one batch)
 must be llama.cpp's bits. Decode-path rows (30 ids as one batch, then one id at a time) are llama.cpp's bits for
-llama and granite; for gemma2, smollm3 and olmo2 some of them differ in the last bits (DECODE_NOT_EXACT), held to
-the same top 1 and a bounded log-prob difference.
+llama and granite; for gemma2, smollm3 and olmo2 some of them differ in the last bits (DECODE_NOT_EXACT: the F32
+matmul of one row), held to the same top 1 and a bounded log-prob difference. The decode path's prompt batch
+computes every row's logits, as llama-cpp-python's logits_all does (Q6_K's output kernel depends on the rows).
 """
 import numpy as np
 import pytest
@@ -17,10 +18,13 @@ from helpers_tiny_archs import TINY_ARCHS, prompt_tokens, write_tiny_arch
 
 pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 
-# Architectures whose single-token decode rows are not all llama.cpp's bits: a one-ulp difference in one op of
-# the one-row graph (see docs/architectures.md), amplified by the random weights to at most this much.
+# Architectures whose single-token decode rows are not all llama.cpp's bits. The op: an F32 weight matrix (layer 2
+# of these files) multiplied with a one-row batch, which sums in another order than llama.cpp's one-row F32 dot
+# (its output differs in the last bit on most of the 256 outputs of gemma2's layer-2 attn_output, checked on
+# llama.cpp's own input; every other op of the step matches). Which rows it reaches varies with the weights.
 DECODE_NOT_EXACT = {"gemma2", "smollm3", "olmo2"}
-# |log p(edgellm) - log p(llama.cpp)| over each row's top 8 tokens: measured at most 0.03 on these rows.
+# |log p(edgellm) - log p(llama.cpp)| over each row's top 8 tokens, amplified by the random weights: measured at
+# most 0.065 (gemma2), 0.052 (smollm3), 0.017 (olmo2).
 DECODE_LOGPROB_BOUND = 0.1
 
 
@@ -40,7 +44,7 @@ def runs(tmp_path_factory, smollm2_path):
                 model = build_model(f, n_ctx=128, n_threads=2)
                 forced = model.forward(ids, all_logits=True).copy()
                 model.reset()
-                decode = [model.forward(ids[:p])[0].copy()]
+                decode = [model.forward(ids[:p], all_logits=True)[-1].copy()]
                 decode += [model.forward(ids[i:i + 1])[0].copy() for i in range(p, len(ids))]
             cache[name] = (rec, forced, np.stack(decode))
         return cache[name]
