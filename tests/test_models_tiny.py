@@ -214,6 +214,36 @@ def test_every_registered_architecture_against_the_reference(tmp_path, exact_lin
         check_decode_matches_batch(model, tokens, fast)
 
 
+def test_llama_sliding_window_is_honoured(tmp_path, exact_linear):
+    """llama.attention.sliding_window (Mistral 7B v0.1) limits every layer: against the reference, and the same
+    weights without the key give other logits once the prompt is longer than the window."""
+    spec = TinySpec(arch="llama", weight_type="Q8_0", n_layer=3, sliding_window=GEMMA_WINDOW)
+    model, tokens, windowed = check_fast_matches_reference(tmp_path, spec)
+    assert [kv.window for kv in model.cache.layers] == [GEMMA_WINDOW] * 3
+    check_decode_matches_batch(model, tokens, windowed)
+    with open_tiny(tmp_path, TinySpec(arch="llama", weight_type="Q8_0", n_layer=3), "full.gguf") as f:
+        full = build_model(f, n_ctx=64, n_threads=1, kv_type="f32").forward(tokens, all_logits=True)
+    assert nmse(windowed[:GEMMA_WINDOW], full[:GEMMA_WINDOW]) < EXACT_VS_REFERENCE_NMSE
+    assert nmse(windowed[-1], full[-1]) > 1e-3
+
+
+@pytest.mark.parametrize("arch, drop, change, message", [
+    ("gemma2", "gemma2.attn_logit_softcapping", {}, "lacks required key 'gemma2.attn_logit_softcapping'"),
+    ("gemma2", "gemma2.final_logit_softcapping", {}, "lacks required key 'gemma2.final_logit_softcapping'"),
+    ("gemma2", None, {"gemma2.attn_logit_softcapping": 0.0}, "attn_logit_softcapping must be positive"),
+    ("granite", "granite.logit_scale", {}, "lacks required key 'granite.logit_scale'"),
+    ("granite", None, {"granite.rope.scaling.finetuned": False}, "without rope"),
+    ("olmo2", None, {"olmo2.attention.sliding_window": 4096}, "OLMo 3"),
+    ("llama", None, {"llama.attention.sliding_window": -1}, "must not be negative"),
+])
+def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop, change, message):
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
+        view = _Renamed(f)
+        view.metadata = {k: v for k, v in {**f.metadata, **change}.items() if k != drop}
+        with pytest.raises(ModelError, match=message):
+            build_model(view, n_ctx=64)
+
+
 # --- registry and refusals ------------------------------------------------------------------------------------
 
 def test_registry_aliases_and_unknown_architecture():
