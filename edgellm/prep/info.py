@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from edgellm.engine import gguf as gguf_reader
 from edgellm.engine.kvcache import KVCache, ring_capacity
 from edgellm.engine.kvtypes import KV_TYPES, kv_type as parse_kv_type, row_bytes
-from edgellm.engine.models import get_architecture
+from edgellm.engine.models import ALIASES, ARCHITECTURES, get_architecture
 from edgellm.engine.models.base import DEFAULT_N_BATCH
 from edgellm.engine.validate import fit_context
 from edgellm.errors import EdgeLLMError
 from edgellm.quant import threading_layer
+from edgellm.quant.formats import FORMATS
 from edgellm.store import catalog
 
 MiB = 1024 * 1024
@@ -115,8 +116,6 @@ def _metadata_lines(md: dict, arch: str) -> list[str]:
 
 def support_lines() -> list[str]:
     """The architectures (with their aliases) and weight formats this edgellm runs, from the registries."""
-    from edgellm.engine.models import ALIASES, ARCHITECTURES
-    from edgellm.quant.formats import FORMATS
     aliases = {name: sorted(a for a, target in ALIASES.items() if target == name) for name in ARCHITECTURES}
     archs = [name + (f" (also {', '.join(aliases[name])})" if aliases[name] else "") for name in sorted(ARCHITECTURES)]
     return ["supported architectures: " + ", ".join(archs),
