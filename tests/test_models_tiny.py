@@ -244,6 +244,25 @@ def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop
             build_model(view, n_ctx=64)
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2"])
+def test_added_architectures_decode_several_sequences_as_one(tmp_path, arch):
+    """forward_multi over a KVPool (gemma2's capped attention runs per sequence; smollm3's rope-less layers, granite's
+    scales and olmo2's norms in one batch of rows) gives each row the bits of decoding it alone."""
+    from edgellm.engine.kvcache import KVPool
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
+        model = build_model(f, n_ctx=64, n_threads=1)
+        cfg = model.config
+        pool = KVPool(3, 64, cfg.n_head_kv, cfg.head_dim, cfg.layer_windows(), model.n_batch, model.cache.kv_type)
+        prompts = [tokens_for(registry_spec(arch), n, seed=n) for n in (9, 4, 7)]
+        for cache, ids in zip(pool.caches, prompts):
+            model.forward(ids, cache=cache)
+        rows = model.forward_multi([5, 6, 7], pool.caches).copy()
+        for ids, token, row in zip(prompts, [5, 6, 7], rows):
+            model.reset()
+            model.forward(ids)
+            assert model.forward(np.array([token], np.int32))[0].tobytes() == row.tobytes()
+
+
 # --- registry and refusals ------------------------------------------------------------------------------------
 
 def test_registry_aliases_and_unknown_architecture():
