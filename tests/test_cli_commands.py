@@ -1,5 +1,6 @@
 """`edgellm run`, `info`, the optional prepare subcommands, and errors: one line on stderr, exit status 1, no
 traceback."""
+import re
 import subprocess
 import sys
 import types
@@ -33,6 +34,18 @@ def test_info_summarises_metadata_tensors_and_memory(real_model, capsys):
         assert "KV sliding window 512" in out and "262144" in out
     from edgellm.quant.threading_layer import chosen_layer
     assert f"threading layer: {chosen_layer()}" in out
+    from edgellm.prep.info import support_lines
+    assert all(line in out for line in support_lines())
+
+
+def test_info_lists_every_registered_architecture_and_format():
+    from edgellm.engine.models import ALIASES, ARCHITECTURES
+    from edgellm.prep.info import support_lines
+    from edgellm.quant.formats import FORMATS
+    archs, formats = support_lines()
+    listed = [w for w in re.findall(r"[a-z0-9_]+", archs.split(": ", 1)[1]) if w != "also"]
+    assert sorted(listed) == sorted(set(ARCHITECTURES) | set(ALIASES))
+    assert formats.split(": ", 1)[1].split(", ") == [f.name for f in FORMATS]
 
 
 def test_memory_plan_matches_the_allocated_cache(gemma_path):

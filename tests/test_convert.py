@@ -125,8 +125,27 @@ ARCH_CONFIGS = {
                    rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=4, sliding_window_pattern=6,
                    query_pre_attn_scalar=32, max_position_embeddings=256, hidden_activation="gelu_pytorch_tanh",
                    bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    # soft caps well inside these random models' ranges, so that a missing cap shows
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                   sliding_window=3, query_pre_attn_scalar=32, attn_logit_softcapping=0.5,
+                   final_logit_softcapping=2.0, max_position_embeddings=256, hidden_activation="gelu_pytorch_tanh",
+                   bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "granite": dict(architectures=["GraniteForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                    max_position_embeddings=256, tie_word_embeddings=True, embedding_multiplier=3.0,
+                    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5),
+    "smollm3": dict(architectures=["SmolLM3ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    max_position_embeddings=256, tie_word_embeddings=True, no_rope_layer_interval=4,
+                    no_rope_layers=[1, 1, 1, 0]),
+    "olmo2": dict(architectures=["Olmo2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=500000.0,
+                  max_position_embeddings=256, tie_word_embeddings=False),
 }
-CHECKPOINT_DTYPE = {"llama": "F32", "qwen2": "F16", "qwen3": "F32", "gemma3": "BF16"}
+CHECKPOINT_DTYPE = {"llama": "F32", "qwen2": "F16", "qwen3": "F32", "gemma3": "BF16", "gemma2": "BF16",
+                    "granite": "F32", "smollm3": "F16", "olmo2": "F32"}
+GEMMA_HF = ("gemma2", "gemma3")
 
 
 def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
@@ -139,10 +158,10 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
 
     def norm(n):  # Gemma stores w with the model using (1 + w): keep both conventions near 1 overall
-        return (rng.uniform(-0.3, 0.3, n) if arch == "gemma3" else rng.uniform(0.7, 1.3, n)).astype(np.float32)
+        return (rng.uniform(-0.3, 0.3, n) if arch in GEMMA_HF else rng.uniform(0.7, 1.3, n)).astype(np.float32)
 
     w = {"model.embed_tokens.weight": rng.standard_normal((nv, d)).astype(np.float32), "model.norm.weight": norm(d)}
-    if not cfg.get("tie_word_embeddings", arch == "gemma3"):
+    if not cfg.get("tie_word_embeddings", arch in GEMMA_HF):
         w["lm_head.weight"] = mat(nv, d)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -156,7 +175,11 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
                 w[p + f"self_attn.{n}_proj.bias"] = (rng.standard_normal(k) * 0.5).astype(np.float32)
         if arch in ("qwen3", "gemma3"):
             w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(hd), norm(hd)
-        if arch == "gemma3":
+        if arch == "olmo2":  # norms over the whole projections, and after attention and the FFN only
+            w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(q_dim), norm(kv_dim)
+            del w[p + "input_layernorm.weight"]
+            w[p + "post_feedforward_layernorm.weight"] = norm(d)
+        if arch in GEMMA_HF:
             w[p + "pre_feedforward_layernorm.weight"] = norm(d)
             w[p + "post_feedforward_layernorm.weight"] = norm(d)
     return w
@@ -165,7 +188,7 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
 def make_checkpoint(hf_dir, arch: str):
     """Writes config.json, model.safetensors and a tokenizer; returns (config, stored weights as float64)."""
     cfg = dict(ARCH_CONFIGS[arch])
-    if arch == "gemma3":
+    if arch in GEMMA_HF:
         cfg["vocab_size"] = 300
         write_sentencepiece_tokenizer(hf_dir, cfg["vocab_size"])
     else:
@@ -197,29 +220,41 @@ def hf_rope(x, positions, theta):
 
 
 def hf_forward(cfg, w, arch, ids):
-    gemma = arch == "gemma3"
+    gemma = arch in GEMMA_HF
     d, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", d // nh)
     eps, T = cfg["rms_norm_eps"], len(ids)
     pos = np.arange(T, dtype=np.float64)
     h = w["model.embed_tokens.weight"][ids]
+    residual = cfg.get("residual_multiplier", 1.0)  # Granite's multipliers (absent: 1)
     if gemma:
         h = h * np.sqrt(d)
+    h = h * cfg.get("embedding_multiplier", 1.0)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        x = hf_rms_norm(h, w[p + "input_layernorm.weight"], eps, gemma)
+        x = hf_rms_norm(h, w[p + "input_layernorm.weight"], eps, gemma) if arch != "olmo2" else h
         q, k, v = (x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0.0)
                    for n in "qkv")
+        if arch == "olmo2":  # Olmo2Attention: q_norm / k_norm over the whole projections
+            q, k = hf_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False), \
+                hf_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
-        if p + "self_attn.q_norm.weight" in w:
+        if p + "self_attn.q_norm.weight" in w and arch != "olmo2":
             q = hf_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, gemma)
             k = hf_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, gemma)
-        sliding = gemma and (i + 1) % cfg["sliding_window_pattern"] != 0
-        theta = cfg["rope_local_base_freq"] if sliding else cfg["rope_theta"]
-        q, k = hf_rope(q, pos, theta), hf_rope(k, pos, theta)
+        if arch == "gemma2":
+            sliding = i % 2 == 0  # Gemma2Attention: even layers slide
+        else:
+            sliding = gemma and (i + 1) % cfg["sliding_window_pattern"] != 0
+        theta = cfg["rope_local_base_freq"] if sliding and arch == "gemma3" else cfg["rope_theta"]
+        if arch != "smollm3" or cfg["no_rope_layers"][i]:
+            q, k = hf_rope(q, pos, theta), hf_rope(k, pos, theta)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
-        scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else hd ** -0.5
+        scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else cfg.get("attention_multiplier", hd ** -0.5)
         scores = np.einsum("qhd,khd->hqk", q, k) * scale
+        if arch == "gemma2":
+            cap = cfg["attn_logit_softcapping"]
+            scores = np.tanh(scores / cap) * cap
         allowed = np.tril(np.ones((T, T), bool))
         if sliding:
             allowed &= (np.arange(T)[:, None] - np.arange(T)[None, :]) < cfg["sliding_window"]
@@ -234,14 +269,23 @@ def hf_forward(cfg, w, arch, ids):
             act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
             mlp = (act * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
             h = h + hf_rms_norm(mlp, w[p + "post_feedforward_layernorm.weight"], eps, True)
+        elif arch == "olmo2":
+            h = h + hf_rms_norm(attn, w[p + "post_attention_layernorm.weight"], eps, False)
+            g = h @ w[p + "mlp.gate_proj.weight"].T
+            mlp = (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+            h = h + hf_rms_norm(mlp, w[p + "post_feedforward_layernorm.weight"], eps, False)
         else:
-            h = h + attn
+            h = h + attn * residual
             x = hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False)
             g = x @ w[p + "mlp.gate_proj.weight"].T
             mlp = (g / (1 + np.exp(-g)) * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-            h = h + mlp
+            h = h + mlp * residual
     h = hf_rms_norm(h, w["model.norm.weight"], eps, gemma)
-    return h @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+    logits = h @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T / cfg.get("logits_scaling", 1.0)
+    if arch == "gemma2":
+        cap = cfg["final_logit_softcapping"]
+        logits = np.tanh(logits / cap) * cap
+    return logits
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,7 +307,7 @@ def test_converted_model_matches_hf_forward_on_original_weights(converted):
     expected = hf_forward(cfg, weights, arch, np.array(SEQ))
     got = edgellm.load(str(out), n_ctx=64, n_threads=1, kv_type="f32").logits(SEQ)  # no KV rounding either
     assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, atol=GELU_F16_LOGIT_ATOL if arch == "gemma3" else F32_LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(got, expected, atol=GELU_F16_LOGIT_ATOL if arch in GEMMA_HF else F32_LOGIT_ATOL, rtol=0)
 
 
 def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
@@ -275,12 +319,23 @@ def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
         assert meta[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
         assert meta["general.file_type"] == 0
         assert tensors["blk.0.attn_q.weight"].ggml_type == "F32"
-        assert tensors["blk.0.attn_norm.weight"].shape == (cfg["hidden_size"],)
+        first_norm = "post_attention_norm" if arch == "olmo2" else "attn_norm"
+        assert tensors[f"blk.0.{first_norm}.weight"].shape == (cfg["hidden_size"],)
         assert ("output.weight" in tensors) == ("lm_head.weight" in random_weights(cfg, arch))
-        if arch == "gemma3":
-            assert meta["gemma3.attention.sliding_window"] == cfg["sliding_window"]
+        if arch == "gemma2":
+            assert meta["gemma2.attn_logit_softcapping"] == cfg["attn_logit_softcapping"]
+            assert meta["gemma2.final_logit_softcapping"] == cfg["final_logit_softcapping"]
+        if arch == "granite":
+            assert (meta["granite.embedding_scale"], meta["granite.residual_scale"], meta["granite.logit_scale"]) \
+                == (cfg["embedding_multiplier"], cfg["residual_multiplier"], cfg["logits_scaling"])
+            assert np.isclose(meta["granite.attention.scale"], cfg["attention_multiplier"])
+        if arch == "olmo2":
+            assert tensors["blk.0.attn_q_norm.weight"].shape == (cfg["hidden_size"],)  # the whole projection
+        if arch in GEMMA_HF:
+            assert meta[f"{arch}.attention.sliding_window"] == cfg["sliding_window"]
             assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_space_prefix"] is False
             assert "blk.0.post_ffw_norm.weight" in tensors
+            assert ("blk.0.attn_q_norm.weight" in tensors) == (arch == "gemma3")
         else:
             assert meta["tokenizer.ggml.model"] == "gpt2"
             assert meta["tokenizer.ggml.pre"] == ("qwen2" if arch.startswith("qwen") else "gpt-2")
@@ -290,7 +345,7 @@ def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
 
 def test_bpe_tokenizer_round_trips_through_edgellm(converted):
     arch, hf_dir, _, _, out = converted
-    if arch == "gemma3":
+    if arch in GEMMA_HF:
         pytest.skip("SentencePiece model: see test_sentencepiece_tokenizer_matches_sentencepiece")
     vocab = json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
     m = edgellm.load(str(out), n_ctx=64, n_threads=1)
@@ -305,7 +360,7 @@ def test_bpe_tokenizer_round_trips_through_edgellm(converted):
 
 def test_sentencepiece_tokenizer_matches_sentencepiece(converted):
     arch, hf_dir, _, _, out = converted
-    if arch != "gemma3":
+    if arch not in GEMMA_HF:
         pytest.skip("BPE model")
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
@@ -346,6 +401,20 @@ def test_convert_refuses_what_it_cannot_convert(tmp_path):
     (hf_dir / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
     with pytest.raises(EdgeLLMError, match="header length"):
         convert_checkpoint(hf_dir, tmp_path / "out.gguf", "F16", progress=False)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("arch, change, message", [
+    ("gemma2", {"query_pre_attn_scalar": 100}, "query_pre_attn_scalar"),
+    ("smollm3", {"no_rope_layers": [1, 0, 1, 1]}, "every fourth"),
+    ("olmo2", {"sliding_window": 4096}, "OLMo 3"),
+])
+def test_convert_refuses_settings_llama_cpp_cannot_run(tmp_path, arch, change, message):
+    make_checkpoint(tmp_path, arch)
+    cfg = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}), encoding="utf-8")
+    with pytest.raises(EdgeLLMError, match=message):
+        convert_checkpoint(tmp_path, tmp_path / "out.gguf", "F32", progress=False)
     assert not (tmp_path / "out.gguf").exists()
 
 

@@ -43,7 +43,12 @@ SPECS = {
                       weight_type="Q8_0"),
     "qwen3": TinySpec(arch="qwen3", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_ff=64, n_vocab=64,
                       weight_type="Q8_0"),
+    # llama.attention.sliding_window (Mistral 7B v0.1): every layer's ring slides on the device too
+    "llama_swa": TinySpec(arch="llama", n_embd=64, n_head=2, n_head_kv=1, n_ff=64, n_vocab=64, weight_type="Q8_0",
+                          sliding_window=3),
 }
+# Architectures with no device forward pass: the GPU refuses them by name rather than run another model's.
+CPU_ONLY = ("gemma2", "granite", "olmo2", "smollm3")
 
 
 def nmse(got, want):
@@ -72,6 +77,16 @@ def test_tiny_model_matches_reference_and_cpu(tmp_path, arch):
     assert device_logits.shape == (len(tokens), spec.n_vocab)
     assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
     assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
+@pytest.mark.parametrize("arch", CPU_ONLY)
+def test_architectures_without_a_device_pass_are_refused(tmp_path, arch):
+    from edgellm.errors import ModelError
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_models_tiny import registry_spec
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", registry_spec(arch))) as f:
+        with pytest.raises(ModelError, match=f"architecture '{arch}' has no CUDA forward pass"):
+            build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
 
 
 def test_reset_and_prefix_rewind_on_the_device(tmp_path):

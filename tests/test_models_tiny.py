@@ -185,12 +185,25 @@ REGISTRY_SPEC = dict(weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_
                      sliding_window=GEMMA_WINDOW)
 
 
+# Keys an architecture requires beyond the shared ones, and spec changes it needs (OLMo 2 refuses a window).
+# Caps far below Gemma 2's real 50 / 30, so that tanh bends these small random scores and logits.
+ARCH_KEYS = {"gemma2": {"gemma2.attn_logit_softcapping": 0.5, "gemma2.final_logit_softcapping": 1.5},
+             "granite": {"granite.logit_scale": 3.0, "granite.embedding_scale": 2.5, "granite.residual_scale": 0.6,
+                         "granite.attention.scale": 0.125}}
+ARCH_SPEC = {"olmo2": {"sliding_window": 0}}
+
+
+def registry_spec(arch, **kw):
+    return TinySpec(arch=arch, **{**REGISTRY_SPEC, "extra_keys": ARCH_KEYS.get(arch, {}), **ARCH_SPEC.get(arch, {}),
+                                  **kw})
+
+
 @pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(ALIASES)))
 def test_every_registered_architecture_against_the_reference(tmp_path, exact_linear, arch):
     """A tiny model holding exactly the tensors the architecture's tensor_specs require: the fast path against the
     float64 reference (edgellm/engine/reference.py, which a new architecture must also be written into), cached decoding
     against one batch, and the KV cache sized by its layer_windows()."""
-    spec = TinySpec(arch=arch, **REGISTRY_SPEC)
+    spec = registry_spec(arch)
     path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
     with edgellm.engine.gguf.open(path) as f:
         model = build_model(f, n_ctx=64, n_threads=2, kv_type="f32")
@@ -199,6 +212,55 @@ def test_every_registered_architecture_against_the_reference(tmp_path, exact_lin
         assert nmse(fast, ReferenceModel(f).logits(tokens)) < ANY_ARCH_VS_REFERENCE_NMSE
         assert tuple(kv.window for kv in model.cache.layers) == model.config.layer_windows()
         check_decode_matches_batch(model, tokens, fast)
+
+
+def test_llama_sliding_window_is_honoured(tmp_path, exact_linear):
+    """llama.attention.sliding_window (Mistral 7B v0.1) limits every layer: against the reference, and the same
+    weights without the key give other logits once the prompt is longer than the window."""
+    spec = TinySpec(arch="llama", weight_type="Q8_0", n_layer=3, sliding_window=GEMMA_WINDOW)
+    model, tokens, windowed = check_fast_matches_reference(tmp_path, spec)
+    assert [kv.window for kv in model.cache.layers] == [GEMMA_WINDOW] * 3
+    check_decode_matches_batch(model, tokens, windowed)
+    with open_tiny(tmp_path, TinySpec(arch="llama", weight_type="Q8_0", n_layer=3), "full.gguf") as f:
+        full = build_model(f, n_ctx=64, n_threads=1, kv_type="f32").forward(tokens, all_logits=True)
+    assert nmse(windowed[:GEMMA_WINDOW], full[:GEMMA_WINDOW]) < EXACT_VS_REFERENCE_NMSE
+    assert nmse(windowed[-1], full[-1]) > 1e-3
+
+
+@pytest.mark.parametrize("arch, drop, change, message", [
+    ("gemma2", "gemma2.attn_logit_softcapping", {}, "lacks required key 'gemma2.attn_logit_softcapping'"),
+    ("gemma2", "gemma2.final_logit_softcapping", {}, "lacks required key 'gemma2.final_logit_softcapping'"),
+    ("gemma2", None, {"gemma2.attn_logit_softcapping": 0.0}, "attn_logit_softcapping must be positive"),
+    ("granite", "granite.logit_scale", {}, "lacks required key 'granite.logit_scale'"),
+    ("granite", None, {"granite.rope.scaling.finetuned": False}, "without rope"),
+    ("olmo2", None, {"olmo2.attention.sliding_window": 4096}, "OLMo 3"),
+    ("llama", None, {"llama.attention.sliding_window": -1}, "must not be negative"),
+])
+def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop, change, message):
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
+        view = _Renamed(f)
+        view.metadata = {k: v for k, v in {**f.metadata, **change}.items() if k != drop}
+        with pytest.raises(ModelError, match=message):
+            build_model(view, n_ctx=64)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2"])
+def test_added_architectures_decode_several_sequences_as_one(tmp_path, arch):
+    """forward_multi over a KVPool (gemma2's capped attention runs per sequence; smollm3's rope-less layers, granite's
+    scales and olmo2's norms in one batch of rows) gives each row the bits of decoding it alone."""
+    from edgellm.engine.kvcache import KVPool
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
+        model = build_model(f, n_ctx=64, n_threads=1)
+        cfg = model.config
+        pool = KVPool(3, 64, cfg.n_head_kv, cfg.head_dim, cfg.layer_windows(), model.n_batch, model.cache.kv_type)
+        prompts = [tokens_for(registry_spec(arch), n, seed=n) for n in (9, 4, 7)]
+        for cache, ids in zip(pool.caches, prompts):
+            model.forward(ids, cache=cache)
+        rows = model.forward_multi([5, 6, 7], pool.caches).copy()
+        for ids, token, row in zip(prompts, [5, 6, 7], rows):
+            model.reset()
+            model.forward(ids)
+            assert model.forward(np.array([token], np.int32))[0].tobytes() == row.tobytes()
 
 
 # --- registry and refusals ------------------------------------------------------------------------------------

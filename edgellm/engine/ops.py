@@ -1282,16 +1282,18 @@ def gelu_tanh_mul_ref(gate, up):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Softcap: cap * tanh(x / cap) (Gemma 2 attention/final logits; Gemma 3 in llama.cpp applies none).
+# Softcap: cap * tanh(x / cap) (Gemma 2's final logits; its attention scores: engine/softcap_attention.py), as
+# llama.cpp's three f32 ops: scale by 1/cap (rounded to float32), tanhf, scale by cap.
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def softcap(x, cap):
-    """In place on a [R, n] array."""
-    inv_cap = np.float32(1.0 / cap)
+    """In place on a [R, n] float32 array."""
+    cap32 = np.float32(cap)
+    inv_cap = np.float32(1.0) / cap32
     for r in range(x.shape[0]):
         for i in range(x.shape[1]):
-            x[r, i] = cap * math.tanh(x[r, i] * inv_cap)
+            x[r, i] = cap32 * np.float32(math.tanh(x[r, i] * inv_cap))
 
 
 def softcap_ref(x, cap):

@@ -1,15 +1,16 @@
 """A plain numpy reference forward pass, deliberately independent of the fast path: it reads the config keys
 itself, dequantizes every weight to float32 with gguf-py, computes in float64, keeps no cache and recomputes
 every position with a dense masked softmax. Slow, but simple enough to check by eye against llama.cpp's
-src/models/{llama,qwen2,qwen3,gemma3}.cpp; the tests compare the fast path with it.
+src/models/{llama,qwen2,qwen3,smollm3,granite,olmo2,gemma2,gemma3}.cpp; the tests compare the fast path with it.
 """
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma3", "phi3")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "phi3")
+WINDOWED_LLAMA = ("llama", "mistral")  # the llama-likes whose attention.sliding_window is honoured
 VOCAB_SLICE = 16384  # output rows cast to float64 at a time
 
 
@@ -52,12 +53,16 @@ def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None, yarn=No
     return out
 
 
-def _attention(q, k, v, scale, window=0):
-    """q: [T, H, hd], k, v: [T, H_kv, hd]; causal, optionally limited to the last `window` positions."""
+def _attention(q, k, v, scale, window=0, cap=0.0):
+    """q: [T, H, hd], k, v: [T, H_kv, hd]; causal, optionally limited to the last `window` positions; scores
+    soft-capped to cap * tanh(s / cap) first when cap > 0."""
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) * scale
+    scores = np.einsum("qhd,khd->hqk", q, k)
+    if cap > 0.0:
+        scores = cap * np.tanh(scores / cap)
+    scores = scores * scale
     distance = np.arange(n_tokens)[:, None] - np.arange(n_tokens)[None, :]
     allowed = (distance >= 0) & ((distance < window) if window > 0 else True)
     scores = np.where(allowed, scores, -np.inf)
@@ -98,7 +103,8 @@ class ReferenceModel:
 
     def _output(self, x):
         """x: [R, d] float64 -> logits [R, n_vocab], in float64 one vocabulary slice at a time."""
-        w = self.weight("output.weight" if self.has("output.weight") else "token_embd.weight")
+        tied = not self.has("output.weight") or self.arch == "gemma2"  # llama.cpp's gemma2 always reads token_embd
+        w = self.weight("token_embd.weight" if tied else "output.weight")
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
         for start in range(0, w.shape[0], VOCAB_SLICE):
             out[:, start: start + VOCAB_SLICE] = x @ w[start: start + VOCAB_SLICE].astype(np.float64).T
@@ -109,14 +115,22 @@ class ReferenceModel:
         tokens = np.asarray(tokens, dtype=np.int64)
         if self.arch in LLAMA_LIKE:
             x = self._llama_like(tokens)
-        elif self.arch == "gemma3":
-            x = self._gemma3(tokens)
+        elif self.arch in ("gemma2", "gemma3"):
+            x = self._gemma(tokens)
+        elif self.arch == "olmo2":
+            x = self._olmo2(tokens)
         else:
             raise NotImplementedError(self.arch)
         if last_n is not None:
             x = x[-last_n:]
         eps = self.key("attention.layer_norm_rms_epsilon")
-        return self._output(_rms_norm(x, self.weight("output_norm.weight"), eps))
+        logits = self._output(_rms_norm(x, self.weight("output_norm.weight"), eps))
+        if self.arch == "gemma2":
+            cap = self.key("final_logit_softcapping")
+            logits = (cap * np.tanh(logits.astype(np.float64) / cap)).astype(np.float32)
+        if self.arch == "granite":
+            logits = (logits.astype(np.float64) / self.key("logit_scale")).astype(np.float32)
+        return logits
 
     def _yarn(self):
         """YaRN's parameters where the file asks for it (llama.cpp's defaults where it names none), else None."""
@@ -148,9 +162,14 @@ class ReferenceModel:
         attn_factor = self.key("rope.scaling.attn_factor", 1.0)
         scale = self.meta.get(f"{self.arch}.attention.scale", 0.0) or 1.0 / np.sqrt(hd)
         neox = self.arch in NEOX_ARCHITECTURES
+        window = self.meta.get(f"{self.arch}.attention.sliding_window", 0) if self.arch in WINDOWED_LLAMA else 0
+        granite = self.arch == "granite"
+        embd_scale = self.meta.get("granite.embedding_scale", 0.0) or 1.0 if granite else 1.0
+        res_scale = self.meta.get("granite.residual_scale", 0.0) or 1.0 if granite else 1.0
         positions = np.arange(T, dtype=np.float64)
-        x = self.weight("token_embd.weight")[tokens].astype(np.float64)
+        x = self.weight("token_embd.weight")[tokens].astype(np.float64) * embd_scale
         for il in range(self.key("block_count")):
+            nope = self.arch == "smollm3" and il % 4 == 3  # SmolLM3: no rope on every fourth layer
             W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
             n = _rms_norm(x, W("attn_norm"), eps)
             if self.has(f"blk.{il}.attn_qkv.weight"):  # phi3: Q, K, V stacked by rows
@@ -162,38 +181,65 @@ class ReferenceModel:
             q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_head_kv, hd), v.reshape(T, n_head_kv, hd)
             if self.arch == "qwen3":
                 q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
-            q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
-            k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
-            h = x + _attention(q, k, v, scale).reshape(T, -1) @ W("attn_output").T
+            if not nope:
+                q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
+                k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
+            h = x + res_scale * (_attention(q, k, v, scale, window).reshape(T, -1) @ W("attn_output").T)
             m = _rms_norm(h, W("ffn_norm"), eps)
             if self.has(f"blk.{il}.ffn_gate.weight"):
                 gate, up = m @ W("ffn_gate").T, m @ W("ffn_up").T
             else:  # phi3: ffn_up holds gate then up
                 gate, up = np.split(m @ W("ffn_up").T, 2, axis=1)
-            x = h + (gate / (1.0 + np.exp(-gate)) * up) @ W("ffn_down").T
+            x = h + res_scale * ((gate / (1.0 + np.exp(-gate)) * up) @ W("ffn_down").T)
         return x
 
-    def _gemma3(self, tokens):
+    def _olmo2(self, tokens):
+        eps = self.key("attention.layer_norm_rms_epsilon")
+        n_head, n_head_kv, hd, T = self._heads(tokens)
+        base = self.key("rope.freq_base", 10000.0)
+        factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
+        positions = np.arange(T, dtype=np.float64)
+        x = self.weight("token_embd.weight")[tokens].astype(np.float64)
+        for il in range(self.key("block_count")):
+            W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
+            q = _rms_norm(x @ W("attn_q").T, W("attn_q_norm"), eps).reshape(T, n_head, hd)  # whole projection
+            k = _rms_norm(x @ W("attn_k").T, W("attn_k_norm"), eps).reshape(T, n_head_kv, hd)
+            v = (x @ W("attn_v").T).reshape(T, n_head_kv, hd)
+            q, k = _rope(q, positions, base, hd, True, 1.0 / factor), _rope(k, positions, base, hd, True, 1.0 / factor)
+            a = _attention(q, k, v, 1.0 / np.sqrt(hd)).reshape(T, -1) @ W("attn_output").T
+            h = x + _rms_norm(a, W("post_attention_norm"), eps)
+            g = h @ W("ffn_gate").T
+            x = h + _rms_norm((g / (1.0 + np.exp(-g)) * (h @ W("ffn_up").T)) @ W("ffn_down").T, W("post_ffw_norm"), eps)
+        return x
+
+    def _gemma(self, tokens):
+        """Gemma 3, or Gemma 2: no QK norms, capped scores, pattern 2, the file's rope (base and scaling) on every
+        layer unless rope.freq_base_swa gives the window layers another base."""
         eps = self.key("attention.layer_norm_rms_epsilon")
         n_head, n_head_kv, hd, T = self._heads(tokens)
         n_embd, n_layer = self.key("embedding_length"), self.key("block_count")
+        gemma2 = self.arch == "gemma2"
         window = self.key("attention.sliding_window")
-        period = self.meta.get(f"{self.arch}.attention.sliding_window_pattern", 6)
+        period = self.meta.get(f"{self.arch}.attention.sliding_window_pattern", 2 if gemma2 else 6)
         factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
-        scale = 1.0 / np.sqrt(n_embd / n_head if n_layer == 62 else hd)
+        scale = 1.0 / np.sqrt(n_embd // n_head if n_layer == (46 if gemma2 else 62) else hd)
+        cap = self.key("attn_logit_softcapping") if gemma2 else 0.0
+        local_base = self.key("rope.freq_base_swa", self.key("rope.freq_base") if gemma2 else 10000.0)
         positions = np.arange(T, dtype=np.float64)
         x = self.weight("token_embd.weight")[tokens].astype(np.float64) * np.sqrt(np.float32(n_embd))
         for il in range(n_layer):
             W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
             is_global = il % period == period - 1
-            base = self.key("rope.freq_base") if is_global else self.key("rope.freq_base_swa", 10000.0)
-            freq_scale = 1.0 / factor if is_global else 1.0
+            base = self.key("rope.freq_base") if is_global else local_base
+            freq_scale = 1.0 / factor if is_global or gemma2 else 1.0
             n = _rms_norm(x, W("attn_norm"), eps)
-            q = _rms_norm((n @ W("attn_q").T).reshape(T, n_head, hd), W("attn_q_norm"), eps)
-            k = _rms_norm((n @ W("attn_k").T).reshape(T, n_head_kv, hd), W("attn_k_norm"), eps)
+            q = (n @ W("attn_q").T).reshape(T, n_head, hd)
+            k = (n @ W("attn_k").T).reshape(T, n_head_kv, hd)
+            if not gemma2:
+                q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
             v = (n @ W("attn_v").T).reshape(T, n_head_kv, hd)
             q, k = _rope(q, positions, base, hd, True, freq_scale), _rope(k, positions, base, hd, True, freq_scale)
-            a = _attention(q, k, v, scale, 0 if is_global else window).reshape(T, -1) @ W("attn_output").T
+            a = _attention(q * scale, k, v, 1.0, 0 if is_global else window, cap).reshape(T, -1) @ W("attn_output").T
             h = x + _rms_norm(a, W("post_attention_norm"), eps)
             m = _rms_norm(h, W("ffn_norm"), eps)
             g = m @ W("ffn_gate").T

@@ -1,5 +1,5 @@
 """Convert a Hugging Face checkpoint directory into a GGUF file, as llama.cpp's convert_hf_to_gguf.py does, for
-llama, qwen2, qwen3 and gemma3: `edgellm convert HF_DIR OUT.gguf --type F16`.
+llama, qwen2, qwen3, gemma2, gemma3, granite, olmo2 and smollm3: `edgellm convert HF_DIR OUT.gguf --type F16`.
 
 Sections:
   1. safetensors, read with numpy (8-byte header length, JSON header, raw little-endian data)
@@ -120,6 +120,10 @@ _PRE_NORM = {**_ATTN_FFN, "post_attention_layernorm.weight": "ffn_norm.weight"}
 _SANDWICH_NORM = {**_ATTN_FFN, "post_attention_layernorm.weight": "post_attention_norm.weight",
                   "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                   "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+# OLMo 2 has no norm before attention or the FFN, only after (its q/k norms span the whole projection)
+_POST_NORM = {**{k: v for k, v in _ATTN_FFN.items() if k != "input_layernorm.weight"},
+              "post_attention_layernorm.weight": "post_attention_norm.weight",
+              "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 
 ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "LlamaForCausalLM": ArchSpec("llama", _PRE_NORM, True, False),
@@ -128,7 +132,13 @@ ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "Qwen3ForCausalLM": ArchSpec("qwen3", _PRE_NORM, False, False),
     "Gemma3ForCausalLM": ArchSpec("gemma3", _SANDWICH_NORM, False, True),
     "Gemma3ForConditionalGeneration": ArchSpec("gemma3", _SANDWICH_NORM, False, True),
+    "Gemma2ForCausalLM": ArchSpec("gemma2", _SANDWICH_NORM, False, True),
+    "GraniteForCausalLM": ArchSpec("granite", _PRE_NORM, True, False),
+    "SmolLM3ForCausalLM": ArchSpec("smollm3", _PRE_NORM, True, False),
+    "Olmo2ForCausalLM": ArchSpec("olmo2", _POST_NORM, False, False),
 }
+LLAMA_CONVERTED = ("llama", "granite", "smollm3")  # llama.cpp converts these with its LlamaModel class
+SMOLLM3_NO_ROPE_INTERVAL = 4  # what llama.cpp builds; other intervals are refused
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -144,6 +154,8 @@ def gguf_tensor_name(spec: ArchSpec, hf_name: str) -> str | None:
             hf_name = new + hf_name[len(old):]
     if any(part in hf_name for part in _IGNORED):
         return None
+    if hf_name == "lm_head.weight" and spec.gguf_arch == "gemma2":
+        return None  # llama.cpp's Gemma 2 always multiplies by the embedding (its converter drops lm_head)
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     parts = hf_name.split(".", 3)
@@ -187,6 +199,9 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
     """The {arch}.* keys llama.cpp's converter writes; returns extra tensors (llama3's rope_freqs)."""
     from gguf import RopeScalingType  # gguf-py: a slow import, left out of the CLI's start
     gemma = spec.gguf_arch == "gemma3"
+    if spec.gguf_arch == "granite" and cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) != \
+            cfg["hidden_size"] // cfg["num_attention_heads"]:
+        raise EdgeLLMError("Granite with head_dim != hidden_size / num_attention_heads: llama.cpp ignores head_dim")
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg.get("max_position_embeddings", 131072 if gemma else 4096))
     writer.add_embedding_length(cfg["hidden_size"])
@@ -213,9 +228,10 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
         extra.append(("rope_freqs.weight", llama3_rope_factors(cfg, rope)))
     elif rope_type not in ("", "default"):
         raise EdgeLLMError(f"RoPE scaling type {rope_type!r} is not supported by this converter")
-    if spec.gguf_arch == "llama":
+    if spec.gguf_arch in LLAMA_CONVERTED:
         writer.add_vocab_size(cfg["vocab_size"])
         writer.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    _add_arch_keys(writer, spec.gguf_arch, cfg)
     if gemma:
         if cfg.get("final_logit_softcapping"):
             writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
@@ -226,6 +242,35 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
         if local_theta is not None:
             writer.add_rope_freq_base_swa(local_theta)
     return extra
+
+
+def _add_arch_keys(writer, arch: str, cfg: dict) -> None:
+    """The keys of gemma2, granite, smollm3 and olmo2 that llama.cpp's converter writes, and the refusals of
+    settings its graphs cannot run."""
+    if arch == "gemma2":
+        d, n_head, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]
+        expected = d // n_head if cfg["num_hidden_layers"] == 46 else hd  # llama.cpp's q scale rule
+        if cfg.get("query_pre_attn_scalar", expected) != expected:
+            raise EdgeLLMError(f"Gemma 2 with query_pre_attn_scalar {cfg['query_pre_attn_scalar']}: llama.cpp "
+                               f"scales q by 1/sqrt({expected}) for this size")
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        writer.add_sliding_window(cfg["sliding_window"])
+    elif arch == "granite":
+        for hf_key, add in (("attention_multiplier", writer.add_attention_scale),
+                            ("embedding_multiplier", writer.add_embedding_scale),
+                            ("residual_multiplier", writer.add_residual_scale),
+                            ("logits_scaling", writer.add_logit_scale)):
+            if cfg.get(hf_key):
+                add(cfg[hf_key])
+    elif arch == "smollm3":
+        n = cfg["num_hidden_layers"]
+        interval = cfg.get("no_rope_layer_interval", SMOLLM3_NO_ROPE_INTERVAL)
+        layers = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+        if [int(x) for x in layers[:n]] != [int((i + 1) % SMOLLM3_NO_ROPE_INTERVAL != 0) for i in range(n)]:
+            raise EdgeLLMError("SmolLM3 whose rope-less layers are not every fourth: llama.cpp fixes that pattern")
+    elif arch == "olmo2" and cfg.get("sliding_window"):
+        raise EdgeLLMError("OLMo 3 (olmo2 with sliding_window) is not supported")
 
 
 def llama3_rope_factors(cfg: dict, rope: dict) -> np.ndarray:
@@ -367,7 +412,7 @@ def add_tokenizer(writer, hf_dir: Path, spec: ArchSpec, cfg: dict, pre_tokenizer
         writer.add_token_scores(scores)
         writer.add_token_types(types)
         SpecialVocab(hf_dir, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
-        if spec.gguf_arch == "gemma3":
+        if spec.gguf_arch in ("gemma2", "gemma3"):
             writer.add_add_space_prefix(False)
     elif (hf_dir / "tokenizer.json").is_file():
         tokens, types, tj = bpe_vocab(hf_dir, vocab_size)

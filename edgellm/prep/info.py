@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from edgellm.engine import gguf as gguf_reader
 from edgellm.engine.kvcache import KVCache, ring_capacity
 from edgellm.engine.kvtypes import KV_TYPES, kv_type as parse_kv_type, row_bytes
-from edgellm.engine.models import get_architecture
+from edgellm.engine.models import ALIASES, ARCHITECTURES, get_architecture
 from edgellm.engine.models.base import DEFAULT_N_BATCH
 from edgellm.engine.validate import fit_context
 from edgellm.errors import EdgeLLMError
 from edgellm.quant import threading_layer
+from edgellm.quant.formats import FORMATS
 from edgellm.store import catalog
 
 MiB = 1024 * 1024
@@ -113,6 +114,14 @@ def _metadata_lines(md: dict, arch: str) -> list[str]:
     return [f"  {k:<18} {v}" for k, v in rows if v not in ("-", "- / -")]
 
 
+def support_lines() -> list[str]:
+    """The architectures (with their aliases) and weight formats this edgellm runs, from the registries."""
+    aliases = {name: sorted(a for a, target in ALIASES.items() if target == name) for name in ARCHITECTURES}
+    archs = [name + (f" (also {', '.join(aliases[name])})" if aliases[name] else "") for name in sorted(ARCHITECTURES)]
+    return ["supported architectures: " + ", ".join(archs),
+            "supported weight formats: " + ", ".join(f.name for f in FORMATS)]
+
+
 def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None) -> str:
     """The text `edgellm info` prints."""
     path = catalog.resolve(model, models_dir)
@@ -153,6 +162,7 @@ def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None
         layer = threading_layer.chosen_layer()
         lines += ["", f"threading layer: {layer}" + ("" if layer == "omp" or not threading_layer.OPENMP_MISSING else
                                                      f" (OpenMP unavailable: {threading_layer.OPENMP_FIX})")]
+        lines += [""] + support_lines()
         try:
             fit = fit_context(f, kv_type)
             lines += ["", "n_ctx=None (the default) would pick, with the memory available now:", "  " + fit.explain()]

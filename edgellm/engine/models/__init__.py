@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from edgellm.engine.kvtypes import kv_type as parse_kv_type
 from edgellm.engine.models.base import DEFAULT_N_BATCH
 from edgellm.errors import ModelError
+from edgellm.engine.models.gemma2 import Gemma2Config, Gemma2Model
 from edgellm.engine.models.gemma3 import Gemma3Config, Gemma3Model
+from edgellm.engine.models.granite import GraniteConfig, GraniteModel
 from edgellm.engine.models.llama import LlamaConfig, LlamaModel
+from edgellm.engine.models.olmo2 import Olmo2Config, Olmo2Model
 from edgellm.engine.models.phi3 import Phi3Config, Phi3Model
 from edgellm.engine.models.qwen2 import Qwen2Config, Qwen2Model
 from edgellm.engine.models.qwen3 import Qwen3Config, Qwen3Model
+from edgellm.engine.models.smollm3 import SmolLM3Config, SmolLM3Model
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,10 @@ ARCHITECTURES = {
     "qwen2": Architecture("qwen2", Qwen2Config, Qwen2Model),
     "qwen3": Architecture("qwen3", Qwen3Config, Qwen3Model),
     "phi3": Architecture("phi3", Phi3Config, Phi3Model),
+    "gemma2": Architecture("gemma2", Gemma2Config, Gemma2Model),
+    "granite": Architecture("granite", GraniteConfig, GraniteModel),
+    "olmo2": Architecture("olmo2", Olmo2Config, Olmo2Model),
+    "smollm3": Architecture("smollm3", SmolLM3Config, SmolLM3Model),
 }
 
 # GGUF architecture names whose forward pass is one of the above, unchanged.

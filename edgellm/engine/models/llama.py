@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgellm.engine import ops
+from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel, TokenBuffers
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.loading import matrix, vector
@@ -22,13 +23,25 @@ from edgellm.engine.models.linear import project_gate_up, project_qkv
 class LlamaConfig(ModelConfig):
     qkv_bias: bool  # qwen2
     qk_norm: bool  # qwen3
+    sliding_window: int  # every layer attends over this many positions (Mistral 7B v0.1); 0 = global
 
     QKV_BIAS = False
     QK_NORM = False
+    # llama and mistral files may carry attention.sliding_window (Mistral 7B v0.1: 4096), which the model was
+    # trained with; it is honoured. llama.cpp ignores the key, so past the window its logits are full attention's.
+    # Qwen's converters never write it (their configs keep use_sliding_window off).
+    READS_SLIDING_WINDOW = True
 
     @classmethod
     def read_keys(cls, keys) -> dict:
-        return {**super().read_keys(keys), "qkv_bias": cls.QKV_BIAS, "qk_norm": cls.QK_NORM}
+        window = keys("attention.sliding_window", default=0) if cls.READS_SLIDING_WINDOW else 0
+        if window < 0:
+            raise ModelError(f"{keys.arch}.attention.sliding_window must not be negative, got {window}")
+        return {**super().read_keys(keys), "qkv_bias": cls.QKV_BIAS, "qk_norm": cls.QK_NORM,
+                "sliding_window": window}
+
+    def layer_windows(self) -> tuple:
+        return (self.sliding_window,) * self.n_layer
 
 
 def tensor_specs(cfg: LlamaConfig):

@@ -10,6 +10,7 @@ from edgellm.engine.models.llama import LlamaConfig, LlamaModel
 @dataclass(frozen=True)
 class Qwen3Config(LlamaConfig):
     ROPE_NEOX = True
+    READS_SLIDING_WINDOW = False  # as llama.cpp: Qwen's windows are off in the models it converts
     QK_NORM = True
 
 
