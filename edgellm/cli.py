@@ -349,7 +349,8 @@ def cmd_serve(args) -> int:
     report = CompileReport()
     try:
         return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, n_ctx=args.ctx_size,
-                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report)
+                     n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report,
+                     parallel=args.parallel, cache_ram=args.cache_ram, cache_dir=args.cache_dir)
     finally:
         report.close()
 
@@ -358,6 +359,30 @@ def cmd_info(args) -> int:
     from edgellm.prep.info import describe  # start-up time: each subcommand imports only what it runs
     print(describe(args.model, n_ctx=args.ctx_size, kv_type=args.kv_type))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _byte_size(text: str) -> int:
+    """'512M', '2G', '1.5G', '1000000' as bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[:len(t) - len(unit)])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 512M or 2G, got {text!r}")
+    return int(value * units[unit])
 
 
 def _int_list(text: str) -> list:
@@ -443,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--api-key", default=None, help="require this key as a Bearer token (all endpoints but /health)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("-np", "--parallel", type=_positive_int, default=None,
+                   help="requests decoded together (continuous batching; default: what free memory holds, at most 8)")
+    p.add_argument("--cache-ram", type=_byte_size, default=None,
+                   help="RAM for the prompt cache of recent conversations, e.g. 512M, 2G, 0 to disable (default 1G)")
+    p.add_argument("--cache-dir", default=None, help="also keep the prompt cache in this directory, across restarts")
     _add_load_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -1,15 +1,16 @@
 """`edgellm serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn; the `edgellm[server]` extra).
 
-Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the context check); the model
-slot (one generation at a time: a FIFO asyncio lock, and one worker thread that does all model work, so a
-generation is always advanced by the thread that started it); the endpoints; `create_app`, `BackgroundServer`
-(a server on a thread, for tests and embedding apps) and `serve` (the CLI entry).
+Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the context check); requests on
+the scheduler (edgellm/generation/scheduler.py: continuous batching on one model-owning thread, so concurrent
+requests decode together; each request's llama-cpp-python-shaped call runs on a thread of its own, reading its
+events from the scheduler); the endpoints; `create_app`, `BackgroundServer` (a server on a thread, for tests and
+embedding apps) and `serve` (the CLI entry).
 
 Streaming answers are server-sent events, one OpenAI chunk per `data:` line, then `data: [DONE]`. A client that
-disconnects mid-stream cancels its response task; the generator is closed on the worker thread before the next
-request's work (the worker runs jobs in order), so the slot is free at once. A client that leaves while the worker
-runs its request's model call (a long prompt, or a non-streamed generation) has that call cancelled
-(Model.cancel) at its next prompt batch or token.
+disconnects, queued, mid-prompt or mid-stream, cancels its request: a queued one is dropped unprefilled, a running
+one frees its slot at the next scheduler turn. Generation runs ahead of a slow reader into a bounded buffer; a
+reader that stays stalled past the stall timeout (its buffer full, or a send blocked) is cancelled and its slot
+freed.
 """
 from __future__ import annotations
 
@@ -30,12 +31,16 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 import edgellm
+from edgellm.compat import llama_compat
 from edgellm.compat.tool_calls import ChatPlan
 from edgellm.errors import EdgeLLMError
 from edgellm.generation.options import parse_options
+from edgellm.generation.results import Completion
+from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 DEFAULT_MAX_QUEUE = 64  # waiting requests beyond this get 503 rather than an unbounded wait
+DEFAULT_CACHE_RAM = 1 << 30  # `serve`'s prompt cache: KV prefixes of recent conversations
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,47 +173,92 @@ def generation_kwargs(body: dict, fields: dict) -> dict:
 # The model slot
 # ---------------------------------------------------------------------------------------------------------------
 
-class ModelSlot:
-    """One generation at a time, first come first served; every model call runs on one worker thread."""
+class ScheduledModel:
+    """The Model as one request sees it: its generations go to the scheduler (the llama-cpp-python-shaped calls
+    of edgellm/compat/llama_compat.py run unchanged on top), and last_completion is this request's."""
 
-    def __init__(self, llm, max_queue: int = DEFAULT_MAX_QUEUE):
-        self.llm = llm
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-model")
-        self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
-        self.max_queue = max_queue
-        self.waiting = 0
-        self._running = None  # the owner of the job the worker runs now, so a disconnect cancels only its own call
-        self._running_lock = threading.Lock()
+    def __init__(self, model, scheduler: Scheduler):
+        self._model, self._scheduler = model, scheduler
+        self.last_completion = None
+        self.request = None
+        self._gone = False
 
-    async def run(self, fn, *args, owner=None):
-        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(self._job, owner, fn, *args))
+    def __getattr__(self, name):
+        return getattr(self._model, name)
 
-    def _job(self, owner, fn, *args):
-        with self._running_lock:
-            self._running = owner
+    def decode_events(self, ids, opts):
+        self.request = self._scheduler.submit(ids, opts)
+        if self._gone:
+            self.request.cancel()
+        return self._events(self.request)
+
+    def _events(self, request):
+        for event in request.events():
+            if isinstance(event, Completion):
+                self.last_completion = event
+            yield event
+
+    def cancel(self) -> None:
+        """The client left: its request, queued or running, is dropped at the scheduler's next turn."""
+        self._gone = True
+        if self.request is not None:
+            self.request.cancel()
+
+    def create_completion(self, prompt, **kwargs):
+        return llama_compat.create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages, **kwargs):
+        return llama_compat.create_chat_completion(self, messages, **kwargs)
+
+
+class EventStream:
+    """A server-sent-events response from an async iterator of str: each send must finish within send_timeout_s
+    (else the reader is stalled: on_gone(), and the connection is dropped), and a disconnect calls on_gone() at once,
+    even while nothing is being sent (a queued request, a long prompt)."""
+
+    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+    def __init__(self, chunks, on_gone, send_timeout_s: float):
+        self.chunks, self.on_gone, self.send_timeout_s = chunks, on_gone, send_timeout_s
+
+    async def __call__(self, scope, receive, send):
+        async def watch():
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.on_gone()
+
+        watcher = asyncio.create_task(watch())
         try:
-            return fn(*args)
-        finally:  # fn's model call has ended here, so a cancel() that raced with the end finds the model idle
-            with self._running_lock:
-                self._running = None
-
-    def cancel(self, owner) -> None:
-        """Cancel the model call in flight if it is `owner`'s (a client that left), never another request's."""
-        with self._running_lock:
-            if self._running is owner:
-                self.llm.cancel()
-
-    def check_queue(self):
-        if self.waiting >= self.max_queue:
-            raise HTTPError(503, f"the server is busy ({self.waiting} requests waiting); retry later",
-                            kind="server_error", code="server_busy")
-
-    async def acquire(self):
-        self.waiting += 1
-        try:
-            await self.lock.acquire()
+            await send({"type": "http.response.start", "status": 200, "headers": self.HEADERS})
+            async for text in self.chunks:
+                if watcher.done():
+                    return
+                try:
+                    await asyncio.wait_for(send({"type": "http.response.body", "body": text.encode(),
+                                                 "more_body": True}), self.send_timeout_s)
+                except (asyncio.TimeoutError, OSError):
+                    self.on_gone()
+                    return  # the response stays incomplete: the server closes the connection
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self.waiting -= 1
+            watcher.cancel()
+            await self.chunks.aclose()
+
+
+class _Stepper:
+    """A chunk generator stepped on executor threads, one step at a time (a close waits for the step in flight)."""
+
+    def __init__(self, gen):
+        self.gen, self.lock = gen, threading.Lock()
+
+    def next(self):
+        with self.lock:
+            return next(self.gen, None)
+
+    def close(self):
+        with self.lock:
+            self.gen.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,12 +266,29 @@ class ModelSlot:
 # ---------------------------------------------------------------------------------------------------------------
 
 class Endpoints:
-    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int):
+    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int, scheduler: Scheduler,
+                 stall_timeout_s: float):
         self.llm = llm
         self.model_name = model_name
         self.max_request_bytes = max_request_bytes
-        self.slot = ModelSlot(llm, max_queue)
+        self.max_queue = max_queue
+        self.scheduler = scheduler
+        self.stall_timeout_s = stall_timeout_s
+        # each request's blocking call (it waits on the scheduler's events): a thread per request in flight
+        self.calls = ThreadPoolExecutor(max_workers=scheduler.n_parallel + max_queue + 4,
+                                        thread_name_prefix="edgellm-request")
         self.created = int(time.time())
+
+    def close(self) -> None:
+        """Stop the scheduler (requests in flight end with an error) and release its slots' memory."""
+        self.scheduler.close()
+        self.calls.shutdown(wait=False)
+
+    def check_queue(self):
+        waiting = self.scheduler.n_queued
+        if waiting >= self.max_queue:
+            raise HTTPError(503, f"the server is busy ({waiting} requests waiting); retry later",
+                            kind="server_error", code="server_busy")
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
@@ -261,7 +328,7 @@ class Endpoints:
             prompt = prompt[0]  # a batch of one
         ids_of = partial(self.llm.prompt_ids, prompt)
         return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
-                                    partial(self.llm.create_completion, prompt), kwargs)
+                                    lambda llm, **kw: llm.create_completion(prompt, **kw), kwargs)
 
     async def chat_completions(self, request):
         body = await read_json(request, self.max_request_bytes)
@@ -273,7 +340,7 @@ class Endpoints:
         def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
             return ChatPlan(self.llm, messages, **plan_args).ids
         return await self._generate(request, body, CHAT_FIELDS, ids_of,
-                                    partial(self.llm.create_chat_completion, messages), kwargs)
+                                    lambda llm, **kw: llm.create_chat_completion(messages, **kw), kwargs)
 
     async def _generate(self, request, body, fields, ids_of, create, kwargs):
         kwargs["model"] = self.model_name
@@ -298,39 +365,33 @@ class Endpoints:
             raise HTTPError(400, f"this model's context holds {self.llm.n_ctx} tokens, but {n_prompt + max_tokens} "
                                  f"were requested ({n_prompt} in the prompt, {max_tokens} to generate)",
                             param="max_tokens", code="context_length_exceeded")
-        self.slot.check_queue()
+        self.check_queue()
+        llm = ScheduledModel(self.llm, self.scheduler)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._sse(create, kwargs, include_usage, fields), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._whole(request, create, kwargs, fields)
+            return EventStream(self._sse(llm, create, kwargs, include_usage, fields), llm.cancel,
+                               self.stall_timeout_s)
+        return await self._whole(request, llm, create, kwargs, fields)
 
-    async def _whole(self, request, create, kwargs, fields):
-        client_left = threading.Event()
-        # the criterion covers a client gone before the call started; cancel() one gone while it runs
-        kwargs["stopping_criteria"] = lambda input_ids, logits: client_left.is_set()
-        watcher = asyncio.create_task(_watch_disconnect(request, client_left, partial(self.slot.cancel, client_left)))
+    async def _whole(self, request, llm, create, kwargs, fields):
+        gone = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, gone, llm.cancel))
         try:
-            await self.slot.acquire()
-            try:
-                result = await self.slot.run(partial(create, **kwargs), owner=client_left)
-            finally:
-                self.slot.lock.release()
+            result = await asyncio.get_running_loop().run_in_executor(self.calls, partial(create, llm, **kwargs))
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
         finally:
             watcher.cancel()
         return JSONResponse(result)
 
-    async def _sse(self, create, kwargs, include_usage, fields):
-        gen = last = None
-        owner = object()  # this response, in the worker's bookkeeping
-        await self.slot.acquire()
+    async def _sse(self, llm, create, kwargs, include_usage, fields):
+        loop = asyncio.get_running_loop()
+        stepper = last = None
         try:
             try:
-                gen = await self.slot.run(partial(create, stream=True, **kwargs))
+                stepper = _Stepper(await loop.run_in_executor(self.calls, partial(create, llm, stream=True, **kwargs)))
                 while True:
-                    chunk = await self.slot.run(next, gen, None, owner=owner)
+                    chunk = await loop.run_in_executor(self.calls, stepper.next)
                     if chunk is None:
                         break
                     last = chunk
@@ -339,18 +400,15 @@ class Endpoints:
                 yield f"data: {json.dumps({'error': _error_from_exception(e, fields).body()})}\n\n"
                 return
             if include_usage:
-                done = self.llm.last_completion
+                done = llm.last_completion
                 usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
                          "total_tokens": done.prompt_tokens + done.completion_tokens}
                 yield f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            # runs on a finished stream and on a cancelled one (client gone) alike, without awaiting: the close
-            # is queued on the worker ahead of anything the next request submits
-            if gen is not None:
-                self.slot.cancel(owner)  # a step still running (the client left mid-prompt) ends at its next batch
-                self.slot.worker.submit(gen.close)
-            self.slot.lock.release()
+            llm.cancel()  # (nothing happens to a finished request)
+            if stepper is not None:
+                self.calls.submit(stepper.close)
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
@@ -368,9 +426,19 @@ async def _watch_disconnect(request: Request, flag: threading.Event, on_disconne
 # ---------------------------------------------------------------------------------------------------------------
 
 def create_app(llm, api_key: str | None = None, model_name: str | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE) -> Starlette:
-    """The ASGI app serving `llm` (an edgellm Model)."""
-    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue)
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
+               parallel: int | None = None, prompt_cache=None, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+               buffer_events: int = DEFAULT_BUFFER_EVENTS, **scheduler_options) -> Starlette:
+    """The ASGI app serving `llm` (an edgellm Model). parallel: sequences decoded together (default: what fits
+    in free memory, at most 8); prompt_cache: a PromptCache (or a RAM budget in bytes) for returning conversations;
+    stall_timeout_s: how long a reader may take nothing before its request is cancelled, buffer_events: how far
+    generation runs ahead of it. scheduler_options: the rest of Scheduler's (seq_ctx, prefill_chunk)."""
+    if prompt_cache is not None and not hasattr(prompt_cache, "lookup"):
+        from edgellm.generation.prompt_cache import PromptCache
+        prompt_cache = PromptCache(prompt_cache, model_name=llm.name, n_vocab=llm.n_vocab)
+    scheduler = Scheduler(llm, parallel, prompt_cache=prompt_cache, stall_timeout_s=stall_timeout_s,
+                          buffer_events=buffer_events, **scheduler_options)
+    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue, scheduler, stall_timeout_s)
     routes = [
         Route("/health", ep.health, methods=["GET"]),
         Route("/v1/models", ep.models, methods=["GET"]),
@@ -423,6 +491,7 @@ class BackgroundServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -443,19 +512,30 @@ class BackgroundServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
+        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
+        if endpoints is not None:
+            endpoints.close()
         return False
 
 
 def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           n_ctx: int | None = None, n_threads: int | None = None,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None) -> int:
+          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None, parallel: int | None = None,
+          cache_ram: int | None = None, cache_dir: str | None = None) -> int:
     """compile_progress: where given, told of kernels a request's prompt compiles on first use (the server's
-    log says so rather than a request seeming to hang)."""
+    log says so rather than a request seeming to hang). parallel: sequences decoded together (None: from the free
+    memory); cache_ram: the prompt cache's RAM budget in bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where
+    it also keeps its entries across restarts."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
+    from edgellm.generation.prompt_cache import PromptCache
     llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads)
     llm.compile_progress = compile_progress
     name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
-    app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes)
+    cache_ram = DEFAULT_CACHE_RAM if cache_ram is None else cache_ram
+    prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
+        if cache_ram or cache_dir else None
+    app = create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes,
+                     parallel=parallel, prompt_cache=prompt_cache)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"edgellm: warning: serving on {host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
