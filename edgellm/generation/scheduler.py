@@ -192,7 +192,7 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0}
+                      "decode_steps": 0, "prefill_chunks": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
@@ -363,6 +363,7 @@ class Scheduler:
             return True
         request.prefilled += b1 - b0
         self.stats["prefilled_tokens"] += b1 - b0
+        self.stats["prefill_chunks"] += 1
         slot.tokens += chunk
         slot.kinds += prefix.kinds_of([(b0, b1)], self.row_kinds).tolist()  # as this chunk ran
         self._note_shifts(slot)
