@@ -27,7 +27,7 @@ from functools import partial
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import edgellm
@@ -173,6 +173,43 @@ def generation_kwargs(body: dict, fields: dict) -> dict:
 # The model slot
 # ---------------------------------------------------------------------------------------------------------------
 
+class ModelSlot:
+    """The scheduler's admission, as the endpoints see it: n_slots sequences decode together, `waiting` requests
+    queue behind them (at most max_queue, then 503), and run(fn) runs a request's blocking call (it waits on the
+    scheduler's events) on a thread of its own."""
+
+    def __init__(self, scheduler: Scheduler, max_queue: int = DEFAULT_MAX_QUEUE):
+        self.scheduler, self.max_queue = scheduler, max_queue
+        self.n_slots = scheduler.n_parallel
+        self.worker = ThreadPoolExecutor(max_workers=self.n_slots + max_queue + 4, thread_name_prefix="edgellm-request")
+        self._waiting_here = 0  # requests counted before they reach the scheduler's queue
+
+    @property
+    def in_use(self) -> int:
+        return self.scheduler.n_active
+
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.n_queued + self._waiting_here
+
+    @waiting.setter
+    def waiting(self, value: int) -> None:
+        self._waiting_here = value - self.scheduler.n_queued
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(fn, *args))
+
+    def check_queue(self):
+        if self.waiting >= self.max_queue:
+            raise HTTPError(503, f"the server is busy ({self.waiting} requests waiting); retry later",
+                            kind="server_error", code="server_busy")
+
+    def close(self) -> None:
+        """Stop the scheduler (requests in flight end with an error) and release its slots' memory."""
+        self.scheduler.close()
+        self.worker.shutdown(wait=False)
+
+
 class ScheduledModel:
     """The Model as one request sees it: its generations go to the scheduler (the llama-cpp-python-shaped calls
     of edgellm/compat/llama_compat.py run unchanged on top), and last_completion is this request's."""
@@ -271,24 +308,10 @@ class Endpoints:
         self.llm = llm
         self.model_name = model_name
         self.max_request_bytes = max_request_bytes
-        self.max_queue = max_queue
         self.scheduler = scheduler
+        self.slot = ModelSlot(scheduler, max_queue)
         self.stall_timeout_s = stall_timeout_s
-        # each request's blocking call (it waits on the scheduler's events): a thread per request in flight
-        self.calls = ThreadPoolExecutor(max_workers=scheduler.n_parallel + max_queue + 4,
-                                        thread_name_prefix="edgellm-request")
         self.created = int(time.time())
-
-    def close(self) -> None:
-        """Stop the scheduler (requests in flight end with an error) and release its slots' memory."""
-        self.scheduler.close()
-        self.calls.shutdown(wait=False)
-
-    def check_queue(self):
-        waiting = self.scheduler.n_queued
-        if waiting >= self.max_queue:
-            raise HTTPError(503, f"the server is busy ({waiting} requests waiting); retry later",
-                            kind="server_error", code="server_busy")
 
     async def health(self, request):
         return JSONResponse({"status": "ok"})
@@ -365,7 +388,7 @@ class Endpoints:
             raise HTTPError(400, f"this model's context holds {self.llm.n_ctx} tokens, but {n_prompt + max_tokens} "
                                  f"were requested ({n_prompt} in the prompt, {max_tokens} to generate)",
                             param="max_tokens", code="context_length_exceeded")
-        self.check_queue()
+        self.slot.check_queue()
         llm = ScheduledModel(self.llm, self.scheduler)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -377,7 +400,7 @@ class Endpoints:
         gone = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, gone, llm.cancel))
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self.calls, partial(create, llm, **kwargs))
+            result = await self.slot.run(partial(create, llm, **kwargs))
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
         finally:
@@ -385,13 +408,12 @@ class Endpoints:
         return JSONResponse(result)
 
     async def _sse(self, llm, create, kwargs, include_usage, fields):
-        loop = asyncio.get_running_loop()
         stepper = last = None
         try:
             try:
-                stepper = _Stepper(await loop.run_in_executor(self.calls, partial(create, llm, stream=True, **kwargs)))
+                stepper = _Stepper(await self.slot.run(partial(create, llm, stream=True, **kwargs)))
                 while True:
-                    chunk = await loop.run_in_executor(self.calls, stepper.next)
+                    chunk = await self.slot.run(stepper.next)
                     if chunk is None:
                         break
                     last = chunk
@@ -408,7 +430,7 @@ class Endpoints:
         finally:
             llm.cancel()  # (nothing happens to a finished request)
             if stepper is not None:
-                self.calls.submit(stepper.close)
+                self.slot.worker.submit(stepper.close)
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
@@ -514,7 +536,7 @@ class BackgroundServer:
         self.sock.close()
         endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
         if endpoints is not None:
-            endpoints.close()
+            endpoints.slot.close()
         return False
 
 

@@ -166,7 +166,8 @@ class PromptCache:
                 self._evict_ram()
         with self._lock:
             self.hits += 1
-        return entry
+            # a copy: another thread's eviction may drop the entry's state while the caller imports it
+            return CacheEntry(entry.tokens, list(entry.kinds), entry.layout, entry.state, entry.nbytes, entry.path)
 
     # -- the directory -----------------------------------------------------------------------------------------
     def _key(self, ids: np.ndarray) -> str:
@@ -224,7 +225,7 @@ class PromptCache:
                     continue
                 layout = (str(header["kv_type"]), tuple(int(c) for c in header["capacities"]))
                 nbytes = os.path.getsize(path)
-            except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
+            except Exception as e:  # (a damaged zip raises zipfile's own errors) nothing of it is kept
                 self.log(f"prompt cache: skipped {path}: {type(e).__name__}: {e}")
                 continue
             ids = np.asarray(tokens, np.int32)
@@ -232,7 +233,12 @@ class PromptCache:
 
     def _read(self, entry: CacheEntry, cache) -> None:
         """Load an indexed file's state, all checked against `cache` before anything is kept (ModelError if not)."""
-        state = ModelState.load(entry.path)
+        try:
+            state = ModelState.load(entry.path)
+        except ModelError:
+            raise
+        except Exception as e:  # a damaged zip raises zipfile's own errors
+            raise ModelError(f"cannot read {entry.path}: {type(e).__name__}: {e}") from e
         n = len(state.tokens)
         if state.model_name != self.model_name:
             raise ModelError(f"saved from {state.model_name!r}, not {self.model_name!r}")
