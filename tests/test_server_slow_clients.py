@@ -20,6 +20,7 @@ BUFFER_EVENTS = 4
 PREFILL_CHUNK = 16  # many chunks: a client leaving mid-prompt is seen long before the prompt ends
 LONG_REPLY = 1500   # tokens a stalled or abandoned request would generate if nothing stopped it (a minute or more)
 POLL_S = 0.01
+SOCKET_BUFFER = 4096
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,9 @@ def server(smollm2_path):
     app = create_app(m, model_name="smollm2", parallel=1, stall_timeout_s=STALL_TIMEOUT_S,
                      buffer_events=BUFFER_EVENTS, prefill_chunk=PREFILL_CHUNK)
     with BackgroundServer(app) as srv:
+        # small socket buffers (accepted sockets inherit the listener's): a stalled reader blocks sends within a
+        # few dozen tokens, as it would with a slow network, instead of after megabytes of loopback buffering
+        srv.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         srv.scheduler = app.state.endpoints.scheduler
         srv.model = m
         yield srv
@@ -65,7 +69,7 @@ def test_stalled_reader_is_cancelled_and_its_slot_freed(server):
     # big chunks (20 alternatives per token) fill the socket buffers within a few hundred tokens
     sock = raw_stream(server, {"messages": [{"role": "user", "content": "Tell me a long story."}],
                                "max_tokens": LONG_REPLY, "ignore_eos": True, "logprobs": True, "top_logprobs": 20},
-                      rcvbuf=4096)
+                      rcvbuf=SOCKET_BUFFER)
     try:
         wait_for(lambda: s.n_active == 1)
         t0 = time.monotonic()
