@@ -11,6 +11,7 @@ wall time, p50/p99 time to first token, errors. The speed-up is each row's token
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -88,7 +89,7 @@ def returning_ttft(url, history_tokens, model_name="any"):
         turns += [{"role": "user", "content": f"Question {i}: tell me one fact about the number {i * 7}."},
                   {"role": "assistant", "content": f"The number {i * 7} is {'even' if i % 2 == 0 else 'odd'}, "
                                                    f"and {i * 7} plus one is {i * 7 + 1}."}]
-        if 30 * len(turns) // 2 >= history_tokens:  # ~30 tokens a pair
+        if 50 * len(turns) // 2 >= history_tokens:  # ~50 tokens a pair with SmolLM2's chat template
             break
     first = turns[:-1]
     reply = c.chat.completions.create(model=model_name, messages=first, max_tokens=16, temperature=0)
@@ -115,20 +116,22 @@ def main(argv=None) -> int:
     ap.add_argument("--nice", type=int, default=10, help="the servers' niceness (the same for both engines)")
     ap.add_argument("--loadtest", default=os.path.join(os.path.dirname(__file__), "loadtest.py"))
     ap.add_argument("--llama-cpp-python", action="store_true", help="also load llama-cpp-python's server")
+    ap.add_argument("--no-edgellm", action="store_true", help="only llama-cpp-python's server")
     ap.add_argument("--returning", type=int, default=2000, help="history tokens of the returning conversation (0: skip)")
     args = ap.parse_args(argv)
     clients = [int(x) for x in args.clients.split(",")]
     rows = []
     parallel = max(clients)
     port = free_port()
-    with edgellm_server(args.model, port, args.nice, args.n_ctx, parallel) as srv:
-        for n in clients:
+    with (edgellm_server(args.model, port, args.nice, args.n_ctx, parallel) if not args.no_edgellm
+          else contextlib.nullcontext()) as srv:
+        for n in clients if not args.no_edgellm else ():
             r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
             rows.append(("edgellm", n, r))
             print(json.dumps({"engine": "edgellm", "clients": n, **r}), flush=True)
     if args.llama_cpp_python:
-        import edgellm
-        path = edgellm.store.catalog.resolve(args.model) if hasattr(edgellm, "store") else args.model
+        from edgellm.store import catalog
+        path = catalog.resolve(args.model)
         port = free_port()
         with llama_cpp_python_server(str(path), port, args.nice, args.n_ctx, os.cpu_count()) as srv:
             for n in clients:
