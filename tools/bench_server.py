@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -35,14 +36,15 @@ def free_port() -> int:
 class Server:
     def __init__(self, argv, port, nice):
         self.port, self.url = port, f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(["nice", "-n", str(nice)] + argv, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+        # the log goes to a file: a pipe nobody reads fills up and blocks a verbose server (llama.cpp's load log)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_server_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(["nice", "-n", str(nice)] + argv, stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self):
         deadline = time.monotonic() + STARTUP_S
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.proc.stderr.read()[-2000:]}")
+                raise RuntimeError(f"the server exited; its log: {self.log.name}")
             try:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=5):
                     return self
@@ -68,7 +70,9 @@ def edgellm_server(model, port, nice, n_ctx, parallel, cache_ram="1G"):
 
 def llama_cpp_python_server(path, port, nice, n_ctx, threads):
     return Server([LLAMA_PYTHON, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx",
-                   str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads)], port, nice)
+                   str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                   # by default a new request interrupts the stream in flight: queue them instead, as edgellm does
+                   "--interrupt_requests", "False"], port, nice)
 
 
 def load(loadtest, url, clients, requests, max_tokens):
