@@ -67,12 +67,14 @@ class Model:
     def __init__(self, model=None, n_threads: int | None = None, n_ctx: int | None = None,
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
                  check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
-                 context_shift: bool = True, precompile=(), compile_progress=None):
+                 context_shift: bool = True, precompile=(), compile_progress=None, prompt_cache=None):
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
         context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
         precompile, compile_progress: see precompile(), run at load when paths are given. Kernels not compiled
-        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s)."""
+        ahead compile on first use, also kept out of the prompt and generation times (timings.compile_s).
+        prompt_cache: a RAM budget in bytes (or an edgellm.generation.prompt_cache.PromptCache) for the KV prefixes
+        of earlier conversations, so that alternating chats re-use their prefixes instead of evicting each other."""
         t0 = time.perf_counter()
         device = resolve_device(device)  # DeviceError here, before the file is read
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
@@ -112,6 +114,7 @@ class Model:
             forward_model.n_keep = n_keep
         forward_model.context_shift = forward_model.context_shift and bool(context_shift)
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
+        self.use_prompt_cache(prompt_cache)
         self.device = device
         self._load_compile_s = 0.0
         self.timings = Timings(load_s=time.perf_counter() - t0)
@@ -191,6 +194,14 @@ class Model:
         # call yields anything, so a terminal can show it); see also precompile()
         self.compile_progress = None
         self.last_batch: list | None = None
+        self.prompt_cache = None
+
+    def use_prompt_cache(self, cache) -> None:
+        """Keep the KV prefixes of conversations this cache leaves in `cache`: a byte budget, a PromptCache, or None."""
+        from edgellm.generation.prompt_cache import PromptCache
+        if cache is not None and not isinstance(cache, PromptCache):
+            cache = PromptCache(cache, model_name=self.name, n_vocab=self.n_vocab)
+        self.prompt_cache = cache
 
     def __repr__(self):
         return f"Model({self.name!r}, n_ctx={self.n_ctx}, n_vocab={self.n_vocab}, threads={self.n_threads})"
@@ -243,22 +254,8 @@ class Model:
             self._release()
 
     def _rewind_cache(self, n: int) -> bool:
-        """Make the KV cache hold positions [0, n) only; False when that is impossible (a window ring already
-        overwrote positions the next token must see), in which case the caller starts from an empty cache."""
-        cache = getattr(self.model, "cache", None)
-        layers = getattr(cache, "layers", None)
-        if layers is None or n > cache.n_past:
-            return False
-        for layer in layers:
-            # the next query, at position n, attends to positions n - window < p < n (all of [0, n) without a window)
-            first = max(0, n - layer.window + 1) if layer.window else 0
-            needed = np.arange(first, n, dtype=np.int64)
-            if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
-                return False
-        for layer in layers:
-            layer.slot_pos[layer.slot_pos >= n] = EMPTY_SLOT
-        cache.n_past = n
-        return True
+        """Make the KV cache hold positions [0, n) only (edgellm.engine.prefix.rewind)."""
+        return prefix.rewind(getattr(self.model, "cache", None), n)
 
     def reset(self) -> None:
         """Empty the KV cache: the next prompt is evaluated from its first token (as llama-cpp-python's reset()).
@@ -292,6 +289,8 @@ class Model:
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
             common, batches = 0, prefix.fresh_batches(len(ids), step)
         else:
+            if self.prompt_cache is not None:
+                self._swap_prefix(ids, step, row_kinds)
             common, batches = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
         kinds = self._cached_kinds[:common]
         self._set_cached([], [])  # until the forward passes below have succeeded
@@ -315,6 +314,19 @@ class Model:
         self._apply_shifts()
         self.timings.reused_tokens = common
         return out[-1]
+
+    def _swap_prefix(self, ids, step, row_kinds) -> None:
+        """Before the cache moves to another conversation, keep what it holds in the prompt cache; bring in the
+        kept prefix of `ids` where it re-uses more than the cache's own."""
+        cache = self.model.cache
+        here, _ = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
+        entry = self.prompt_cache.lookup(ids, cache)
+        there = prefix.plan(entry.tokens, entry.kinds, ids, step, row_kinds)[0] if entry is not None else 0
+        if here < len(self._cached_tokens) and not self._shift_log():
+            self.prompt_cache.store(self._cached_tokens, self._cached_kinds, cache)
+        if there > here:
+            cache.import_state(entry.state)
+            self._set_cached(entry.tokens.tolist(), entry.kinds)
 
     def _shift_log(self) -> list:
         return getattr(getattr(self.model, "cache", None), "shift_log", None) or []
