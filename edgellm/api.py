@@ -34,6 +34,7 @@ from edgellm.generation import kernel_paths
 from edgellm.generation.batch import prepare, release_pool, run_batch
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.options import GenerationOptions, parse_options
+from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
 from edgellm.generation.state import ModelState
 from edgellm.store import catalog, hub
@@ -198,7 +199,6 @@ class Model:
 
     def use_prompt_cache(self, cache) -> None:
         """Keep the KV prefixes of conversations this cache leaves in `cache`: a byte budget, a PromptCache, or None."""
-        from edgellm.generation.prompt_cache import PromptCache
         if cache is not None and not isinstance(cache, PromptCache):
             cache = PromptCache(cache, model_name=self.name, n_vocab=self.n_vocab)
         self.prompt_cache = cache

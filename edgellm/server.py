@@ -37,6 +37,7 @@ from edgellm.compat import llama_compat
 from edgellm.compat.tool_calls import ChatPlan
 from edgellm.errors import EdgeLLMError
 from edgellm.generation.options import parse_options
+from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
 from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
@@ -539,7 +540,6 @@ def create_app(llm, api_key: str | None = None, model_name: str | None = None,
     long a reader may take nothing before its request is cancelled, buffer_events: how far generation runs ahead
     of it. scheduler_options: the rest of Scheduler's (seq_ctx, prefill_chunk)."""
     if prompt_cache is not None and not hasattr(prompt_cache, "lookup"):
-        from edgellm.generation.prompt_cache import PromptCache
         prompt_cache = PromptCache(prompt_cache, model_name=llm.name, n_vocab=llm.n_vocab)
     scheduler = Scheduler(llm, parallel, prompt_cache=prompt_cache, stall_timeout_s=stall_timeout_s,
                           buffer_events=buffer_events, **scheduler_options)
@@ -649,7 +649,6 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
                                device=device)
             llm.compile_progress = compile_progress
             name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
-            from edgellm.generation.prompt_cache import PromptCache
             prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
                 if cache_ram or cache_dir else None
             gate.app = create_app(llm, api_key=key, model_name=name, max_request_bytes=max_request_bytes,

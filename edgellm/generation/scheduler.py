@@ -154,7 +154,7 @@ def supports_batching(fm) -> bool:
 
 def default_parallel(fm, seq_ctx: int) -> int:
     """Slots that fit in KV_SHARE of the free memory, at most MAX_DEFAULT_PARALLEL (and n_batch)."""
-    from edgellm.engine.kvcache import KVPool
+    from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
     windows = [kv.window for kv in fm.cache.layers]
     cfg = fm.config
     one = KVPool.planned_nbytes(1, seq_ctx, cfg.n_head_kv, cfg.head_dim, windows, fm.n_batch, fm.cache.kv_type)
@@ -335,13 +335,19 @@ class Scheduler:
             self._finish(slot)
 
     def _chunks(self, batches) -> list:
-        """Split fresh batches into chunks of at most prefill_chunk tokens where every row keeps its kind."""
+        """Split fresh batches into chunks of prefill_chunk tokens (the last may take a short remainder) where every
+        row keeps its kind."""
         out = []
         for b0, b1 in batches:
             pieces = [(s, min(s + self.prefill_chunk, b1)) for s in range(b0, b1, self.prefill_chunk)]
-            if len(pieces) > 1 and self.engine.reusable and np.array_equal(
-                    prefix.kinds_of(pieces, self.row_kinds), prefix.kinds_of([(b0, b1)], self.row_kinds)):
-                out += pieces
+            # a remainder too short to keep its rows' kinds (a tiled kernel needs a few rows) joins the chunk before
+            joined = pieces[:-2] + [(pieces[-2][0], b1)] if len(pieces) > 2 else []
+            whole = prefix.kinds_of([(b0, b1)], self.row_kinds)
+            for split in (pieces, joined):
+                if len(split) > 1 and self.engine.reusable and np.array_equal(
+                        prefix.kinds_of(split, self.row_kinds), whole):
+                    out += split
+                    break
             else:
                 out.append((b0, b1))
         return out
