@@ -35,6 +35,7 @@ from edgellm.generation.batch import prepare, release_pool, run_batch
 from edgellm.generation import speculative as speculative_mod
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.options import MODEL_DEFAULT, GenerationOptions, parse_options
+from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.sampling import Sampler
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
 from edgellm.generation.state import ModelState
@@ -70,7 +71,7 @@ class Model:
                  models_dir: str | None = None, verbose: bool = False, device: str = "cpu",
                  check_memory: bool = True, kv_type: str | None = None, n_keep: int | None = None,
                  context_shift: bool = True, precompile=(), compile_progress=None, draft_model=None,
-                 speculative="auto"):
+                 speculative="auto", prompt_cache=None):
         """n_ctx None: the largest context that fits in free memory (validate.fit_context), at most the trained one.
         kv_type: KV cache storage, "f16" (default, as llama.cpp), "f32" or "q8_0". A full context shifts (unless
         context_shift=False): the first n_keep positions (default 4) stay and the oldest half of the rest goes.
@@ -79,7 +80,9 @@ class Model:
         speculative: the generating calls' default speculative decoding (docs/speculative.md), None (off),
         "lookup" (drafts from the prompt and output so far) or "draft" (drafts by draft_model, a smaller model of
         the same vocabulary: a catalog name, path or Model); "auto": "draft" with a draft_model, else None.
-        Each call can override it with speculative=."""
+        Each call can override it with speculative=.
+        prompt_cache: a RAM budget in bytes (or an edgellm.generation.prompt_cache.PromptCache) for the KV prefixes
+        of earlier conversations, so that alternating chats re-use their prefixes instead of evicting each other."""
         t0 = time.perf_counter()
         device = resolve_device(device)  # DeviceError here, before the file is read
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
@@ -119,6 +122,7 @@ class Model:
             forward_model.n_keep = n_keep
         forward_model.context_shift = forward_model.context_shift and bool(context_shift)
         self._assemble(forward_model, tokenizer, gguf_file.metadata, path, gguf_file=gguf_file, n_threads=n_threads)
+        self.use_prompt_cache(prompt_cache)
         self.device = device
         self._load_compile_s = 0.0
         self._set_speculation(draft_model, speculative, n_threads=n_threads, kv_type=kv_type,
@@ -214,6 +218,13 @@ class Model:
         self.last_batch: list | None = None
         self.draft_model: Model | None = None  # speculative decoding's drafter, when one was loaded
         self.speculative: str | None = None  # the generating calls' default (load(speculative=...))
+        self.prompt_cache = None
+
+    def use_prompt_cache(self, cache) -> None:
+        """Keep the KV prefixes of conversations this cache leaves in `cache`: a byte budget, a PromptCache, or None."""
+        if cache is not None and not isinstance(cache, PromptCache):
+            cache = PromptCache(cache, model_name=self.name, n_vocab=self.n_vocab)
+        self.prompt_cache = cache
 
     def __repr__(self):
         return f"Model({self.name!r}, n_ctx={self.n_ctx}, n_vocab={self.n_vocab}, threads={self.n_threads})"
@@ -266,22 +277,8 @@ class Model:
             self._release()
 
     def _rewind_cache(self, n: int) -> bool:
-        """Make the KV cache hold positions [0, n) only; False when that is impossible (a window ring already
-        overwrote positions the next token must see), in which case the caller starts from an empty cache."""
-        cache = getattr(self.model, "cache", None)
-        layers = getattr(cache, "layers", None)
-        if layers is None or n > cache.n_past:
-            return False
-        for layer in layers:
-            # the next query, at position n, attends to positions n - window < p < n (all of [0, n) without a window)
-            first = max(0, n - layer.window + 1) if layer.window else 0
-            needed = np.arange(first, n, dtype=np.int64)
-            if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
-                return False
-        for layer in layers:
-            layer.slot_pos[layer.slot_pos >= n] = EMPTY_SLOT
-        cache.n_past = n
-        return True
+        """Make the KV cache hold positions [0, n) only (edgellm.engine.prefix.rewind)."""
+        return prefix.rewind(getattr(self.model, "cache", None), n)
 
     def reset(self) -> None:
         """Empty the KV cache: the next prompt is evaluated from its first token (as llama-cpp-python's reset()).
@@ -315,6 +312,8 @@ class Model:
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
             common, batches = 0, prefix.fresh_batches(len(ids), step)
         else:
+            if self.prompt_cache is not None:
+                self._swap_prefix(ids, step, row_kinds)
             common, batches = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
         kinds = self._cached_kinds[:common]
         self._set_cached([], [])  # until the forward passes below have succeeded
@@ -338,6 +337,19 @@ class Model:
         self._apply_shifts()
         self.timings.reused_tokens = common
         return out[-1]
+
+    def _swap_prefix(self, ids, step, row_kinds) -> None:
+        """Before the cache moves to another conversation, keep what it holds in the prompt cache; bring in the
+        kept prefix of `ids` where it re-uses more than the cache's own."""
+        cache = self.model.cache
+        here, _ = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
+        entry = self.prompt_cache.lookup(ids, cache)
+        there = prefix.plan(entry.tokens, entry.kinds, ids, step, row_kinds)[0] if entry is not None else 0
+        if here < len(self._cached_tokens) and not self._shift_log():
+            self.prompt_cache.store(self._cached_tokens, self._cached_kinds, cache)
+        if there > here:
+            cache.import_state(entry.state)
+            self._set_cached(entry.tokens.tolist(), entry.kinds)
 
     def _shift_log(self) -> list:
         return getattr(getattr(self.model, "cache", None), "shift_log", None) or []

@@ -355,7 +355,8 @@ def cmd_serve(args) -> int:
                      n_threads=args.threads, max_request_bytes=args.max_request_bytes, compile_progress=report,
                      api_key_file=args.api_key_file, kv_type=args.kv_type, n_keep=args.keep, device=args.device,
                      max_tokens=args.max_tokens, request_timeout=args.request_timeout, max_queue=args.max_queue,
-                     cors_origins=args.cors_origin or ())
+                     cors_origins=args.cors_origin or (), parallel=args.parallel, cache_ram=args.cache_ram,
+                     cache_dir=args.cache_dir)
     finally:
         report.close()
 
@@ -387,6 +388,30 @@ def cmd_info(args) -> int:
     from edgellm.prep.info import describe  # start-up time: each subcommand imports only what it runs
     print(describe(args.model, n_ctx=args.ctx_size, kv_type=args.kv_type))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _byte_size(text: str) -> int:
+    """'512M', '2G', '1.5G', '1000000' as bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[:len(t) - len(unit)])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 512M or 2G, got {text!r}")
+    return int(value * units[unit])
 
 
 def _int_list(text: str) -> list:
@@ -522,6 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", action="append", default=None,
                    help="a web origin allowed to call the server from a browser, e.g. http://localhost:3000 "
                         "(repeatable; default none)")
+    p.add_argument("-np", "--parallel", type=_positive_int, default=None,
+                   help="requests decoded together (continuous batching; default: what free memory holds, at most 8)")
+    p.add_argument("--cache-ram", type=_byte_size, default=None,
+                   help="RAM for the prompt cache of recent conversations, e.g. 512M, 2G, 0 to disable (default 1G)")
+    p.add_argument("--cache-dir", default=None, help="also keep the prompt cache in this directory, across restarts")
     _add_load_args(p)
     p.set_defaults(func=cmd_serve)
 

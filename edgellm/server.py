@@ -1,20 +1,22 @@
 """`edgellm serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn; the `edgellm[server]` extra).
 
 Sections: errors in OpenAI's shape; request bodies (size cap, JSON, field types, the limits of
-edgellm/serving/limits.py); the model slot (one generation at a time: a FIFO asyncio lock, and one worker thread
-that does all model work, so a generation is always advanced by the thread that started it); the endpoints;
-`create_app` (the endpoints behind edgellm/serving/guard.py's checks, CORS and metrics), `BackgroundServer` (a
-server on a thread, for tests and embedding apps) and `serve` (the CLI entry).
+edgellm/serving/limits.py); requests on the scheduler (edgellm/generation/scheduler.py: continuous batching on one
+model-owning thread, so concurrent requests decode together; each request's llama-cpp-python-shaped call runs on a
+thread of its own, reading its events from the scheduler); the endpoints; `create_app` (the endpoints behind
+edgellm/serving/guard.py's checks, CORS and metrics), `BackgroundServer` (a server on a thread, for tests and
+embedding apps) and `serve` (the CLI entry).
 
 Streaming answers are server-sent events, one OpenAI chunk per `data:` line, then `data: [DONE]`. A client that
-disconnects mid-stream cancels its response task; the generator is closed on the worker thread before the next
-request's work (the worker runs jobs in order), so the slot is free at once. A client that leaves while the worker
-runs its request's model call (a long prompt, or a non-streamed generation) has that call cancelled
-(Model.cancel) at its next prompt batch or token.
+disconnects, queued, mid-prompt or mid-stream, cancels its request: a queued one is dropped unprefilled, a running
+one frees its slot at the next scheduler turn. Generation runs ahead of a slow reader into a bounded buffer; a
+reader that stays stalled past the stall timeout (its buffer full, or a send blocked) is cancelled and its slot
+freed.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -27,13 +29,17 @@ from functools import partial
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import edgellm
+from edgellm.compat import llama_compat
 from edgellm.compat.tool_calls import ChatPlan
 from edgellm.errors import EdgeLLMError
 from edgellm.generation.options import parse_options
+from edgellm.generation.prompt_cache import PromptCache
+from edgellm.generation.results import Completion
+from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
 from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
 from edgellm.serving.guard import LoadingGate, RequestGuard, resolve_api_key
 from edgellm.serving.limits import GenerationClock, RequestLimits, check_logprobs, fit_max_tokens
@@ -41,6 +47,7 @@ from edgellm.serving.metrics import RequestCounter, ServerMetrics, Stopwatch
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 DEFAULT_MAX_QUEUE = 64  # waiting requests beyond this get 503 rather than an unbounded wait
+DEFAULT_CACHE_RAM = 1 << 30  # `serve`'s prompt cache: KV prefixes of recent conversations
 log = logging.getLogger("edgellm.server")
 
 
@@ -159,51 +166,141 @@ def generation_kwargs(body: dict, fields: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 class ModelSlot:
-    """One generation at a time, first come first served; every model call runs on one worker thread."""
+    """The scheduler's admission, as the endpoints see it: n_slots sequences decode together, `waiting` requests
+    queue behind them (at most max_queue, then 503), and run(fn) runs a request's blocking call (it waits on the
+    scheduler's events) on a thread of its own."""
 
-    def __init__(self, llm, max_queue: int = DEFAULT_MAX_QUEUE):
-        self.llm = llm
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-model")
-        self.lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
-        self.max_queue = max_queue
-        self.waiting = 0
-        self._running = None  # the owner of the job the worker runs now, so a disconnect cancels only its own call
-        self._running_lock = threading.Lock()
-
-    n_slots = 1  # what /health and /metrics report: generations that can run at once
+    def __init__(self, scheduler: Scheduler, max_queue: int = DEFAULT_MAX_QUEUE):
+        self.scheduler, self.max_queue = scheduler, max_queue
+        self.n_slots = scheduler.n_parallel
+        self.worker = ThreadPoolExecutor(max_workers=self.n_slots + max_queue + 4, thread_name_prefix="edgellm-request")
+        self._waiting_here = 0  # requests counted before they reach the scheduler's queue
 
     @property
     def in_use(self) -> int:
-        return 1 if self.lock.locked() else 0
+        return self.scheduler.n_active
 
-    async def run(self, fn, *args, owner=None):
-        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(self._job, owner, fn, *args))
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.n_queued + self._waiting_here
 
-    def _job(self, owner, fn, *args):
-        with self._running_lock:
-            self._running = owner
+    @waiting.setter
+    def waiting(self, value: int) -> None:
+        self._waiting_here = value - self.scheduler.n_queued
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(fn, *args))
+
+    @contextlib.contextmanager
+    def counted(self):
+        """One request counted as waiting outside the scheduler's queue (tokenizer work), without the read-then-set
+        of `waiting`, which races with the scheduler thread's dequeues."""
+        self._waiting_here += 1
         try:
-            return fn(*args)
-        finally:  # fn's model call has ended here, so a cancel() that raced with the end finds the model idle
-            with self._running_lock:
-                self._running = None
-
-    def cancel(self, owner) -> None:
-        """Cancel the model call in flight if it is `owner`'s (a client that left), never another request's."""
-        with self._running_lock:
-            if self._running is owner:
-                self.llm.cancel()
+            yield
+        finally:
+            self._waiting_here -= 1
 
     def check_queue(self):
         if self.waiting >= self.max_queue:
             raise busy(f"the server is busy ({self.waiting} requests waiting); retry later")
 
-    async def acquire(self):
-        self.waiting += 1
+    def close(self) -> None:
+        """Stop the scheduler (requests in flight end with an error) and release its slots' memory."""
+        self.scheduler.close()
+        self.worker.shutdown(wait=False)
+
+
+class ScheduledModel:
+    """The Model as one request sees it: its generations go to the scheduler (the llama-cpp-python-shaped calls
+    of edgellm/compat/llama_compat.py run unchanged on top), and last_completion is this request's."""
+
+    def __init__(self, model, scheduler: Scheduler):
+        self._model, self._scheduler = model, scheduler
+        self.last_completion = None
+        self.request = None
+        self._gone = False
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decode_events(self, ids, opts):
+        self.request = self._scheduler.submit(ids, opts)
+        if self._gone:
+            self.request.cancel()
+        return self._events(self.request)
+
+    def _events(self, request):
+        for event in request.events():
+            if isinstance(event, Completion):
+                self.last_completion = event
+            yield event
+
+    def started(self) -> float | None:
+        """When the scheduler took this request from its queue (time.monotonic()); None before."""
+        return None if self.request is None else self.request.started
+
+    def cancel(self) -> None:
+        """The client left: its request, queued or running, is dropped at the scheduler's next turn."""
+        self._gone = True
+        if self.request is not None:
+            self.request.cancel()
+
+    def create_completion(self, prompt, **kwargs):
+        return llama_compat.create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages, **kwargs):
+        return llama_compat.create_chat_completion(self, messages, **kwargs)
+
+
+class EventStream:
+    """A server-sent-events response from an async iterator of str: each send must finish within send_timeout_s
+    (else the reader is stalled: on_gone(), and the connection is dropped), and a disconnect calls on_gone() at once,
+    even while nothing is being sent (a queued request, a long prompt)."""
+
+    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+    def __init__(self, chunks, on_gone, send_timeout_s: float):
+        self.chunks, self.on_gone, self.send_timeout_s = chunks, on_gone, send_timeout_s
+
+    async def __call__(self, scope, receive, send):
+        async def watch():
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.on_gone()
+
+        watcher = asyncio.create_task(watch())
         try:
-            await self.lock.acquire()
+            await send({"type": "http.response.start", "status": 200, "headers": self.HEADERS})
+            async for text in self.chunks:
+                if watcher.done():
+                    return
+                try:
+                    await asyncio.wait_for(send({"type": "http.response.body", "body": text.encode(),
+                                                 "more_body": True}), self.send_timeout_s)
+                except (asyncio.TimeoutError, OSError):
+                    self.on_gone()
+                    return  # the response stays incomplete: the server closes the connection
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self.waiting -= 1
+            watcher.cancel()
+            await self.chunks.aclose()
+
+
+class _Stepper:
+    """A chunk generator stepped on executor threads, one step at a time (a close waits for the step in flight)."""
+
+    def __init__(self, gen):
+        self.gen, self.lock = gen, threading.Lock()
+
+    def next(self):
+        with self.lock:
+            return next(self.gen, None)
+
+    def close(self):
+        with self.lock:
+            self.gen.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,12 +308,15 @@ class ModelSlot:
 # ---------------------------------------------------------------------------------------------------------------
 
 class Endpoints:
-    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int,
-                 limits: RequestLimits = RequestLimits(), metrics: ServerMetrics | None = None):
+    def __init__(self, llm, model_name: str, max_request_bytes: int, max_queue: int, scheduler: Scheduler,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, limits: RequestLimits = RequestLimits(),
+                 metrics: ServerMetrics | None = None):
         self.llm = llm
         self.model_name = model_name
         self.max_request_bytes = max_request_bytes
-        self.slot = ModelSlot(llm, max_queue)
+        self.scheduler = scheduler
+        self.slot = ModelSlot(scheduler, max_queue)
+        self.stall_timeout_s = stall_timeout_s
         self.limits = limits
         self.metrics = metrics or ServerMetrics()
         self.metrics.watch(queue_depth=lambda: self.slot.waiting, slots_busy=lambda: self.slot.in_use,
@@ -251,14 +351,11 @@ class Endpoints:
              "meta": meta}]})
 
     async def _tokenizer_job(self, fn, *args):
-        """Tokenizer work through the model slot's admission: refused with 503 when the queue is full, counted
-        as waiting, and run on the model's worker thread between generation steps, never beside them."""
+        """Tokenizer work through the model slot's admission: refused with 503 when the queue is full, and counted
+        as waiting while it runs (on a request thread; the tokenizer does not touch the scheduler's model state)."""
         self.slot.check_queue()
-        self.slot.waiting += 1
-        try:
+        with self.slot.counted():
             return await self.slot.run(fn, *args)
-        finally:
-            self.slot.waiting -= 1
 
     async def tokenize(self, request):
         body = await read_json(request, self.max_request_bytes)
@@ -296,7 +393,7 @@ class Endpoints:
             prompt = prompt[0]  # a batch of one
         ids_of = partial(self.llm.prompt_ids, prompt)
         return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
-                                    partial(self.llm.create_completion, prompt), kwargs, "prompt")
+                                    lambda llm, **kw: llm.create_completion(prompt, **kw), kwargs, "prompt")
 
     async def chat_completions(self, request):
         body = await read_json(request, self.max_request_bytes)
@@ -308,7 +405,7 @@ class Endpoints:
         def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
             return ChatPlan(self.llm, messages, **plan_args).ids
         return await self._generate(request, body, CHAT_FIELDS, ids_of,
-                                    partial(self.llm.create_chat_completion, messages), kwargs, "messages")
+                                    lambda llm, **kw: llm.create_chat_completion(messages, **kw), kwargs, "messages")
 
     async def _generate(self, request, body, fields, ids_of, create, kwargs, prompt_param):
         watch = Stopwatch()
@@ -334,30 +431,34 @@ class Endpoints:
         may_shift = bool(wants_shift) and bool(getattr(self.llm.model, "context_shift", False))
         kwargs["max_tokens"] = fit_max_tokens(n_prompt, kwargs.get("max_tokens"), self.llm.n_ctx, self.limits,
                                               may_shift, prompt_param)
-        if self.limits.request_timeout_s is not None:
-            clock = GenerationClock(self.limits.request_timeout_s)
-            create = clock.wrap(create)
-            kwargs["stopping_criteria"] = [clock]
         self.slot.check_queue()
+        llm = ScheduledModel(self.llm, self.scheduler)
+        if self.limits.request_timeout_s is not None:
+            # the scheduler checks it after each of this request's tokens; counted from its admission
+            kwargs["stopping_criteria"] = [GenerationClock(self.limits.request_timeout_s, since=llm.started)]
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = self._metered(self._sse(create, kwargs, include_usage, fields), watch)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response = await self._whole(request, create, kwargs, fields)
-        self._record(watch, first_token_s=None)  # the model is idle here: its timings are this request's
+            events = self._metered(self._sse(llm, create, kwargs, include_usage, fields), llm, watch)
+            return EventStream(events, llm.cancel, self.stall_timeout_s)
+        response = await self._whole(request, llm, create, kwargs, fields)
+        self._record(llm, watch, first_token_s=None)
         return response
 
-    def _record(self, watch: Stopwatch, first_token_s):
-        """The finished request's figures into the metrics, from the model's timings of its last call."""
-        t = self.llm.timings
+    def _record(self, llm, watch: Stopwatch, first_token_s):
+        """The finished request's figures into the metrics, from its own request on the scheduler (other requests
+        decode beside it, so the model's timings are no one request's)."""
+        done, served = llm.last_completion, llm.request
+        if done is None or served is None:
+            return
         duration = watch.elapsed()
-        ttft = first_token_s if first_token_s is not None else max(0.0, duration - t.generate_s)
-        self.metrics.generation(t.prompt_tokens, t.generated_tokens, ttft_s=ttft, duration_s=duration,
-                                decode_s=t.generate_s)
-        self.metrics.prompt_cache(t.reused_tokens > 0, t.reused_tokens)
+        if first_token_s is None and served.first_token_s is not None:
+            first_token_s = max(0.0, served.submitted - watch.start) + served.first_token_s
+        decode_s = None if first_token_s is None else duration - first_token_s
+        self.metrics.generation(done.prompt_tokens, done.completion_tokens, ttft_s=first_token_s,
+                                duration_s=duration, decode_s=decode_s)
+        self.metrics.prompt_cache(served.reused > 0, served.reused)
 
-    async def _metered(self, events, watch: Stopwatch):
+    async def _metered(self, events, llm, watch: Stopwatch):
         """A stream's events, timed for the metrics; an unexpected fault becomes an OpenAI error event."""
         finished = False
         try:
@@ -373,35 +474,26 @@ class Endpoints:
         finally:
             await events.aclose()
         if finished:
-            self._record(watch, None if watch.first is None else watch.first - watch.start)
+            self._record(llm, watch, None if watch.first is None else watch.first - watch.start)
 
-    async def _whole(self, request, create, kwargs, fields):
-        client_left = threading.Event()
-        # the criterion covers a client gone before the call started; cancel() one gone while it runs
-        kwargs["stopping_criteria"] = [*kwargs.get("stopping_criteria", ()),
-                                       lambda input_ids, logits: client_left.is_set()]
-        watcher = asyncio.create_task(_watch_disconnect(request, client_left, partial(self.slot.cancel, client_left)))
+    async def _whole(self, request, llm, create, kwargs, fields):
+        gone = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, gone, llm.cancel))
         try:
-            await self.slot.acquire()
-            try:
-                result = await self.slot.run(partial(create, **kwargs), owner=client_left)
-            finally:
-                self.slot.lock.release()
+            result = await self.slot.run(partial(create, llm, **kwargs))
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
         finally:
             watcher.cancel()
         return JSONResponse(result)
 
-    async def _sse(self, create, kwargs, include_usage, fields):
-        gen = last = None
-        owner = object()  # this response, in the worker's bookkeeping
-        await self.slot.acquire()
+    async def _sse(self, llm, create, kwargs, include_usage, fields):
+        stepper = last = None
         try:
             try:
-                gen = await self.slot.run(partial(create, stream=True, **kwargs))
+                stepper = _Stepper(await self.slot.run(partial(create, llm, stream=True, **kwargs)))
                 while True:
-                    chunk = await self.slot.run(next, gen, None, owner=owner)
+                    chunk = await self.slot.run(stepper.next)
                     if chunk is None:
                         break
                     last = chunk
@@ -410,18 +502,15 @@ class Endpoints:
                 yield f"data: {json.dumps({'error': _error_from_exception(e, fields).body()})}\n\n"
                 return
             if include_usage:
-                done = self.llm.last_completion
+                done = llm.last_completion
                 usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
                          "total_tokens": done.prompt_tokens + done.completion_tokens}
                 yield f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            # runs on a finished stream and on a cancelled one (client gone) alike, without awaiting: the close
-            # is queued on the worker ahead of anything the next request submits
-            if gen is not None:
-                self.slot.cancel(owner)  # a step still running (the client left mid-prompt) ends at its next batch
-                self.slot.worker.submit(gen.close)
-            self.slot.lock.release()
+            llm.cancel()  # (nothing happens to a finished request)
+            if stepper is not None:
+                self.slot.worker.submit(stepper.close)
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
@@ -440,16 +529,26 @@ async def _watch_disconnect(request: Request, flag: threading.Event, on_disconne
 
 def create_app(llm, api_key: str | None = None, model_name: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
-               limits: RequestLimits = RequestLimits(), cors_origins=(), host: str = "127.0.0.1"):
+               limits: RequestLimits = RequestLimits(), cors_origins=(), host: str = "127.0.0.1",
+               parallel: int | None = None, prompt_cache=None, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+               buffer_events: int = DEFAULT_BUFFER_EVENTS, **scheduler_options):
     """The ASGI app serving `llm` (an edgellm Model): the Starlette app inside its middleware (`.state` is the
     app's). Without api_key it answers only requests addressed to a loopback name or `host` (the address it is
     bound to), with JSON bodies (edgellm/serving/guard.py). cors_origins: web origins allowed to call it from a
-    browser (none by default)."""
+    browser (none by default). parallel: sequences decoded together (default: what fits in free memory, at most
+    8); prompt_cache: a PromptCache (or a RAM budget in bytes) for returning conversations; stall_timeout_s: how
+    long a reader may take nothing before its request is cancelled, buffer_events: how far generation runs ahead
+    of it. scheduler_options: the rest of Scheduler's (seq_ctx, prefill_chunk)."""
+    if prompt_cache is not None and not hasattr(prompt_cache, "lookup"):
+        prompt_cache = PromptCache(prompt_cache, model_name=llm.name, n_vocab=llm.n_vocab)
+    scheduler = Scheduler(llm, parallel, prompt_cache=prompt_cache, stall_timeout_s=stall_timeout_s,
+                          buffer_events=buffer_events, **scheduler_options)
     routes = {"/health": "health", "/metrics": "prometheus", "/v1/models": "models",
               "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
               "/tokenize": "tokenize", "/detokenize": "detokenize"}
     metrics = ServerMetrics(known_paths=routes)
-    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue, limits, metrics)
+    ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue, scheduler, stall_timeout_s, limits,
+                   metrics)
     posts = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
     app = Starlette(routes=[Route(path, getattr(ep, name), methods=["POST" if path in posts else "GET"])
                             for path, name in routes.items()],
@@ -493,6 +592,7 @@ class BackgroundServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -513,6 +613,9 @@ class BackgroundServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
+        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
+        if endpoints is not None:
+            endpoints.slot.close()
         return False
 
 
@@ -521,14 +624,18 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None, *,
           api_key_file: str | None = None, kv_type: str | None = None, n_keep: int | None = None,
           device: str = "cpu", max_tokens: int | None = None, request_timeout: float | None = None,
-          max_queue: int = DEFAULT_MAX_QUEUE, cors_origins=()) -> int:
+          max_queue: int = DEFAULT_MAX_QUEUE, cors_origins=(), parallel: int | None = None,
+          cache_ram: int | None = None, cache_dir: str | None = None) -> int:
     """`edgellm serve`: bind first and answer 503 "loading" (on /health: {"status": "loading"}) while the model
-    loads, then serve it. The API key comes from exactly one of api_key, api_key_file and $EDGELLM_API_KEY.
-    compile_progress: where given, told of kernels a request's prompt compiles on first use (the server's log says
-    so rather than a request seeming to hang)."""
+    loads, then serve it (the scheduler and its prompt cache are built once the model is loaded). The API key comes
+    from exactly one of api_key, api_key_file and $EDGELLM_API_KEY. compile_progress: where given, told of kernels a
+    request's prompt compiles on first use (the server's log says so rather than a request seeming to hang).
+    parallel: sequences decoded together (None: from the free memory); cache_ram: the prompt cache's RAM budget in
+    bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where it also keeps its entries across restarts."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
     key = resolve_api_key(api_key, api_key_file)
     limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
+    cache_ram = DEFAULT_CACHE_RAM if cache_ram is None else cache_ram
     if host not in ("127.0.0.1", "localhost", "::1") and not key:
         print(f"edgellm: warning: serving on {host} without an API key: anyone who can reach it can use it",
               file=sys.stderr)
@@ -542,8 +649,11 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
                                device=device)
             llm.compile_progress = compile_progress
             name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
+            prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
+                if cache_ram or cache_dir else None
             gate.app = create_app(llm, api_key=key, model_name=name, max_request_bytes=max_request_bytes,
-                                  max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host)
+                                  max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host,
+                                  parallel=parallel, prompt_cache=prompt_cache)
             print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
                   file=sys.stderr)
         except BaseException as e:  # reported by the main thread once the server has stopped

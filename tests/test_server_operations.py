@@ -11,7 +11,7 @@ parser = pytest.importorskip("prometheus_client.parser")
 
 import edgellm  # noqa: E402
 from edgellm.errors import EdgeLLMError, NumericalError  # noqa: E402
-from edgellm.server import BackgroundServer, create_app  # noqa: E402
+from edgellm.server import BackgroundServer, ScheduledModel, create_app  # noqa: E402
 from edgellm.serving.guard import API_KEY_ENV, LoadingGate, host_allowed, resolve_api_key  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -40,7 +40,7 @@ def scrape(srv) -> dict:
 
 
 def test_metrics_count_requests_tokens_and_times_per_server(llm):
-    with serve(llm) as srv, serve(llm) as other:
+    with serve(llm, parallel=2) as srv, serve(llm) as other:
         c = client_of(srv)
         r = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=6, temperature=0)
         chunks = list(c.completions.create(model="m", prompt="The sky is", max_tokens=5, temperature=0, stream=True,
@@ -58,7 +58,7 @@ def test_metrics_count_requests_tokens_and_times_per_server(llm):
         assert m[("edgellm_generation_tokens_per_second_count", ())] == 2
         assert m[("edgellm_prompt_cache_lookups_total", (("result", "hit"),))] + \
             m[("edgellm_prompt_cache_lookups_total", (("result", "miss"),))] == 2
-        assert (m[("edgellm_queue_depth", ())], m[("edgellm_slots_busy", ())], m[("edgellm_slots", ())]) == (0, 0, 1)
+        assert (m[("edgellm_queue_depth", ())], m[("edgellm_slots_busy", ())], m[("edgellm_slots", ())]) == (0, 0, 2)
         assert m[("edgellm_requests_in_flight", ())] == 1  # this scrape
         # the other server's registry saw none of it
         o = scrape(other)
@@ -93,7 +93,7 @@ def test_health_says_loading_then_ok_then_busy(llm):
 
 
 def test_health_reports_no_slot_while_a_stream_holds_it(llm):
-    with serve(llm) as srv:
+    with serve(llm, parallel=1) as srv:  # one slot: the stream holds all of them
         stream = client_of(srv).completions.create(model="m", prompt="Once upon a time", max_tokens=200,
                                                    stream=True, extra_body={"ignore_eos": True})
         next(iter(stream))  # generating now, and held until closed
@@ -195,14 +195,14 @@ def test_every_failure_is_an_openai_error_with_the_right_status(llm, monkeypatch
 
         def fault(*args, **kwargs):
             raise NumericalError("the logits hold NaN")
-        monkeypatch.setattr(llm, "create_completion", fault)
+        monkeypatch.setattr(ScheduledModel, "create_completion", fault)  # the request's call on the scheduler
         with pytest.raises(openai.InternalServerError) as info:
             c.completions.create(model="m", prompt="The sky", max_tokens=2)
         assert info.value.status_code == 500 and info.value.body["code"] == "model_error"
 
         def bug(*args, **kwargs):
             raise KeyError("internal detail")
-        monkeypatch.setattr(llm, "create_completion", bug)
+        monkeypatch.setattr(ScheduledModel, "create_completion", bug)
         with pytest.raises(openai.InternalServerError) as info:
             c.completions.create(model="m", prompt="The sky", max_tokens=2)
         assert info.value.body["type"] == "server_error" and "internal detail" not in info.value.body["message"]
@@ -212,17 +212,17 @@ def test_every_failure_is_an_openai_error_with_the_right_status(llm, monkeypatch
 
 
 def test_unexpected_fault_mid_stream_ends_with_an_error_event(llm, monkeypatch):
-    real = llm.create_chat_completion
+    real = ScheduledModel.create_chat_completion  # the request's call on the scheduler
 
-    def failing(*args, **kwargs):
+    def failing(self, *args, **kwargs):
         def gen():
-            for i, chunk in enumerate(real(*args, **kwargs)):
+            for i, chunk in enumerate(real(self, *args, **kwargs)):
                 if i == 2:
                     raise KeyError("internal detail")
                 yield chunk
         return gen()
     with serve(llm) as srv:
-        monkeypatch.setattr(llm, "create_chat_completion", failing)
+        monkeypatch.setattr(ScheduledModel, "create_chat_completion", failing)
         with httpx.stream("POST", srv.base_url + "/v1/chat/completions", timeout=600,
                           json={"messages": MESSAGES, "max_tokens": 20, "stream": True}) as r:
             lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]

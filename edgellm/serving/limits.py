@@ -60,21 +60,18 @@ def fit_max_tokens(n_prompt: int, max_tokens: int | None, n_ctx: int, limits: Re
 
 
 class GenerationClock:
-    """The wall-clock limit of one generation, as a stopping criterion: started when the model call starts
-    (time in the queue is bounded by the queue, not by this), checked after each token."""
+    """The wall-clock limit of one generation, as a stopping criterion: counted from `started`, or from what
+    since() returns (the server: when the scheduler takes the request from its queue; time in the queue is bounded
+    by the queue, not by this), checked after each token."""
 
-    def __init__(self, limit_s: float):
+    def __init__(self, limit_s: float, since=None):
         self.limit_s = limit_s
         self.started = None
+        self.since = since  # where given, () -> the start time (None until started), read at each check
         self.expired = False
 
-    def wrap(self, create):
-        def timed(*args, **kwargs):
-            self.started = time.monotonic()
-            return create(*args, **kwargs)
-        return timed
-
     def __call__(self, input_ids, logits) -> bool:
-        if self.started is not None and time.monotonic() - self.started > self.limit_s:
+        started = self.since() if self.since is not None else self.started
+        if started is not None and time.monotonic() - started > self.limit_s:
             self.expired = True
         return self.expired

@@ -1,0 +1,464 @@
+"""Continuous batching for a server: requests arriving at any time decode together, on one model-owning thread.
+
+`Scheduler(model, n_parallel)` keeps n_parallel sequence slots (one KV cache each, from a KVPool) and a FIFO
+queue. `submit(ids, opts)` returns a `ServedRequest` at once; its events (text piece, TokenInfo), then the
+Completion, arrive in its own bounded buffer, read from any thread. Only the scheduler thread touches the model.
+
+One turn of the loop:
+  1. admit: each free slot takes the oldest queued request (a cancelled one is dropped unprefilled). The slot
+     whose cache (or the prompt cache's entry) shares the longest re-usable prefix with the prompt is chosen, and
+     what a slot held is kept in the prompt cache before it is overwritten;
+  2. prefill: one chunk (at most `prefill_chunk` tokens) of the oldest request still prefilling;
+  3. decode: one step of every decoding sequence whose buffer has room: each samples its next token with its own
+     SequenceState (sampling, seed, stop strings, logprobs, constraint), and one forward_multi feeds them all.
+So a long prompt holds the running streams for one chunk at a time, never for its whole length, and a request
+that arrives joins at the next turn. A sequence that finishes, is cancelled, or whose reader stalls past
+`stall_timeout_s` frees its slot in that turn.
+
+Exactness: a chunk is a whole fresh batch of the prompt (edgellm.engine.prefix), or a part of one whose rows keep
+the kinds the whole batch gives them, and forward_multi's rows equal single-sequence decoding bit for bit; so a
+greedy request gives the same tokens as served alone, whatever else runs beside it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from edgellm.engine import prefix, validate
+from edgellm.errors import EdgeLLMError
+from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
+from edgellm.generation.results import Completion
+
+DEFAULT_PREFILL_CHUNK = 128  # prompt tokens between two decode steps (a multiple of 4: Q4_K's gemm groups)
+DEFAULT_BUFFER_EVENTS = 256  # tokens a request may run ahead of its reader before it pauses
+DEFAULT_STALL_TIMEOUT_S = 30.0  # a reader that takes nothing for this long, its buffer full, is cancelled
+MAX_DEFAULT_PARALLEL = 8
+KV_SHARE = 0.5  # of the free memory, what the default slot count may take for KV caches
+IDLE_WAIT_S = 0.05  # between turns with every sequence paused (full buffers): how often stalls are checked
+
+
+class ServedRequest:
+    """One request's side of the scheduler: its events, read by the request's thread; cancel() from anywhere."""
+
+    def __init__(self, ids, opts, bias, max_events: int):
+        self.ids, self.opts, self.bias, self.max_events = list(ids), opts, bias, max_events
+        self._events = deque()
+        self._cond = threading.Condition()
+        self.cancelled = threading.Event()
+        self.finished = False
+        self.status = "queued"  # queued, prefill, decode, done
+        self.prefilled = 0      # prompt tokens this request ran through the model
+        self.reused = 0         # prompt tokens re-used from a cache
+        self.stop_cause = None  # "cancelled", "stalled" or an error, when it did not finish on its own
+        self.submitted = time.monotonic()
+        self.started = None     # time.monotonic() when it left the queue for a slot
+        self.first_token_s = None
+        self._wake = None       # the scheduler's, to tell it a full buffer drained
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.cancelled.set()
+            if self._wake is not None:
+                self._wake()
+
+    # -- the scheduler's side ----------------------------------------------------------------------------------
+    def _push(self, event) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def _full(self) -> bool:
+        return len(self._events) >= self.max_events
+
+    # -- the reader's side -------------------------------------------------------------------------------------
+    def events(self):
+        """Generator of (piece, TokenInfo) events, then the Completion (an EdgeLLMError is raised where the model
+        failed). Closing it cancels the request."""
+        try:
+            while True:
+                with self._cond:
+                    while not self._events:
+                        self._cond.wait()
+                    event = self._events.popleft()
+                if self._wake is not None and len(self._events) == self.max_events - 1:
+                    self._wake()  # it had paused on a full buffer
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, Completion):
+                    return
+        finally:
+            self.cancel()
+
+
+class _Slot:
+    def __init__(self, index: int, cache):
+        self.index, self.cache = index, cache
+        self.tokens: list[int] = []  # what the cache holds (for prefix reuse); [] when unknown
+        self.kinds: list[int] = []
+        self.request: ServedRequest | None = None
+        self.seq: SequenceState | None = None
+        self.batches: list = []      # prompt chunks still to run
+        self.logits = None           # the row to sample the next token from
+        self.last_used = 0.0
+        self.paused_since = None
+
+
+class _PoolEngine:
+    """Slots on a KVPool: prompts with forward(cache=...), decode steps with forward_multi."""
+
+    def __init__(self, fm, n_parallel: int, seq_ctx: int):
+        from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
+        windows = [kv.window for kv in fm.cache.layers]
+        cfg = fm.config
+        args = (n_parallel, seq_ctx, cfg.n_head_kv, cfg.head_dim, windows, fm.n_batch, fm.cache.kv_type)
+        nbytes = KVPool.planned_nbytes(*args)
+        validate.check_memory(0, nbytes, what=f"{n_parallel} server slots of {seq_ctx} positions")
+        self.fm, self.pool = fm, KVPool(*args)
+        self.caches = self.pool.caches
+        self.reusable = True
+
+    def reset(self, slot) -> None:
+        slot.cache.reset()
+
+    def prefill(self, slot, tokens) -> np.ndarray:
+        return self.fm.forward(np.asarray(tokens, np.int32), cache=slot.cache)[-1]
+
+    def decode(self, slots, tokens) -> np.ndarray:
+        return self.fm.forward_multi(tokens, [s.cache for s in slots])
+
+
+class _SingleEngine:
+    """One slot on the model's own cache (models without forward_multi: the GPU's, test doubles)."""
+
+    def __init__(self, fm):
+        self.fm, self.caches, self.reusable = fm, [fm.cache], False
+
+    def reset(self, slot) -> None:
+        self.fm.reset()
+
+    def prefill(self, slot, tokens) -> np.ndarray:
+        return self.fm.forward(np.asarray(tokens, np.int32))[-1]
+
+    def decode(self, slots, tokens) -> np.ndarray:
+        return self.fm.forward(np.asarray(tokens, np.int32))[-1:]
+
+
+def supports_batching(fm) -> bool:
+    return bool(getattr(fm, "SUPPORTS_MULTI", False)) and hasattr(getattr(fm, "cache", None), "layers") \
+        and hasattr(fm, "forward_multi")
+
+
+def default_parallel(fm, seq_ctx: int) -> int:
+    """Slots that fit in KV_SHARE of the free memory, at most MAX_DEFAULT_PARALLEL (and n_batch)."""
+    from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
+    windows = [kv.window for kv in fm.cache.layers]
+    cfg = fm.config
+    one = KVPool.planned_nbytes(1, seq_ctx, cfg.n_head_kv, cfg.head_dim, windows, fm.n_batch, fm.cache.kv_type)
+    fit = int(validate.available_memory() * KV_SHARE) // max(one, 1)
+    return max(1, min(MAX_DEFAULT_PARALLEL, fm.n_batch, fit))
+
+
+class Scheduler:
+    """The model-owning loop (see the module docstring). close() stops it; requests in flight end cancelled."""
+
+    def __init__(self, model, n_parallel: int | None = None, seq_ctx: int | None = None, prompt_cache=None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, buffer_events: int = DEFAULT_BUFFER_EVENTS,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
+        for name, value in (("n_parallel", n_parallel), ("seq_ctx", seq_ctx)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.model = model
+        fm = model.model
+        self.seq_ctx = min(seq_ctx or model.n_ctx, model.n_ctx)
+        if supports_batching(fm):
+            n_parallel = min(n_parallel or default_parallel(fm, self.seq_ctx), fm.n_batch)
+            self.engine = _PoolEngine(fm, n_parallel, self.seq_ctx)
+        else:
+            self.engine = _SingleEngine(fm)
+            self.seq_ctx = model.n_ctx
+        self.slots = [_Slot(i, c) for i, c in enumerate(self.engine.caches)]
+        self.n_parallel = len(self.slots)
+        self.prompt_cache = prompt_cache if self.engine.reusable else None
+        self.prefill_chunk = max(4, prefill_chunk - prefill_chunk % 4)
+        self.buffer_events, self.stall_timeout_s = buffer_events, stall_timeout_s
+        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
+        self.row_kinds = getattr(fm, "row_kinds", DecoderModel.row_kinds)
+        self.decode_kind = int(prefix.kinds_of([(0, 1)], self.row_kinds)[0])
+        self.queue: deque[ServedRequest] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
+                      "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
+                      "decode_steps": 0, "prefill_chunks": 0}
+        self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- any thread ------------------------------------------------------------------------------------------
+    def submit(self, ids, opts, bias=None) -> ServedRequest:
+        """Queue a generation after prompt ids (checked by the caller) with these GenerationOptions."""
+        if bias is None:
+            bias = logit_bias_arrays(opts, self.model.n_vocab)
+        request = ServedRequest(ids, opts, bias, self.buffer_events)
+        request._wake = self._wake
+        with self._cond:
+            if self._closed:
+                raise EdgeLLMError("the server is shutting down")
+            self.queue.append(request)
+            self.stats["requests"] += 1
+            self._cond.notify_all()
+        return request
+
+    @property
+    def n_queued(self) -> int:
+        return len(self.queue)
+
+    @property
+    def n_active(self) -> int:
+        return sum(s.request is not None for s in self.slots)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 30) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # -- the scheduler thread --------------------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return bool(self.queue) or any(s.request is not None for s in self.slots)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._has_work():
+                    self._cond.wait()
+                if self._closed:
+                    break
+            with self.model.exclusive("serve"):  # other callers of this Model wait while requests run
+                while self._has_work() and not self._closed:
+                    if not self._turn():
+                        with self._cond:  # every sequence waits on its reader: sleep until one drains
+                            self._cond.wait(IDLE_WAIT_S)
+                if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
+                    self.model._set_cached([], [])
+        with self._cond:
+            pending = list(self.queue) + [s.request for s in self.slots if s.request is not None]
+            self.queue.clear()
+        for request in pending:
+            request._push(EdgeLLMError("the server is shutting down"))
+
+    def _turn(self) -> bool:
+        """One turn (see the module docstring); False when nothing could run."""
+        progressed = self._admit()
+        progressed |= self._prefill_one()
+        progressed |= self._decode_step()
+        return progressed
+
+    def _admit(self) -> bool:
+        progressed = False
+        while True:
+            with self._cond:
+                while self.queue and self.queue[0].cancelled.is_set():
+                    self._end_unstarted(self.queue.popleft())
+                    progressed = True
+                free = [s for s in self.slots if s.request is None]
+                if not free or not self.queue:
+                    return progressed
+                request = self.queue.popleft()
+            try:
+                self._start(request, free)
+            except EdgeLLMError as e:
+                request.stop_cause = repr(e)
+                self.stats["failed"] += 1
+                request.finished = True
+                request._push(e)
+            progressed = True
+
+    def _end_unstarted(self, request) -> None:
+        """A request cancelled while queued: answered empty, never prefilled."""
+        seq = SequenceState(self.model, request.ids, request.opts, 0, request.bias)
+        seq.stop_reason = "cancelled"
+        request.stop_cause, request.status, request.finished = "cancelled", "done", True
+        self.stats["cancelled"] += 1
+        request._push(seq.finish()[1])
+
+    def _plan(self, tokens, kinds, ids) -> int:
+        if not tokens:
+            return 0
+        return prefix.plan(tokens, kinds, ids, self._step(), self.row_kinds)[0]
+
+    def _step(self) -> int:
+        fm = self.engine.fm
+        step = getattr(fm, "prompt_step", None)
+        return step(self.slots[0].cache) if step is not None and self.engine.reusable else getattr(fm, "n_batch", 512)
+
+    def _start(self, request, free) -> None:
+        ids = request.ids
+        budget = max_new_tokens(request.opts.max_tokens, self.seq_ctx, len(ids),
+                                getattr(self.engine.fm, "context_shift", False))
+        seq = SequenceState(self.model, ids, request.opts, budget, request.bias)
+        step = self._step()
+        fits = len(ids) <= self.seq_ctx and self.engine.reusable
+        # the free slot that re-uses most, else the one least recently used
+        reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits else 0 for s in free}
+        slot = max(free, key=lambda s: (reuse[s.index], -s.last_used))
+        common = reuse[slot.index]
+        entry = self.prompt_cache.lookup(ids, slot.cache) if fits and self.prompt_cache is not None else None
+        from_entry = self._plan(entry.tokens.tolist(), entry.kinds, ids) if entry is not None else 0
+        if self.prompt_cache is not None and common < len(slot.tokens):
+            self.prompt_cache.store(slot.tokens, slot.kinds, slot.cache)  # before it is overwritten
+        if from_entry > common:
+            slot.cache.import_state(entry.state)
+            slot.tokens, slot.kinds, common = entry.tokens.tolist(), list(entry.kinds), from_entry
+        batches = None
+        if common:
+            planned, batches = prefix.plan(slot.tokens, slot.kinds, ids, step, self.row_kinds)
+            if planned != common or not prefix.rewind(slot.cache, common):
+                batches = None
+        if batches is None:
+            common, batches = 0, prefix.fresh_batches(len(ids), step)
+            self.engine.reset(slot)
+        slot.tokens, slot.kinds = list(ids[:common]), slot.kinds[:common]
+        slot.batches = self._chunks(batches)
+        slot.request, slot.seq, slot.logits, slot.paused_since = request, seq, None, None
+        request.status, request.reused, request.started = "prefill", common, time.monotonic()
+        self.stats["prompt_tokens"] += len(ids)
+        self.stats["reused_tokens"] += common
+        if seq.done:  # max_tokens 0
+            self._finish(slot)
+
+    def _chunks(self, batches) -> list:
+        """Split fresh batches into chunks of prefill_chunk tokens (the last may take a short remainder) where every
+        row keeps its kind."""
+        out = []
+        for b0, b1 in batches:
+            pieces = [(s, min(s + self.prefill_chunk, b1)) for s in range(b0, b1, self.prefill_chunk)]
+            # a remainder too short to keep its rows' kinds (a tiled kernel needs a few rows) joins the chunk before
+            joined = pieces[:-2] + [(pieces[-2][0], b1)] if len(pieces) > 2 else []
+            whole = prefix.kinds_of([(b0, b1)], self.row_kinds)
+            for split in (pieces, joined):
+                if len(split) > 1 and self.engine.reusable and np.array_equal(
+                        prefix.kinds_of(split, self.row_kinds), whole):
+                    out += split
+                    break
+            else:
+                out.append((b0, b1))
+        return out
+
+    def _prefill_one(self) -> bool:
+        prefilling = [s for s in self.slots if s.request is not None and s.request.status == "prefill"]
+        if not prefilling:
+            return False
+        slot = min(prefilling, key=lambda s: s.request.submitted)
+        request = slot.request
+        if request.cancelled.is_set():
+            self._finish(slot, "cancelled")
+            return True
+        b0, b1 = slot.batches.pop(0)
+        chunk = request.ids[b0:b1]
+        try:
+            logits = self.engine.prefill(slot, chunk)
+        except EdgeLLMError as e:
+            self._fail(slot, e)
+            return True
+        request.prefilled += b1 - b0
+        self.stats["prefilled_tokens"] += b1 - b0
+        self.stats["prefill_chunks"] += 1
+        slot.tokens += chunk
+        slot.kinds += prefix.kinds_of([(b0, b1)], self.row_kinds).tolist()  # as this chunk ran
+        self._note_shifts(slot)
+        if not slot.batches:
+            slot.logits = np.array(logits, copy=True)
+            request.status = "decode"
+            request.first_token_s = time.monotonic() - request.submitted
+        return True
+
+    def _decode_step(self) -> bool:
+        decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
+        stepped, progressed, now = [], False, time.monotonic()
+        for slot in decoding:
+            request, seq = slot.request, slot.seq
+            if request.cancelled.is_set():
+                self._finish(slot, "cancelled")
+                progressed = True
+                continue
+            if request._full():
+                slot.paused_since = slot.paused_since or now
+                if now - slot.paused_since > self.stall_timeout_s:
+                    self._finish(slot, "stalled")
+                    progressed = True
+                continue
+            slot.paused_since = None
+            try:
+                check_finite(slot.logits, f"after {len(seq.history)} tokens")
+                event = seq.step(slot.logits)
+            except EdgeLLMError as e:
+                self._fail(slot, e)
+                progressed = True
+                continue
+            progressed = True
+            if event is not None:
+                request._push(event)
+                self.stats["generated_tokens"] += 1
+            if seq.done:
+                self._finish(slot)
+            else:
+                stepped.append(slot)
+        if stepped:
+            tokens = [s.seq.generated[-1] for s in stepped]
+            try:
+                rows = self.engine.decode(stepped, tokens)
+            except EdgeLLMError as e:
+                for slot in stepped:
+                    self._fail(slot, e)
+                return True
+            self.stats["decode_steps"] += 1
+            for slot, row, token in zip(stepped, rows, tokens):
+                slot.logits = np.array(row, copy=True)  # the engine reuses its logits buffer
+                slot.tokens.append(token)
+                slot.kinds.append(self.decode_kind)
+                self._note_shifts(slot)
+        return progressed
+
+    def _note_shifts(self, slot) -> None:
+        log = getattr(slot.cache, "shift_log", None)
+        if log:  # a context shift re-rotated keys no fresh run computes so: this cache is not re-used
+            slot.tokens, slot.kinds = [], []
+            log.clear()
+
+    def _finish(self, slot, cause: str | None = None) -> None:
+        request, seq = slot.request, slot.seq
+        if cause is not None:
+            seq.stop_reason = "cancelled"
+            request.stop_cause = cause
+            self.stats["stalled" if cause == "stalled" else "cancelled"] += 1
+        else:
+            self.stats["finished"] += 1
+        piece, completion = seq.finish()
+        if piece:
+            request._push((piece, None))
+        self.model.last_completion = completion
+        request.status, request.finished = "done", True
+        request._push(completion)
+        self._free(slot)
+
+    def _fail(self, slot, error) -> None:
+        request = slot.request
+        request.stop_cause, request.status, request.finished = repr(error), "done", True
+        self.stats["failed"] += 1
+        request._push(error)
+        slot.tokens, slot.kinds = [], []  # a failed forward leaves the cache in no known state
+        self._free(slot)
+
+    def _free(self, slot) -> None:
+        slot.batches = []  # cut mid-prompt: the whole chunks that ran stay in the cache, and in slot.tokens
+        slot.request = slot.seq = slot.logits = None
+        slot.paused_since = None
+        slot.last_used = time.monotonic()

@@ -1,0 +1,163 @@
+"""Server benchmark: concurrent streaming chats against `edgellm serve` (continuous batching) and, for comparison,
+llama-cpp-python's server, each started here as a niced subprocess on 127.0.0.1; plus the time to first token of
+a returning ~2,000-token conversation with the prompt cache and without.
+
+    python tools/bench_server.py --model smollm2-135m --clients 1,8,16 --max-tokens 64 [--llama-cpp-python]
+        [--loadtest tools/loadtest.py] [--nice 10] [--returning 2000]
+
+The load itself is tools/loadtest.py (the official openai async client): aggregate generated tokens/s over the
+wall time, p50/p99 time to first token, errors. The speed-up is each row's tokens/s over the 1-client row's.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import openai
+
+LLAMA_PYTHON = "/work/llama-venv/bin/python"
+STARTUP_S = 600  # a first start compiles the kernels
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, argv, port, nice):
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
+        # the log goes to a file: a pipe nobody reads fills up and blocks a verbose server (llama.cpp's load log)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_server_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(["nice", "-n", str(nice)] + argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def __enter__(self):
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited; its log: {self.log.name}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=5):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return False
+
+
+def edgellm_server(model, port, nice, n_ctx, parallel, cache_ram="1G"):
+    exe = os.path.join(os.path.dirname(sys.executable), "edgellm")
+    return Server([exe, "serve", model, "--port", str(port), "-c", str(n_ctx), "--parallel", str(parallel),
+                   "--cache-ram", cache_ram], port, nice)
+
+
+def llama_cpp_python_server(path, port, nice, n_ctx, threads):
+    return Server([LLAMA_PYTHON, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx",
+                   str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                   # by default a new request interrupts the stream in flight: queue them instead, as edgellm does
+                   "--interrupt_requests", "False"], port, nice)
+
+
+def load(loadtest, url, clients, requests, max_tokens):
+    out = subprocess.run([sys.executable, loadtest, "--url", url, "--clients", str(clients), "--requests",
+                          str(requests), "--max-tokens", str(max_tokens), "--json"],
+                         capture_output=True, text=True, timeout=3600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"loadtest failed: {out.stdout[-1000:]} {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def returning_ttft(url, history_tokens, model_name="any"):
+    """TTFT of a conversation's next turn after another conversation took the (single) slot in between."""
+    c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1200)
+    turns = []
+    for i in range(400):
+        turns += [{"role": "user", "content": f"Question {i}: tell me one fact about the number {i * 7}."},
+                  {"role": "assistant", "content": f"The number {i * 7} is {'even' if i % 2 == 0 else 'odd'}, "
+                                                   f"and {i * 7} plus one is {i * 7 + 1}."}]
+        if 50 * len(turns) // 2 >= history_tokens:  # ~50 tokens a pair with SmolLM2's chat template
+            break
+    first = turns[:-1]
+    reply = c.chat.completions.create(model=model_name, messages=first, max_tokens=16, temperature=0)
+    c.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Something else " * 40}],
+                              max_tokens=4, temperature=0)  # another conversation takes the slot
+    follow = first + [{"role": "assistant", "content": reply.choices[0].message.content},
+                      {"role": "user", "content": "And the next one?"}]
+    t0 = time.perf_counter()
+    stream = c.chat.completions.create(model=model_name, messages=follow, max_tokens=4, temperature=0, stream=True)
+    ttft = None
+    for ch in stream:
+        if ttft is None and ch.choices and ch.choices[0].delta.content:
+            ttft = time.perf_counter() - t0
+    return ttft, reply.usage.prompt_tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--clients", default="1,8,16")
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--nice", type=int, default=10, help="the servers' niceness (the same for both engines)")
+    ap.add_argument("--loadtest", default=os.path.join(os.path.dirname(__file__), "loadtest.py"))
+    ap.add_argument("--llama-cpp-python", action="store_true", help="also load llama-cpp-python's server")
+    ap.add_argument("--no-edgellm", action="store_true", help="only llama-cpp-python's server")
+    ap.add_argument("--returning", type=int, default=2000, help="history tokens of the returning conversation (0: skip)")
+    args = ap.parse_args(argv)
+    clients = [int(x) for x in args.clients.split(",")]
+    rows = []
+    parallel = max(clients)
+    port = free_port()
+    with (edgellm_server(args.model, port, args.nice, args.n_ctx, parallel) if not args.no_edgellm
+          else contextlib.nullcontext()) as srv:
+        for n in clients if not args.no_edgellm else ():
+            r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
+            rows.append(("edgellm", n, r))
+            print(json.dumps({"engine": "edgellm", "clients": n, **r}), flush=True)
+    if args.llama_cpp_python:
+        from edgellm.store import catalog
+        path = catalog.resolve(args.model)
+        port = free_port()
+        with llama_cpp_python_server(str(path), port, args.nice, args.n_ctx, os.cpu_count()) as srv:
+            for n in clients:
+                r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
+                rows.append(("llama-cpp-python", n, r))
+                print(json.dumps({"engine": "llama-cpp-python", "clients": n, **r}), flush=True)
+    print("\n| engine | clients | tokens/s | vs 1 client | TTFT p50 s | TTFT p99 s | errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for engine, n, r in rows:
+        base = next(x for e, m, x in rows if e == engine and m == min(clients))["tokens_per_s"]
+        print(f"| {engine} | {n} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | "
+              f"{r['ttft_p50_s']} | {r['ttft_p99_s']} | {r['errors']} |")
+    if args.returning:
+        for cache in ("1G", "0"):
+            port = free_port()
+            with edgellm_server(args.model, port, args.nice, args.n_ctx, 1, cache_ram=cache) as srv:
+                returning_ttft(srv.url, 200)  # compile the paths first
+                ttft, n_prompt = returning_ttft(srv.url, args.returning)
+            print(f"returning conversation ({n_prompt} prompt tokens before), prompt cache {cache}: "
+                  f"time to first token {ttft:.3f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
