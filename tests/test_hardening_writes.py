@@ -35,21 +35,26 @@ cache = {"n_past": 4, "n_shifted": 0, "kv_type": "f16", "capacities": (64,), "la
 ModelState("m", 64, [1, 2, 3, 4], cache).save(sys.argv[1])
 """
 
-QUANTIZE_CHILD = """
-import sys, time
-sys.path.insert(0, sys.argv[3])
-import gguf
-import hardening_tiny
-src = hardening_tiny.write_loadable_tiny_model(sys.argv[2], hardening_tiny.tiny_spec(weight_type="F32"))
+# Both GGUF writers go through gguf-py's GGUFWriter: one tensor out, then stop as if the power went.
+HANG_AFTER_FIRST_TENSOR = """
 real = gguf.GGUFWriter.write_tensor_data
 def write_then_hang(self, *a, **k):
     real(self, *a, **k)
     print("mid-write", flush=True)
     time.sleep(60)
 gguf.GGUFWriter.write_tensor_data = write_then_hang
+"""
+
+QUANTIZE_CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+import gguf
+import hardening_tiny
+src = hardening_tiny.write_loadable_tiny_model(sys.argv[2], hardening_tiny.tiny_spec(weight_type="F32"))
+HANG_AFTER_FIRST_TENSOR
 from edgellm.prep.quantize import quantize_file
 quantize_file(src, sys.argv[1], "Q8_0", progress=False)
-"""
+""".replace("HANG_AFTER_FIRST_TENSOR\n", HANG_AFTER_FIRST_TENSOR)
 
 CONVERT_CHILD = """
 import sys, time
@@ -60,15 +65,10 @@ from test_convert import make_checkpoint
 hf_dir = Path(sys.argv[2])
 hf_dir.mkdir()
 make_checkpoint(hf_dir, "llama")
-real = gguf.GGUFWriter.write_tensor_data
-def write_then_hang(self, *a, **k):
-    real(self, *a, **k)
-    print("mid-write", flush=True)
-    time.sleep(60)
-gguf.GGUFWriter.write_tensor_data = write_then_hang
+HANG_AFTER_FIRST_TENSOR
 from edgellm.prep.convert import convert_checkpoint
 convert_checkpoint(hf_dir, sys.argv[1], "F16", progress=False)
-"""
+""".replace("HANG_AFTER_FIRST_TENSOR\n", HANG_AFTER_FIRST_TENSOR)
 
 PULL_CHILD = """
 import hashlib, os, sys, time, zipfile
