@@ -702,7 +702,7 @@ def kernel_for(name: str, kinds: np.ndarray):
     """The kernel for a batch of these row kinds: matmul_<fmt>_few unless the batch has eight-token work (Q4_K: an
     aligned group of eight gemm tokens; Q6_K: any tiled row)."""
     if name == "IQ4_XS":
-        from .iq4_xs import matmul_iq4_xs
+        from .iq4_xs import matmul_iq4_xs  # only IQ4_XS files load its kernels
         return matmul_iq4_xs
     if name == "Q6_K":
         eight = bool(kinds.any())

@@ -51,12 +51,12 @@ def count_batches(m, cancel_at=None):
     inner = m.model.forward_batch
     pending = [cancel_at]
 
-    def counted(tokens, positions, logits_out):
+    def counted(tokens, positions, logits_out, **kw):  # groups=: the server's scheduler runs its own caches
         sizes.append(len(tokens))
         if len(sizes) == pending[0]:
             pending[0] = None
             assert m.cancel() is True
-        inner(tokens, positions, logits_out)
+        inner(tokens, positions, logits_out, **kw)
     m.model.forward_batch = counted
     return sizes
 
@@ -169,7 +169,7 @@ def test_a_client_leaving_mid_prompt_cancels_the_prompt_on_the_server(tiny_path)
     n_batches = -(-len(m.tokenize(prompt)) // N_BATCH)
     sizes = count_batches(m)
     slow = m.model.forward_batch
-    m.model.forward_batch = lambda *args: (time.sleep(SLOW_BATCH_S), slow(*args))
+    m.model.forward_batch = lambda *args, **kw: (time.sleep(SLOW_BATCH_S), slow(*args, **kw))
     body = json.dumps({"prompt": prompt, "max_tokens": 8, "ignore_eos": True}).encode()
     with BackgroundServer(create_app(m, model_name="tiny")) as srv:
         with socket.create_connection((srv.host, srv.port)) as sock:

