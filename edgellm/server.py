@@ -23,7 +23,6 @@ import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from starlette.applications import Starlette
@@ -173,7 +172,7 @@ class ModelSlot:
     def __init__(self, scheduler: Scheduler, max_queue: int = DEFAULT_MAX_QUEUE):
         self.scheduler, self.max_queue = scheduler, max_queue
         self.n_slots = scheduler.n_parallel
-        self.worker = ThreadPoolExecutor(max_workers=self.n_slots + max_queue + 4, thread_name_prefix="edgellm-request")
+        self.worker = threading.BoundedSemaphore(self.n_slots + max_queue + 4)  # request threads at once
         self._waiting_here = 0  # requests counted before they reach the scheduler's queue
 
     @property
@@ -189,7 +188,29 @@ class ModelSlot:
         self._waiting_here = value - self.scheduler.n_queued
 
     async def run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.worker, partial(fn, *args))
+        """fn(*args) on a daemon thread of its own: a request left waiting on a scheduler that is gone must never
+        hold up the interpreter's exit (an executor's workers are joined at exit)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle(method, value):
+            if not done.done():
+                method(value)
+
+        def job():
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the awaiting request
+                loop.call_soon_threadsafe(settle, done.set_exception, e)
+            else:
+                loop.call_soon_threadsafe(settle, done.set_result, result)
+            finally:
+                self.worker.release()
+
+        if not self.worker.acquire(blocking=False):
+            raise busy("the server is busy (every request thread is taken); retry later")
+        threading.Thread(target=job, name="edgellm-request", daemon=True).start()
+        return await done
 
     @contextlib.contextmanager
     def counted(self):
@@ -208,7 +229,6 @@ class ModelSlot:
     def close(self) -> None:
         """Stop the scheduler (requests in flight end with an error) and release its slots' memory."""
         self.scheduler.close()
-        self.worker.shutdown(wait=False)
 
 
 class ScheduledModel:
@@ -510,7 +530,7 @@ class Endpoints:
         finally:
             llm.cancel()  # (nothing happens to a finished request)
             if stepper is not None:
-                self.slot.worker.submit(stepper.close)
+                threading.Thread(target=stepper.close, name="edgellm-request-close", daemon=True).start()
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
