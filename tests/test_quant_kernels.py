@@ -183,11 +183,18 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
 
 
 def test_row_kinds_follow_llama_cpp_dispatch():
-    from edgellm.quant.matmul_kquant import row_kinds
+    from edgellm.quant.registry import kernels_for, records
+
+    def row_kinds(name, n_out, sizes):
+        return kernels_for(name).row_kinds_of(n_out, sizes)
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (9,)), [1] * 8 + [0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (3, 5)), [0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 644, (9,)), [0] * 9)  # not repacked
     np.testing.assert_array_equal(row_kinds("Q6_K", 640, (7, 8)), [0] * 7 + [1] * 8)
+    np.testing.assert_array_equal(row_kinds("IQ4_XS", 640, (7, 8)), [0] * 7 + [1] * 8)
+    # every other format computes all of a batch with one kernel
+    assert {r.name for r in records() if r.row_kinds} == {"Q4_K", "Q6_K", "IQ4_XS"}
+    assert not row_kinds("Q5_K", 640, (9, 8)).any()
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
@@ -742,16 +749,23 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     short prompts); Q4_K's two kernels give the same bits on the same rows (its eight-token gemm is two four-token
     groups lane by lane)."""
     from edgellm.quant import linear, matmul_kquant as mk
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (7,))) is mk.matmul_q4_k_few
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 4))) is mk.matmul_q4_k_few  # no aligned eight
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 8))) is mk.matmul_q4_k
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (9,))) is mk.matmul_q4_k
-    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (1,) * 8)) is mk.matmul_q6_k_few
-    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (8,))) is mk.matmul_q6_k
+    from edgellm.quant.registry import kernels_for
+    q4k, q6k = kernels_for("Q4_K"), kernels_for("Q6_K")
+
+    def kernel_for(record, sizes):
+        return record.row_kinds_kernel(record.row_kinds_of(40, sizes))
+    assert kernel_for(q4k, (7,)) is mk.matmul_q4_k_few
+    assert kernel_for(q4k, (3, 5, 4)) is mk.matmul_q4_k_few  # no aligned eight
+    assert kernel_for(q4k, (3, 5, 8)) is mk.matmul_q4_k
+    assert kernel_for(q4k, (9,)) is mk.matmul_q4_k
+    assert kernel_for(q6k, (1,) * 8) is mk.matmul_q6_k_few
+    assert kernel_for(q6k, (8,)) is mk.matmul_q6_k
+    iq4xs = kernels_for("IQ4_XS")  # one kernel for both kinds
+    assert kernel_for(iq4xs, (1,)) is kernel_for(iq4xs, (8,)) is iq4xs.matmul_kernel()
     fmt = quant.format_by_name("Q4_K")
     layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=21), "Q4_K", (40, 512))
     x = np.random.default_rng(22).standard_normal((21, 512)).astype(np.float32)
-    kinds = mk.row_kinds("Q4_K", 40, (21,))
+    kinds = q4k.row_kinds_of(40, (21,))
     outs = []
     for kernel in (mk.matmul_q4_k, mk.matmul_q4_k_few):
         scratch = linear._ActivationScratch(Q8_K, 512).reserve(21)
@@ -762,7 +776,7 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     # Q6_K's full kernel given rows without tiles computes them as matmul_q6_k_few does (vec_dot per token)
     fmt = quant.format_by_name("Q6_K")
     layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=23), "Q6_K", (40, 512))
-    kinds = mk.row_kinds("Q6_K", 40, (1,) * 5)
+    kinds = q6k.row_kinds_of(40, (1,) * 5)
     outs = []
     for kernel in (mk.matmul_q6_k, mk.matmul_q6_k_few):
         scratch = linear._ActivationScratch(Q8_K, 512).reserve(5)
