@@ -50,6 +50,7 @@ DRIVER_LANE_SUMS = "lane_sums"  # unsigned quants in the two-row dot, the offset
 ROWS_GEMM4 = "gemm4"    # a matrix of a multiple of 8 rows is repacked at load: tokens [0, T - T % 4) go through
                         # the 4-token gemm, the rest through the gemv; other row counts take the gemv
 ROWS_TILED8 = "tiled8"  # batches of at least 8 tokens go through the tiled matmul, smaller ones through vec_dot
+ROWS_PAIRS = "pairs"    # batches of at least 2 tokens go through llamafile's tinyBLAS, one token through vec_dot
 GEMM4_TOKENS = 4        # the repacked gemm's token group
 TILED8_MIN_TOKENS = 8   # llama.cpp hands batches of at least this many tokens to its tiled K-quant matmul
 
@@ -98,6 +99,8 @@ class FormatKernels:
             if self.row_kinds == ROWS_GEMM4 and n_out % 8 == 0:
                 kinds[start: start + n - n % GEMM4_TOKENS] = 1
             elif self.row_kinds == ROWS_TILED8 and n >= TILED8_MIN_TOKENS:
+                kinds[start: start + n] = 1
+            elif self.row_kinds == ROWS_PAIRS and n >= 2:
                 kinds[start: start + n] = 1
             start += n
         return kinds
@@ -149,7 +152,8 @@ def _attr(module: str, name: str):
 def _float(name: str) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, FLOAT, f"reference:dequantize_{low}", f"reference:quantize_{low}",
-                         f"kernels_dequant:block_{low}", matmul="kernels_float", cuda=name != "BF16")
+                         f"kernels_dequant:block_{low}", matmul="kernels_float", cuda=name != "BF16",
+                         row_kinds=ROWS_PAIRS)
 
 
 def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
@@ -216,7 +220,7 @@ def _check() -> dict[str, FormatKernels]:
             raise AssertionError(f"{r.name}: needs a matmul module")
         if r.kgroups is not None and (r.activation != Q8_K or r.row_kinds is not None):
             raise AssertionError(f"{r.name}: kgroups kernels are Q8_K-activation kernels of one kind per token")
-        if r.row_kinds not in (None, ROWS_GEMM4, ROWS_TILED8) or (r.few and r.row_kinds is None):
+        if r.row_kinds not in (None, ROWS_GEMM4, ROWS_TILED8, ROWS_PAIRS) or (r.few and r.row_kinds is None):
             raise AssertionError(f"{r.name}: row_kinds must be one of ROWS_* (and few needs it)")
     return by_name
 

@@ -2,7 +2,8 @@
 them, for the llama.cpp fixtures (tools/record_tiny_archs.py records; tests/test_tiny_archs_llama_cpp.py checks).
 
 Each file: four layers of tiny dims (d 256, four heads of 64, two KV heads, n_ff 512), random weights in the
-formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K), norm
+formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K; F16 and BF16
+for llama_f16), norm
 weights near 1, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
 file), so llama.cpp loads it as a real model. Generation is deterministic (numpy's PCG64 from a fixed seed and
 gguf-py's writer), so a test rebuilds the file and checks its sha256 against the recorded one instead of keeping
@@ -19,7 +20,6 @@ from helpers_tiny_gguf import _add, random_matrix_bytes
 
 N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 4, 256, 4, 2, 64, 512
 # Matrix format of each layer; Q4_K_M's mix in layer 1 (Q6_K for attn_v and ffn_down, as llama.cpp's quantizer).
-# No F16 matrices: edgellm's F16 matmul is not llama.cpp's arithmetic (it differs in the last bits), see docs.
 LAYER_TYPES = ("Q8_0", "Q4_K", "F32", "Q6_K")
 Q6_K_IN_Q4_K_M = ("attn_v.weight", "ffn_down.weight")
 
@@ -32,6 +32,7 @@ class TinyArch:
     embd_type: str
     keys: dict = field(default_factory=dict)  # the architecture's own keys, without the "{arch}." prefix
     seed: int = 0
+    layer_types: tuple = LAYER_TYPES  # matrix format of layer i: layer_types[i % len]
 
 
 TINY_ARCHS = {
@@ -48,6 +49,9 @@ TINY_ARCHS = {
         "rope.freq_base": 5000000.0, "context_length": 131072}, seed=4),
     "olmo2": TinyArch("olmo2", "olmo2", "allenai/OLMo-2-0425-1B-Instruct", "Q8_0", {
         "rope.freq_base": 500000.0, "context_length": 4096}, seed=5),
+    # the float formats unquantized files hold (convert_hf_to_gguf's default F16, and BF16), output tied to F16
+    "llama_f16": TinyArch("llama_f16", "llama", "F16 / BF16 files of any llama model", "F16", {
+        "rope.freq_base": 10000.0, "context_length": 4096}, seed=6, layer_types=("F16", "BF16")),
 }
 
 
@@ -72,7 +76,7 @@ def _metadata(spec: TinyArch) -> dict:
 def _matrix_type(spec: TinyArch, name: str) -> str:
     if not name.startswith("blk."):  # token_embd, and output where the architecture has its own
         return spec.embd_type
-    kind = LAYER_TYPES[int(name.split(".")[1]) % len(LAYER_TYPES)]
+    kind = spec.layer_types[int(name.split(".")[1]) % len(spec.layer_types)]
     return "Q6_K" if kind == "Q4_K" and name.endswith(Q6_K_IN_Q4_K_M) else kind
 
 

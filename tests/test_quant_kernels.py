@@ -17,6 +17,7 @@ from edgellm.quant import reference, simd
 from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
 from edgellm.quant import dots_block32 as k
 from edgellm.quant.formats import FORMATS
+from edgellm.quant.kernels_float import round_activations
 from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
 from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
 from edgellm.quant.q4_0_rows8 import rows8_reference
@@ -146,7 +147,8 @@ def test_matvec_and_matmul_match_float64(fmt):
     layer = quant.QuantLinear(raw, fmt.name, (n_out, n_in))
     w = reference.dequantize(raw, fmt.name, (n_out, n_in)).astype(np.float64)
     x = np.random.default_rng(2).standard_normal((9, n_in)).astype(np.float32)
-    want = x.astype(np.float64) @ w.T
+    # F16 / BF16 weights multiply activations rounded to their own type, as llama.cpp's do
+    want = round_activations(x, fmt.name).astype(np.float64) @ w.T
 
     out = np.empty((9, n_out), np.float32)
     layer.matmul(x, out)
@@ -192,8 +194,10 @@ def test_row_kinds_follow_llama_cpp_dispatch():
     np.testing.assert_array_equal(row_kinds("Q4_K", 644, (9,)), [0] * 9)  # not repacked
     np.testing.assert_array_equal(row_kinds("Q6_K", 640, (7, 8)), [0] * 7 + [1] * 8)
     np.testing.assert_array_equal(row_kinds("IQ4_XS", 640, (7, 8)), [0] * 7 + [1] * 8)
+    # the float formats: tinyBLAS for batches of two or more, vec_dot for one token
+    np.testing.assert_array_equal(row_kinds("F16", 640, (1, 2, 1)), [0, 1, 1, 0])
     # every other format computes all of a batch with one kernel
-    assert {r.name for r in records() if r.row_kinds} == {"Q4_K", "Q6_K", "IQ4_XS"}
+    assert {r.name for r in records() if r.row_kinds} == {"F32", "F16", "BF16", "Q4_K", "Q6_K", "IQ4_XS"}
     assert not row_kinds("Q5_K", 640, (9, 8)).any()
 
 
