@@ -2,7 +2,7 @@
 tokenizer) are converted to GGUF, loaded with edgellm, and must give the logits of a numpy forward pass that
 follows the Hugging Face modeling code on the ORIGINAL weights.
 
-The forward pass below is written from transformers' modeling_{llama,qwen2,qwen3,gemma3}.py conventions
+The forward pass below is written from transformers' modeling_{llama,qwen2,qwen3,gemma3,phi3,...}.py conventions
 (rotate_half RoPE, Gemma's (1 + w) norms and sandwich norms, GELU-tanh, sqrt(d) embedding scale, sliding
 windows) and shares no code with the converter: a wrong permutation, a missing +1, a swapped norm or a
 mis-mapped tensor changes the logits.
@@ -142,9 +142,18 @@ ARCH_CONFIGS = {
     "olmo2": dict(architectures=["Olmo2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=500000.0,
                   max_position_embeddings=256, tie_word_embeddings=False),
+    # Phi-4-mini's shape of config: partial rotary, longrope factors past the original context (12 rotary dims of
+    # 16: 6 factors each, far from 1 so that a swap of long and short shows)
+    "phi3": dict(architectures=["Phi3ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 max_position_embeddings=256, original_max_position_embeddings=64, partial_rotary_factor=0.75,
+                 rope_scaling={"type": "longrope", "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+                               "short_factor": [1.0, 1.2, 1.7, 2.3, 3.1, 4.0]},
+                 sliding_window=None, tie_word_embeddings=True),
 }
 CHECKPOINT_DTYPE = {"llama": "F32", "qwen2": "F16", "qwen3": "F32", "gemma3": "BF16", "gemma2": "BF16",
-                    "granite": "F32", "smollm3": "F16", "olmo2": "F32"}
+                    "granite": "F32", "smollm3": "F16", "olmo2": "F32",
+                    "phi3": "BF16"}
 GEMMA_HF = ("gemma2", "gemma3")
 
 
@@ -182,6 +191,11 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
         if arch in GEMMA_HF:
             w[p + "pre_feedforward_layernorm.weight"] = norm(d)
             w[p + "post_feedforward_layernorm.weight"] = norm(d)
+        if arch == "phi3":  # Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj (gate rows first)
+            w[p + "self_attn.qkv_proj.weight"] = np.concatenate([w.pop(p + f"self_attn.{n}_proj.weight")
+                                                                 for n in "qkv"])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate([w.pop(p + "mlp.gate_proj.weight"),
+                                                               w.pop(p + "mlp.up_proj.weight")])
     return w
 
 
@@ -209,14 +223,28 @@ def hf_rms_norm(x, w, eps, gemma):
     return y * (1.0 + w) if gemma else y * w
 
 
-def hf_rope(x, positions, theta):
-    """transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1)."""
-    hd = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+def hf_rope(x, positions, theta, rot=None, factors=1.0, attention_factor=1.0):
+    """transformers' apply_rotary_pos_emb on the first rot dims (partial_rotary_factor; default all): x * cos +
+    rotate_half(x) * sin, rotate_half = (-x2, x1); longrope divides the frequencies by its factors and scales cos
+    and sin by its attention factor."""
+    rot = rot or x.shape[-1]
+    inv_freq = 1.0 / (np.asarray(factors, np.float64) * theta ** (np.arange(0, rot, 2) / rot))
     ang = positions[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
-    rotated = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
-    return x * cos + rotated * sin
+    cos = np.cos(np.concatenate([ang, ang], -1))[:, None] * attention_factor
+    sin = np.sin(np.concatenate([ang, ang], -1))[:, None] * attention_factor
+    xr = x[..., :rot]
+    rotated = np.concatenate([-xr[..., rot // 2:], xr[..., :rot // 2]], axis=-1)
+    return np.concatenate([xr * cos + rotated * sin, x[..., rot:]], axis=-1)
+
+
+def phi3_rope_args(cfg, hd, seq_len):
+    """Phi-3's rotary dims, longrope factors for this sequence length, and attention factor (transformers'
+    longrope: the long factors past original_max_position_embeddings)."""
+    rope, orig = cfg["rope_scaling"], cfg["original_max_position_embeddings"]
+    scale = cfg["max_position_embeddings"] / orig
+    factors = rope["long_factor"] if seq_len > orig else rope["short_factor"]
+    attention = np.sqrt(1 + np.log(scale) / np.log(orig)) if scale > 1 else 1.0
+    return int(hd * cfg.get("partial_rotary_factor", 1.0)), factors, attention
 
 
 def hf_forward(cfg, w, arch, ids):
@@ -233,8 +261,12 @@ def hf_forward(cfg, w, arch, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = hf_rms_norm(h, w[p + "input_layernorm.weight"], eps, gemma) if arch != "olmo2" else h
-        q, k, v = (x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0.0)
-                   for n in "qkv")
+        if arch == "phi3":
+            qkv = x @ w[p + "self_attn.qkv_proj.weight"].T
+            q, k, v = qkv[:, :nh * hd], qkv[:, nh * hd: (nh + nkv) * hd], qkv[:, (nh + nkv) * hd:]
+        else:
+            q, k, v = (x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0.0)
+                       for n in "qkv")
         if arch == "olmo2":  # Olmo2Attention: q_norm / k_norm over the whole projections
             q, k = hf_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False), \
                 hf_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
@@ -247,7 +279,10 @@ def hf_forward(cfg, w, arch, ids):
         else:
             sliding = gemma and (i + 1) % cfg["sliding_window_pattern"] != 0
         theta = cfg["rope_local_base_freq"] if sliding and arch == "gemma3" else cfg["rope_theta"]
-        if arch != "smollm3" or cfg["no_rope_layers"][i]:
+        if arch == "phi3":
+            rot, factors, attention = phi3_rope_args(cfg, hd, T)
+            q, k = hf_rope(q, pos, theta, rot, factors, attention), hf_rope(k, pos, theta, rot, factors, attention)
+        elif arch != "smollm3" or cfg["no_rope_layers"][i]:
             q, k = hf_rope(q, pos, theta), hf_rope(k, pos, theta)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
         scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else cfg.get("attention_multiplier", hd ** -0.5)
@@ -274,6 +309,11 @@ def hf_forward(cfg, w, arch, ids):
             g = h @ w[p + "mlp.gate_proj.weight"].T
             mlp = (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
             h = h + hf_rms_norm(mlp, w[p + "post_feedforward_layernorm.weight"], eps, False)
+        elif arch == "phi3":
+            h = h + attn
+            x = hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False)
+            g, up = np.split(x @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+            h = h + (up * (g / (1 + np.exp(-g)))) @ w[p + "mlp.down_proj.weight"].T
         else:
             h = h + attn * residual
             x = hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False)
@@ -318,7 +358,7 @@ def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
         assert meta[f"{arch}.block_count"] == cfg["num_hidden_layers"]
         assert meta[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
         assert meta["general.file_type"] == 0
-        assert tensors["blk.0.attn_q.weight"].ggml_type == "F32"
+        assert tensors["blk.0.attn_qkv.weight" if arch == "phi3" else "blk.0.attn_q.weight"].ggml_type == "F32"
         first_norm = "post_attention_norm" if arch == "olmo2" else "attn_norm"
         assert tensors[f"blk.0.{first_norm}.weight"].shape == (cfg["hidden_size"],)
         assert ("output.weight" in tensors) == ("lm_head.weight" in random_weights(cfg, arch))
@@ -331,6 +371,15 @@ def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
             assert np.isclose(meta["granite.attention.scale"], cfg["attention_multiplier"])
         if arch == "olmo2":
             assert tensors["blk.0.attn_q_norm.weight"].shape == (cfg["hidden_size"],)  # the whole projection
+        if arch == "phi3":
+            scaling = cfg["rope_scaling"]
+            assert (meta["phi3.rope.dimension_count"], meta["phi3.rope.scaling.original_context_length"]) == (12, 64)
+            assert np.isclose(meta["phi3.rope.scaling.attn_factor"], np.sqrt(1 + np.log(4) / np.log(64)))
+            assert meta["phi3.attention.sliding_window"] == 0
+            for kind in ("long", "short"):
+                np.testing.assert_array_equal(tensors[f"rope_factors_{kind}.weight"].data.view(np.float32),
+                                              np.float32(scaling[f"{kind}_factor"]))
+            assert tensors["blk.0.ffn_up.weight"].shape == (2 * cfg["intermediate_size"], cfg["hidden_size"])
         if arch in GEMMA_HF:
             assert meta[f"{arch}.attention.sliding_window"] == cfg["sliding_window"]
             assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_space_prefix"] is False

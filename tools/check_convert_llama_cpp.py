@@ -44,7 +44,7 @@ def main():
                 print(f"{arch}: llama.cpp failed to run the converted file: {run.stderr.strip()[-300:]}")
                 continue
             theirs = np.load(logits)["forced"]
-            ours = edgellm.load(str(out), n_ctx=64, n_threads=2).logits(ids)
+            ours = edgellm.load(str(out), n_ctx=128, n_threads=2).logits(ids)  # llama_cpp_tiny_logits.py's context
             top1 = float(np.mean(theirs.argmax(1) == ours.argmax(1)))
             print(f"{arch}: llama.cpp loads it; {len(ids)} rows, max |logit diff| "
                   f"{np.abs(theirs - ours).max():.3g}, top-1 agreement {top1:.3f}, "

@@ -125,6 +125,11 @@ _POST_NORM = {**{k: v for k, v in _ATTN_FFN.items() if k != "input_layernorm.wei
               "post_attention_layernorm.weight": "post_attention_norm.weight",
               "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 
+# Phi-3 fuses q, k and v into one projection, and gate and up (gate first) into ffn_up, as llama.cpp keeps them
+_PHI3 = {"input_layernorm.weight": "attn_norm.weight", "self_attn.qkv_proj.weight": "attn_qkv.weight",
+         "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+         "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+
 ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "LlamaForCausalLM": ArchSpec("llama", _PRE_NORM, True, False),
     "MistralForCausalLM": ArchSpec("llama", _PRE_NORM, True, False),
@@ -136,6 +141,7 @@ ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "GraniteForCausalLM": ArchSpec("granite", _PRE_NORM, True, False),
     "SmolLM3ForCausalLM": ArchSpec("smollm3", _PRE_NORM, True, False),
     "Olmo2ForCausalLM": ArchSpec("olmo2", _POST_NORM, False, False),
+    "Phi3ForCausalLM": ArchSpec("phi3", _PHI3, False, False),
 }
 LLAMA_CONVERTED = ("llama", "granite", "smollm3")  # llama.cpp converts these with its LlamaModel class
 SMOLLM3_NO_ROPE_INTERVAL = 4  # what llama.cpp builds; other intervals are refused
@@ -217,7 +223,9 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
         writer.add_value_length(cfg.get("head_dim", 256))
     extra = []
     rope_type = str(rope.get("rope_type") or "").lower()
-    if rope_type == "linear" and rope.get("factor"):
+    if spec.gguf_arch == "phi3":
+        extra += phi3_rope(writer, cfg, rope)
+    elif rope_type == "linear" and rope.get("factor"):
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     elif rope_type == "yarn" and rope.get("factor"):
@@ -271,6 +279,32 @@ def _add_arch_keys(writer, arch: str, cfg: dict) -> None:
             raise EdgeLLMError("SmolLM3 whose rope-less layers are not every fourth: llama.cpp fixes that pattern")
     elif arch == "olmo2" and cfg.get("sliding_window"):
         raise EdgeLLMError("OLMo 3 (olmo2 with sliding_window) is not supported")
+
+
+def phi3_rope(writer, cfg: dict, rope: dict) -> list[tuple[str, np.ndarray]]:
+    """Phi-3's keys and longrope factor tensors, as convert_hf_to_gguf.py's Phi3MiniModel writes them."""
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    rope_dims = int(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)) * n_embd) // n_head
+    max_ctx = cfg.get("max_position_embeddings", 4096)
+    orig_ctx = cfg.get("original_max_position_embeddings", rope.get("original_max_position_embeddings", max_ctx))
+    writer.add_rope_scaling_orig_ctx_len(orig_ctx)
+    writer.add_rope_dimension_count(rope_dims)
+    writer.add_sliding_window(cfg.get("sliding_window") or 0)  # 0 marks Phi-4's files; llama.cpp ignores it
+    long_factors, short_factors = rope.get("long_factor"), rope.get("short_factor")
+    if not long_factors:
+        return []
+    rope_type, scale = str(rope.get("rope_type") or "").lower(), max_ctx / orig_ctx
+    if rope_type in ("su", "longrope"):
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(orig_ctx)) if scale > 1.0 else 1.0
+    elif rope_type == "yarn":
+        attn_factor = 0.1 * math.log(scale) + 1.0 if scale > 1.0 else 1.0
+    else:
+        raise EdgeLLMError(f"Phi-3 RoPE scaling type {rope_type!r} is not supported (longrope, su, yarn are)")
+    if short_factors is None or len(long_factors) != len(short_factors) or 2 * len(long_factors) != rope_dims:
+        raise EdgeLLMError(f"Phi-3 longrope needs long and short factors of {rope_dims // 2} values each")
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    return [("rope_factors_long.weight", np.asarray(long_factors, np.float32)),
+            ("rope_factors_short.weight", np.asarray(short_factors, np.float32))]
 
 
 def llama3_rope_factors(cfg: dict, rope: dict) -> np.ndarray:
