@@ -48,7 +48,10 @@ SPECS = {
                           sliding_window=3),
 }
 # Architectures with no device forward pass: the GPU refuses them by name rather than run another model's.
-CPU_ONLY = ("gemma2", "granite", "olmo2", "smollm3")
+CPU_ONLY = ("gemma2", "phi3")
+# Added architectures on the device, each on test_models_tiny's registry-built file of it (granite's multipliers,
+# smollm3's rope-less fourth layer, olmo2's whole-projection QK norm and post-norms)
+REGISTRY_ARCHS = ("granite", "olmo2", "smollm3")
 
 
 def nmse(got, want):
@@ -75,6 +78,21 @@ def test_tiny_model_matches_reference_and_cpu(tmp_path, arch):
         reference = ReferenceModel(f).logits(tokens)
         cpu = build_model(f, n_ctx=N_CTX, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
     assert device_logits.shape == (len(tokens), spec.n_vocab)
+    assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
+    assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
+@pytest.mark.parametrize("arch", REGISTRY_ARCHS)
+def test_added_architecture_matches_reference_and_cpu(tmp_path, arch):
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_models_tiny import registry_spec
+    spec = registry_spec(arch)
+    assert arch != "smollm3" or spec.n_layer >= 4  # a rope-less layer is in the model
+    tokens = np.random.default_rng(2).integers(0, spec.n_vocab, N_PROMPT + N_DECODE).astype(np.int32)
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)) as f:
+        device_logits = run_prompt_then_decode(build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH), tokens)
+        reference = ReferenceModel(f).logits(tokens)
+        cpu = build_model(f, n_ctx=N_CTX, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
     assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
     assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
 

@@ -1,4 +1,5 @@
-"""Decoder models on the GPU: the same forward passes as edgellm/engine/models/llama.py and gemma3.py, with every
+"""Decoder models on the GPU: the same forward passes as edgellm/engine/models/llama.py (and the llama-like qwen2,
+qwen3, smollm3, granite), olmo2.py and gemma3.py, with every
 weight, activation and the KV cache in device memory. Per batch the token ids and positions go up and the
 requested logits come back; nothing else crosses the bus.
 
@@ -23,6 +24,7 @@ from edgellm.engine.cuda.op_kernels import ACT_GELU_TANH, ACT_SILU, MAX_HEAD_DIM
 from edgellm.errors import MemoryBudgetError, ModelError
 from edgellm.engine.models import gemma3 as cpu_gemma3
 from edgellm.engine.models import llama as cpu_llama
+from edgellm.engine.models import olmo2 as cpu_olmo2
 from edgellm.engine.models.base import DEFAULT_N_BATCH, DecoderModel
 from edgellm.engine.models.loading import VECTOR_TYPES, layer_weights
 
@@ -150,7 +152,8 @@ class CudaDecoderModel(DecoderModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Llama family (llama, mistral, qwen2, qwen3): see edgellm/engine/models/llama.py for the math
+# Llama family (llama, mistral, qwen2, qwen3; smollm3's rope-less layers; granite's multipliers): see
+# edgellm/engine/models/llama.py, smollm3.py and granite.py for the math
 
 
 class CudaLlamaModel(CudaDecoderModel):
@@ -163,9 +166,79 @@ class CudaLlamaModel(CudaDecoderModel):
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         factors = w["rope_freqs.weight"]  # llama3 per-pair frequency factors, when present
         factors = None if factors is None else factors.copy_to_host()
-        self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
-                                                             factors))
+        inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
+                                                        factors))
+        # smollm3's rope-less layers rotate by angle 0 (cos 1, sin 0), which leaves q and k as they are
+        no_rope = cuda.to_device(np.zeros(config.n_rot // 2, np.float64))
+        uses_rope = getattr(config, "uses_rope", lambda il: True)
+        self.layer_inv_freq = [inv_freq if uses_rope(il) else no_rope for il in range(config.n_layer)]
+        # granite's multipliers (0: none, as llama.cpp)
+        self.embd_scale = float(getattr(config, "embedding_scale", 0.0) or 1.0)
+        self.residual_scale = float(getattr(config, "residual_scale", 0.0))
+        logit_scale = getattr(config, "logit_scale", 0.0)
+        self.logit_mul = np.float32(1.0) / np.float32(logit_scale) if logit_scale else None
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
+        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
+                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
+                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
+                                     gate=(config.n_ff,), up=(config.n_ff,))
+
+    def _residual(self, matrix, x_in, s):
+        """x += W x_in, or x += residual_scale * (W x_in) where the model has the multiplier."""
+        if self.residual_scale:
+            matrix.matmul(x_in, s.xn)
+            dev.add_scaled(s.x, s.xn, self.residual_scale)
+        else:
+            matrix.matmul(x_in, s.x, accumulate=True)
+
+    def forward_batch(self, tokens, positions, logits_out):
+        cfg, eps = self.config, self.config.norm_eps
+        s = self.buffers.for_tokens(len(tokens))
+        ids, pos = self.upload_batch(tokens, positions)
+        end_pos = int(positions[-1]) + 1
+        self.token_embd.get_rows(ids, s.x, scale=self.embd_scale)
+        for layer, kv, inv_freq in zip(self.layers, self.cache.layers, self.layer_inv_freq):
+            # attention block
+            dev.rms_norm(s.x, layer.attn_norm, eps, s.xn)
+            layer.attn_q.matmul(s.xn, s.q_flat)
+            layer.attn_k.matmul(s.xn, s.k_flat)
+            layer.attn_v.matmul(s.xn, s.v_flat)
+            if cfg.qkv_bias:
+                dev.add_bias(s.q_flat, layer.attn_q_bias)
+                dev.add_bias(s.k_flat, layer.attn_k_bias)
+                dev.add_bias(s.v_flat, layer.attn_v_bias)
+            q_norm = layer.attn_q_norm if cfg.qk_norm else self.unit_norm
+            k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
+                                   eps, kv)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            self._residual(layer.attn_output, s.attn_flat, s)
+            # feed-forward block
+            dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
+            layer.ffn_gate.matmul(s.xn, s.gate)
+            layer.ffn_up.matmul(s.xn, s.up)
+            dev.gated_activation(s.gate, s.up, ACT_SILU)
+            self._residual(layer.ffn_down, s.gate, s)
+        if logits_out is not None:
+            self.logits_head(s.x, s.xn, logits_out)
+            if self.logit_mul is not None:
+                logits_out *= self.logit_mul
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# OLMo 2: see edgellm/engine/models/olmo2.py for the math
+
+
+class CudaOlmo2Model(CudaDecoderModel):
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_olmo2.tensor_specs(config))
+        w = self.weights
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"]
+        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale))
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # the per-head norm unused
         self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
                                      q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
                                      v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
@@ -178,27 +251,23 @@ class CudaLlamaModel(CudaDecoderModel):
         end_pos = int(positions[-1]) + 1
         self.token_embd.get_rows(ids, s.x)
         for layer, kv in zip(self.layers, self.cache.layers):
-            # attention block
-            dev.rms_norm(s.x, layer.attn_norm, eps, s.xn)
-            layer.attn_q.matmul(s.xn, s.q_flat)
-            layer.attn_k.matmul(s.xn, s.k_flat)
-            layer.attn_v.matmul(s.xn, s.v_flat)
-            if cfg.qkv_bias:
-                dev.add_bias(s.q_flat, layer.attn_q_bias)
-                dev.add_bias(s.k_flat, layer.attn_k_bias)
-                dev.add_bias(s.v_flat, layer.attn_v_bias)
-            q_norm = layer.attn_q_norm if cfg.qk_norm else self.unit_norm
-            k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
-                                   eps, kv)
+            # attention block: no norm before it; q and k normed over their whole projections, then roped
+            layer.attn_q.matmul(s.x, s.q_flat)
+            layer.attn_k.matmul(s.x, s.k_flat)
+            layer.attn_v.matmul(s.x, s.v_flat)
+            dev.rms_norm(s.q_flat, layer.attn_q_norm, eps, s.q_flat)
+            dev.rms_norm(s.k_flat, layer.attn_k_norm, eps, s.k_flat)
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, self.unit_norm, self.unit_norm,
+                                   False, eps, kv)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
-            layer.attn_output.matmul(s.attn_flat, s.x, accumulate=True)
-            # feed-forward block
-            dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
-            layer.ffn_gate.matmul(s.xn, s.gate)
-            layer.ffn_up.matmul(s.xn, s.up)
+            layer.attn_output.matmul(s.attn_flat, s.xn)
+            dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
+            # feed-forward block: no norm before it either, a norm after
+            layer.ffn_gate.matmul(s.x, s.gate)
+            layer.ffn_up.matmul(s.x, s.up)
             dev.gated_activation(s.gate, s.up, ACT_SILU)
-            layer.ffn_down.matmul(s.gate, s.x, accumulate=True)
+            layer.ffn_down.matmul(s.gate, s.xn)
+            dev.rms_norm(s.xn, layer.post_ffw_norm, eps, s.x, accumulate=True)
         if logits_out is not None:
             self.logits_head(s.x, s.xn, logits_out)
 
@@ -254,4 +323,5 @@ class CudaGemma3Model(CudaDecoderModel):
 
 
 # Architecture (after the CPU registry's aliases) -> device model class.
-CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "gemma3": CudaGemma3Model}
+CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "smollm3": CudaLlamaModel,
+               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "gemma3": CudaGemma3Model}

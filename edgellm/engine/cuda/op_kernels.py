@@ -244,5 +244,15 @@ def add_bias_kernel(x, bias):
         x[idx // n, idx % n] += bias[idx % n]
 
 
+@cuda.jit(cache=True)
+def add_scaled_kernel(x, y, alpha):
+    """x: [T, n] += y * alpha (Granite's residual multiplier: the product rounded to float32, then the sum, as the
+    CPU path's two ops). Threads stride over the elements."""
+    n = x.shape[1]
+    for idx in range(cuda.grid(1), x.shape[0] * n, cuda.gridsize(1)):
+        scaled = y[idx // n, idx % n] * alpha
+        x[idx // n, idx % n] += scaled
+
+
 def elementwise_grid(n_elements: int):
     return (min(MAX_ACT_BLOCKS, (n_elements + ACT_THREADS - 1) // ACT_THREADS),), (ACT_THREADS,)

@@ -34,6 +34,7 @@ KERNEL_SIGNATURES = {
                          f"int64, float32, {ARRAY_F32_3D})"),
     "gated_activation_kernel": f"void({ARRAY_F32_2D}, {ARRAY_F32_2D}, int64)",
     "add_bias_kernel": f"void({ARRAY_F32_2D}, float32[::1])",
+    "add_scaled_kernel": f"void({ARRAY_F32_2D}, {ARRAY_F32_2D}, float32)",
 }
 # Kernels allowed to use float64: the rope angle is computed in float64 like edgellm.engine.ops.rope_tables.
 FLOAT64_ALLOWED = {"qk_norm_rope_store_kernel"}

@@ -108,3 +108,8 @@ def gated_activation(gate, up, kind: int):
 def add_bias(x, bias):
     grid, block = ops.elementwise_grid(x.shape[0] * x.shape[1])
     ops.add_bias_kernel[grid, block](x, bias)
+
+
+def add_scaled(x, y, alpha: float):
+    grid, block = ops.elementwise_grid(x.shape[0] * x.shape[1])
+    ops.add_scaled_kernel[grid, block](x, y, np.float32(alpha))
