@@ -10,7 +10,8 @@ llama.cpp gives a float matrix two kernels, which sum in different orders:
   - a batch of one token, or any width not a multiple of 8: ggml_vec_dot_<type>, four 8-lane accumulators over runs
     of 32 values (F32, F16: FMA; BF16: a product, then a sum), combined as (a0+a2) + (a1+a3); then the lanes, F32
     and F16 as ((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7)) (two hadds), BF16 in tinyBLAS's order; the last n % 32
-    values one by one (F32 in float32 FMAs; F16 and BF16 in float64, rounded to float32 at the end).
+    values one by one, each product rounded, then added (F32 in float32; F16 and BF16 in float64, rounded to float32
+    at the end).
 F16 and BF16 weights are multiplied by activations rounded to their own type first (llama.cpp's vec_dot_type), to
 nearest even. `matmul_float_ref` below is the numpy reference of all of it.
 """
@@ -22,7 +23,7 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .simd import (f16_bits_to_f32, f32_bits, f32_from_bits, f32_to_f16, f32x8_add, f32x8_fma, f32x8_hsum,
-                   f32x8_lane, f32x8_mul, f32x8_zero, fma32, load_bf16, load_bf16x8, load_f16, load_f16x8, load_f32,
+                   f32x8_lane, f32x8_mul, f32x8_zero, load_bf16, load_bf16x8, load_f16, load_f16x8, load_f32,
                    load_f32x8)
 
 TOKEN_TILE = 4
@@ -98,7 +99,7 @@ def _vec_dot(w, o, x, t, kind, size):
         s = (t0 + t1) + (t2 + t3)
     if kind == _KIND_F32:
         for k in range(n32, n_in):
-            s = fma32(load_f32(w, o + 4 * k), x[t, k], s)
+            s += load_f32(w, o + 4 * k) * x[t, k]  # not fused: llama.cpp's leftover loop rounds the product
         return s
     total = np.float64(s)
     for k in range(n32, n_in):
@@ -228,7 +229,7 @@ def _vec_dot_ref(w: np.ndarray, x: np.ndarray, name: str) -> np.float32:
         s = np.float32(np.float32(t[0] + t[1]) + np.float32(t[2] + t[3]))
     if name == "F32":
         for i in range(n32, n):
-            s = _fma(w[i], x[i], s)
+            s = np.float32(s + np.float32(w[i] * x[i]))
         return s
     total = np.float64(s)
     for i in range(n32, n):

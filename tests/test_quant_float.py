@@ -8,7 +8,7 @@ from edgellm import quant
 from edgellm.quant.kernels_float import matmul_float_ref
 from edgellm.quant.registry import kernels_for
 
-WIDTHS = (64, 96, 20)  # a multiple of 32; of 8 but not 32 (vec_dot's one-by-one tail); not of 8 (no tinyBLAS)
+WIDTHS = (64, 72, 20)  # a multiple of 32; of 8 but not 32 (vec_dot's one-by-one tail); not of 8 (no tinyBLAS)
 BATCHES = ((1,), (2,), (5,), (1, 1, 1), (3, 1, 4))
 
 
