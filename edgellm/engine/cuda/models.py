@@ -22,6 +22,7 @@ from edgellm.engine.cuda.device import simulator_enabled
 from edgellm.engine.cuda.kvcache import DeviceKVCache, kv_cache_nbytes
 from edgellm.engine.cuda.op_kernels import ACT_GELU_TANH, ACT_SILU, MAX_HEAD_DIM
 from edgellm.errors import MemoryBudgetError, ModelError
+from edgellm.engine.models import gemma2 as cpu_gemma2
 from edgellm.engine.models import gemma3 as cpu_gemma3
 from edgellm.engine.models import llama as cpu_llama
 from edgellm.engine.models import olmo2 as cpu_olmo2
@@ -273,16 +274,22 @@ class CudaOlmo2Model(CudaDecoderModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Gemma 3: see edgellm/engine/models/gemma3.py for the math
+# Gemma 3, and Gemma 2 (no QK norms, capped scores and logits): see edgellm/engine/models/gemma3.py and gemma2.py
 
 
 class CudaGemma3Model(CudaDecoderModel):
+    TENSOR_SPECS = staticmethod(cpu_gemma3.tensor_specs)
+
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_gemma3.tensor_specs(config))
+        super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
-        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied if absent
+        output = w.get("output.weight")
+        self.output = self.token_embd if output is None else output  # tied if absent (always, for Gemma 2)
+        self.attn_softcap = float(getattr(config, "attn_softcap", 0.0))
+        self.final_softcap = float(getattr(config, "final_softcap", 0.0))
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         self.inv_freq_local = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base_local))
         self.inv_freq_global = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base,
@@ -306,9 +313,11 @@ class CudaGemma3Model(CudaDecoderModel):
             layer.attn_q.matmul(s.xn, s.q_flat)
             layer.attn_k.matmul(s.xn, s.k_flat)
             layer.attn_v.matmul(s.xn, s.v_flat)
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, layer.attn_q_norm, layer.attn_k_norm, True,
-                                   eps, kv)
-            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            qk_norm = getattr(layer, "attn_q_norm", None) is not None
+            q_norm, k_norm = (layer.attn_q_norm, layer.attn_k_norm) if qk_norm else (self.unit_norm, self.unit_norm)
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, qk_norm, eps, kv)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn,
+                          self.attn_softcap)
             layer.attn_output.matmul(s.attn_flat, s.xn)
             dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
             # feed-forward block
@@ -320,8 +329,15 @@ class CudaGemma3Model(CudaDecoderModel):
             dev.rms_norm(s.xn, layer.post_ffw_norm, eps, s.x, accumulate=True)
         if logits_out is not None:
             self.logits_head(s.x, s.xn, logits_out)
+            if self.final_softcap:
+                cpu_ops.softcap(logits_out, self.final_softcap)
+
+
+class CudaGemma2Model(CudaGemma3Model):
+    TENSOR_SPECS = staticmethod(cpu_gemma2.tensor_specs)
 
 
 # Architecture (after the CPU registry's aliases) -> device model class.
 CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "smollm3": CudaLlamaModel,
-               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "gemma3": CudaGemma3Model}
+               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "gemma2": CudaGemma2Model,
+               "gemma3": CudaGemma3Model}

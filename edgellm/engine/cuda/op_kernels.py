@@ -160,9 +160,10 @@ def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm
 
 
 @cuda.jit(cache=True)
-def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window, scale, out):
+def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window, scale, out, softcap):
     """q, out: [T, H, hd]; k_cache, v_cache: [H_kv, capacity, hd]; slot_pos: [capacity]; slots [0, n_slots) are
-    scanned; window 0 = full attention. Grid (T, H), block ATTN_THREADS."""
+    scanned; window 0 = full attention; softcap > 0 caps each score as cap * tanh(score / cap) (Gemma 2). Grid
+    (T, H), block ATTN_THREADS."""
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -192,6 +193,8 @@ def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window
                 for d in range(head_dim):
                     dot += q_shared[d] * k_cache[kv, j, d]
                 score = dot * scale
+                if softcap > np.float32(0.0):
+                    score = softcap * math.tanh(score * (np.float32(1.0) / softcap))
         tile_max = block_max(scratch, tid, score)
         if tile_max > NO_SCORE:  # the same in every thread: some slot of the tile is visible
             new_max = max(running_max, tile_max)

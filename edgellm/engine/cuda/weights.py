@@ -94,10 +94,10 @@ def qk_norm_rope_store(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_n
         kv.k, kv.v, kv.slot_pos_device)
 
 
-def attention(q, kv, n_slots, positions, scale, out):
+def attention(q, kv, n_slots, positions, scale, out, softcap: float = 0.0):
     grid = (q.shape[0], q.shape[1])
     ops.attention_kernel[grid, ops.ATTN_THREADS](q, kv.k, kv.v, kv.slot_pos_device, int(n_slots), positions,
-                                                 int(kv.window), np.float32(scale), out)
+                                                 int(kv.window), np.float32(scale), out, np.float32(softcap))
 
 
 def gated_activation(gate, up, kind: int):
