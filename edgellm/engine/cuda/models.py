@@ -22,10 +22,12 @@ from edgellm.engine.cuda.device import simulator_enabled
 from edgellm.engine.cuda.kvcache import DeviceKVCache, kv_cache_nbytes
 from edgellm.engine.cuda.op_kernels import ACT_GELU_TANH, ACT_SILU, MAX_HEAD_DIM
 from edgellm.errors import MemoryBudgetError, ModelError
+from edgellm.quant.formats import format_by_name
 from edgellm.engine.models import gemma2 as cpu_gemma2
 from edgellm.engine.models import gemma3 as cpu_gemma3
 from edgellm.engine.models import llama as cpu_llama
 from edgellm.engine.models import olmo2 as cpu_olmo2
+from edgellm.engine.models import phi3 as cpu_phi3
 from edgellm.engine.models.base import DEFAULT_N_BATCH, DecoderModel
 from edgellm.engine.models.loading import VECTOR_TYPES, layer_weights
 
@@ -158,8 +160,10 @@ class CudaDecoderModel(DecoderModel):
 
 
 class CudaLlamaModel(CudaDecoderModel):
+    TENSOR_SPECS = staticmethod(cpu_llama.tensor_specs)
+
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_llama.tensor_specs(config))
+        super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -173,6 +177,7 @@ class CudaLlamaModel(CudaDecoderModel):
         no_rope = cuda.to_device(np.zeros(config.n_rot // 2, np.float64))
         uses_rope = getattr(config, "uses_rope", lambda il: True)
         self.layer_inv_freq = [inv_freq if uses_rope(il) else no_rope for il in range(config.n_layer)]
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
         # granite's multipliers (0: none, as llama.cpp)
         self.embd_scale = float(getattr(config, "embedding_scale", 0.0) or 1.0)
         self.residual_scale = float(getattr(config, "residual_scale", 0.0))
@@ -211,7 +216,7 @@ class CudaLlamaModel(CudaDecoderModel):
             q_norm = layer.attn_q_norm if cfg.qk_norm else self.unit_norm
             k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
             dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
-                                   eps, kv)
+                                   eps, kv, self.rope_mscale)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
             self._residual(layer.attn_output, s.attn_flat, s)
             # feed-forward block
@@ -224,6 +229,41 @@ class CudaLlamaModel(CudaDecoderModel):
             self.logits_head(s.x, s.xn, logits_out)
             if self.logit_mul is not None:
                 logits_out *= self.logit_mul
+
+
+class CudaPhi3Model(CudaLlamaModel):
+    """Phi-3: the llama pass on q, k, v and gate, up split out of the fused matrices by rows (gate first), rope with
+    longrope's factors for this context and its attn_factor on cos and sin; see edgellm/engine/models/phi3.py."""
+    TENSOR_SPECS = staticmethod(cpu_phi3.tensor_specs)
+
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch)
+        q_dim, kv_dim = config.n_head * config.head_dim, config.n_head_kv * config.head_dim
+        for il, layer in enumerate(self.layers):
+            if config.fused_qkv:
+                layer.attn_q, layer.attn_k, layer.attn_v = split_rows(
+                    gguf_file.tensors[f"blk.{il}.attn_qkv.weight"], (q_dim, kv_dim, kv_dim))
+                layer.attn_qkv = self.weights[f"blk.{il}.attn_qkv.weight"] = None  # the fused copy is freed
+            layer.ffn_gate, layer.ffn_up = split_rows(gguf_file.tensors[f"blk.{il}.ffn_up.weight"],
+                                                      (config.n_ff, config.n_ff))
+            self.weights[f"blk.{il}.ffn_up.weight"] = None
+        factors = cpu_phi3.longrope_factors(gguf_file, config, self.n_ctx)
+        if factors is not None:
+            inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
+                                                            factors))
+            self.layer_inv_freq = [inv_freq] * config.n_layer
+
+
+def split_rows(tensor, counts) -> list:
+    """Device matrices of consecutive row ranges of a fused GGUF matrix, uploaded from the file's bytes."""
+    n_in = tensor.shape[1]
+    row_bytes = format_by_name(tensor.ggml_type).row_bytes(n_in)
+    parts, r = [], 0
+    for n in counts:
+        parts.append(dev.DeviceMatrix(tensor.data[r * row_bytes:(r + n) * row_bytes], tensor.ggml_type, (n, n_in),
+                                      tensor.name))
+        r += n
+    return parts
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,6 +279,7 @@ class CudaOlmo2Model(CudaDecoderModel):
         self.output = w["output.weight"]
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale))
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # the per-head norm unused
         self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
                                      q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
@@ -259,7 +300,7 @@ class CudaOlmo2Model(CudaDecoderModel):
             dev.rms_norm(s.q_flat, layer.attn_q_norm, eps, s.q_flat)
             dev.rms_norm(s.k_flat, layer.attn_k_norm, eps, s.k_flat)
             dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, self.unit_norm, self.unit_norm,
-                                   False, eps, kv)
+                                   False, eps, kv, self.rope_mscale)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
             layer.attn_output.matmul(s.attn_flat, s.xn)
             dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
@@ -279,6 +320,7 @@ class CudaOlmo2Model(CudaDecoderModel):
 
 class CudaGemma3Model(CudaDecoderModel):
     TENSOR_SPECS = staticmethod(cpu_gemma3.tensor_specs)
+    LOCAL_ROPE_SCALED = True  # the sliding layers' rope takes the file's rope scaling (its attn_factor) too
 
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
         super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
@@ -287,6 +329,8 @@ class CudaGemma3Model(CudaDecoderModel):
         self.output_norm = w["output_norm.weight"]
         output = w.get("output.weight")
         self.output = self.token_embd if output is None else output  # tied if absent (always, for Gemma 2)
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
+        self.local_mscale = float(cpu_ops.rope_mscale_ref(1.0, config.rope_scaling)) if self.LOCAL_ROPE_SCALED else 1.0
         self.attn_softcap = float(getattr(config, "attn_softcap", 0.0))
         self.final_softcap = float(getattr(config, "final_softcap", 0.0))
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
@@ -315,7 +359,9 @@ class CudaGemma3Model(CudaDecoderModel):
             layer.attn_v.matmul(s.xn, s.v_flat)
             qk_norm = getattr(layer, "attn_q_norm", None) is not None
             q_norm, k_norm = (layer.attn_q_norm, layer.attn_k_norm) if qk_norm else (self.unit_norm, self.unit_norm)
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, qk_norm, eps, kv)
+            mscale = self.local_mscale if kv.window else self.rope_mscale
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, qk_norm, eps, kv,
+                                   mscale)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn,
                           self.attn_softcap)
             layer.attn_output.matmul(s.attn_flat, s.xn)
@@ -335,9 +381,10 @@ class CudaGemma3Model(CudaDecoderModel):
 
 class CudaGemma2Model(CudaGemma3Model):
     TENSOR_SPECS = staticmethod(cpu_gemma2.tensor_specs)
+    LOCAL_ROPE_SCALED = False
 
 
 # Architecture (after the CPU registry's aliases) -> device model class.
 CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "smollm3": CudaLlamaModel,
-               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "gemma2": CudaGemma2Model,
+               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "phi3": CudaPhi3Model, "gemma2": CudaGemma2Model,
                "gemma3": CudaGemma3Model}

@@ -102,8 +102,9 @@ def rms_norm_kernel(x, weight, eps, out, accumulate):
 
 @cuda.jit(cache=True)
 def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps,
-                              k_cache, v_cache, slot_pos):
-    """q: [T, H, hd]; k, v: [T, H_kv, hd] (q, k rotated in place); inv_freq: [n_rot/2] f64;
+                              k_cache, v_cache, slot_pos, mscale):
+    """q: [T, H, hd]; k, v: [T, H_kv, hd] (q, k rotated in place); inv_freq: [n_rot/2] f64; mscale: the factor on
+    cos and sin (rope.scaling.attn_factor, e.g. phi3's longrope; 1 otherwise);
     q_norm, k_norm: [hd] (read only when use_norm); k_cache, v_cache: [H_kv, capacity, hd]; slot_pos: [capacity].
     Grid (T, H + H_kv): block (t, g) handles query head g, or kv head g - H."""
     t = cuda.blockIdx.x
@@ -135,8 +136,8 @@ def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm
             a = 2 * i
             b = 2 * i + 1
         angle = np.float64(p) * inv_freq[i]
-        c = np.float32(math.cos(angle))
-        s = np.float32(math.sin(angle))
+        c = np.float32(math.cos(angle)) * mscale
+        s = np.float32(math.sin(angle)) * mscale
         x0 = vec[a]
         x1 = vec[b]
         vec[a] = x0 * c - x1 * s

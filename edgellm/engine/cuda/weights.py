@@ -85,13 +85,13 @@ def rms_norm(x, weight, eps, out, accumulate: bool = False):
     ops.rms_norm_kernel[x.shape[0], ops.NORM_THREADS](x, weight, np.float32(eps), out, accumulate)
 
 
-def qk_norm_rope_store(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps, kv):
+def qk_norm_rope_store(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps, kv, mscale=1.0):
     """Per-head norm of q and k (when use_norm; else q_norm, k_norm are any float32 vectors, unread), rotary
-    embedding, then k and v into kv's slots for their positions."""
+    embedding (cos and sin times mscale), then k and v into kv's slots for their positions."""
     grid = (q.shape[0], q.shape[1] + k.shape[1])
     ops.qk_norm_rope_store_kernel[grid, ops.HEAD_THREADS](
         q, k, v, positions, inv_freq, bool(neox), q_norm, k_norm, bool(use_norm), np.float32(eps),
-        kv.k, kv.v, kv.slot_pos_device)
+        kv.k, kv.v, kv.slot_pos_device, np.float32(mscale))
 
 
 def attention(q, kv, n_slots, positions, scale, out, softcap: float = 0.0):
