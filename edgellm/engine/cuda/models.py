@@ -130,6 +130,13 @@ class CudaDecoderModel(DecoderModel):
         it, so only rows of an identically split prompt are reused."""
         return (np.asarray(offsets, np.int64) << 32) | n
 
+    def layer_buffers(self) -> DeviceBuffers:
+        """The activations every architecture here uses: the residual, a normed copy, q, k, v, attention, gate, up."""
+        c = self.config
+        return DeviceBuffers(self.n_batch, x=(c.n_embd,), xn=(c.n_embd,), q=(c.n_head, c.head_dim),
+                             k=(c.n_head_kv, c.head_dim), v=(c.n_head_kv, c.head_dim), attn=(c.n_head, c.head_dim),
+                             gate=(c.n_ff,), up=(c.n_ff,))
+
     def activation_nbytes(self) -> int:
         c = self.config
         per_token = 2 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff
@@ -184,10 +191,7 @@ class CudaLlamaModel(CudaDecoderModel):
         logit_scale = getattr(config, "logit_scale", 0.0)
         self.logit_mul = np.float32(1.0) / np.float32(logit_scale) if logit_scale else None
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
-        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
-                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
-                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
-                                     gate=(config.n_ff,), up=(config.n_ff,))
+        self.buffers = self.layer_buffers()
 
     def _residual(self, matrix, x_in, s):
         """x += W x_in, or x += residual_scale * (W x_in) where the model has the multiplier."""
@@ -281,10 +285,7 @@ class CudaOlmo2Model(CudaDecoderModel):
         self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale))
         self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # the per-head norm unused
-        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
-                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
-                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
-                                     gate=(config.n_ff,), up=(config.n_ff,))
+        self.buffers = self.layer_buffers()
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
@@ -339,10 +340,7 @@ class CudaGemma3Model(CudaDecoderModel):
         self.inv_freq_global = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base,
                                                                     config.rope_freq_scale))
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
-        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
-                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
-                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
-                                     gate=(config.n_ff,), up=(config.n_ff,))
+        self.buffers = self.layer_buffers()
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
