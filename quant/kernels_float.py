@@ -2,8 +2,10 @@
 
   matmul_<fmt>(w, row_bytes, x, out): out[t, r] = row r . x[t] for x float32 (T, n_in), weights read in
   place from the uint8 buffer `w`. Four tokens share each loaded (and widened) weight vector; a row's last
-  n_in % 8 elements are done one by one after the lanes are summed, in both paths, so matmul rows equal
-  matvec bit for bit.
+  n_in % 8 elements are done one by one after the lanes are summed: llama.cpp's batched F32 product (its
+  tinyBLAS sgemm, one 8-lane accumulator per output).
+  matmul_f32_rows(w, row_bytes, x, out, single): the same, except that rows with single[t] set are summed as
+  llama.cpp sums a one-row F32 product (ggml_vec_dot_f32: four accumulators, another order), as a decode step is.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .simd import (f32x8_fma, f32x8_hsum, f32x8_zero, load_bf16, load_bf16x8, load_f16, load_f16x8, load_f32,
+from .simd import (f32x8_add, f32x8_fma, f32x8_hsum, f32x8_hsum_pairs, f32x8_zero, fma32, load_bf16, load_bf16x8, load_f16, load_f16x8, load_f32,
                    load_f32x8)
 
 TOKEN_TILE = 4
@@ -47,6 +49,26 @@ def _vec_dot(w, o, x, t, kind, size):
     s = f32x8_hsum(acc)
     for k in range(n8, n_in):
         s += _weight1(w, o + size * k, kind) * x[t, k]
+    return s
+
+
+@njit(cache=True)
+def vec_dot_f32_one_row(w, o, x, t):
+    """Row at byte o of F32 weights . x[t] as ggml_vec_dot_f32 sums it (AVX2, a one-row product): four 8-lane
+    accumulators over steps of 32, folded (a0 + a2) + (a1 + a3), the lanes by two horizontal adds; the last
+    n_in % 32 products then one by one (fused, as the compiler contracts that loop)."""
+    n_in = x.shape[1]
+    n32 = n_in - n_in % 32
+    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    xo = t * n_in
+    for k in range(0, n32, 32):
+        a0 = f32x8_fma(a0, load_f32x8(w, o + 4 * k), load_f32x8(x, xo + k))
+        a1 = f32x8_fma(a1, load_f32x8(w, o + 4 * k + 32), load_f32x8(x, xo + k + 8))
+        a2 = f32x8_fma(a2, load_f32x8(w, o + 4 * k + 64), load_f32x8(x, xo + k + 16))
+        a3 = f32x8_fma(a3, load_f32x8(w, o + 4 * k + 96), load_f32x8(x, xo + k + 24))
+    s = f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+    for k in range(n32, n_in):
+        s = fma32(load_f32(w, o + 4 * k), x[t, k], s)
     return s
 
 
@@ -102,4 +124,11 @@ def matmul_bf16(w, row_bytes, x, out):
         _matmul_rows(w, row_bytes, x, out, _KIND_BF16, 2, r)
 
 
-
+@njit(parallel=True, cache=True)
+def matmul_f32_rows(w, row_bytes, x, out, single):
+    for r in prange(out.shape[1]):
+        for t in range(x.shape[0]):
+            if single[t]:
+                out[t, r] = vec_dot_f32_one_row(w, r * row_bytes, x, t)
+            else:
+                out[t, r] = _vec_dot(w, r * row_bytes, x, t, _KIND_F32, 4)

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from . import matmul_kquant
+from . import kernels_float, matmul_kquant
 from .formats import BlockFormat, format_by_name
 from .reference import as_checked_bytes, check_shape
 from .registry import FLOAT, Q8_0, kernels_for
@@ -97,6 +97,8 @@ class QuantLinear:
         activation = self.kernels.activation
         self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
+        # llama.cpp sums a one-row F32 product in another order than a batch's (ggml_vec_dot_f32 against sgemm)
+        self._one_row_kernel = kernels_float.matmul_f32_rows if self.format.name == "F32" else None
 
     @classmethod
     def concat_rows(cls, layers: list["QuantLinear"]) -> "QuantLinear":
@@ -151,7 +153,11 @@ class QuantLinear:
 
     def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
         if self._scratch_key is None:
-            self._kernel(self.data, self.row_bytes, x, out)
+            single = None if self._one_row_kernel is None else _one_row_batches(x.shape[0], sizes)
+            if single is not None:
+                self._one_row_kernel(self.data, self.row_bytes, x, out, single)
+            else:
+                self._kernel(self.data, self.row_bytes, x, out)
             return
         scratch = _scratch_for(self._scratch_key).reserve(x.shape[0])
         name = self.format.name
@@ -185,6 +191,20 @@ class QuantLinear:
         if lo < 0 or hi >= self.n_out:
             raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
         self._dequantize_rows(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
+
+
+_ONE_ROW = np.ones(1, np.bool_)
+
+
+def _one_row_batches(n_tokens: int, sizes):
+    """bool [n_tokens]: the rows that are batches of one row (as a decode step), or None when there are none."""
+    if sizes is None:
+        return _ONE_ROW if n_tokens == 1 else None
+    if n_tokens == 1:
+        return _ONE_ROW
+    if 1 not in sizes:
+        return None
+    return np.repeat(np.array([n == 1 for n in sizes], np.bool_), sizes)
 
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute

@@ -1,11 +1,10 @@
-"""The tiny file of each added architecture (gemma2, llama with a sliding window, smollm3, granite, olmo2;
+"""The tiny file of each added architecture (gemma2, llama with a sliding window, smollm3, granite, olmo2, and the
+mixtures of experts qwen3moe (8 experts top 2, 32 top 4) and llama with experts (Mixtral's layout); see
 tests/helpers_tiny_archs.py) against llama.cpp's logits on it (tools/record_tiny_archs.py; no llama.cpp here).
 
 The file is rebuilt from its seed and must hash as the recorded one. Teacher-forced rows (40 ids as one batch)
-must be llama.cpp's bits. Decode-path rows (30 ids as one batch, then one id at a time) are llama.cpp's bits for
-llama and granite; for gemma2, smollm3 and olmo2 some of them differ in the last bits (DECODE_NOT_EXACT: the F32
-matmul of one row), held to the same top 1 and a bounded log-prob difference. The decode path's prompt batch
-computes every row's logits, as llama-cpp-python's logits_all does (Q6_K's output kernel depends on the rows).
+must be llama.cpp's bits, and so must the decode-path rows (30 ids as one batch, then one id at a time). The
+decode path's prompt batch computes every row's logits, as llama-cpp-python's logits_all does (Q6_K's output kernel depends on the rows).
 """
 import numpy as np
 import pytest
@@ -18,13 +17,10 @@ from helpers_tiny_archs import TINY_ARCHS, prompt_tokens, write_tiny_arch
 
 pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 
-# Architectures whose single-token decode rows are not all llama.cpp's bits. The op: an F32 weight matrix (layer 2
-# of these files) multiplied with a one-row batch, which sums in another order than llama.cpp's one-row F32 dot
-# (its output differs in the last bit on most of the 256 outputs of gemma2's layer-2 attn_output, checked on
-# llama.cpp's own input; every other op of the step matches). Which rows it reaches varies with the weights.
-DECODE_NOT_EXACT = {"gemma2", "smollm3", "olmo2"}
-# |log p(edgellm) - log p(llama.cpp)| over each row's top 8 tokens, amplified by the random weights: measured at
-# most 0.065 (gemma2), 0.052 (smollm3), 0.017 (olmo2).
+# Architectures whose single-token decode rows are not all llama.cpp's bits (none since F32 one-row products sum in
+# ggml_vec_dot_f32's order); such rows are held to the same top 1 and a bounded log-prob difference.
+DECODE_NOT_EXACT = set()
+# |log p(edgellm) - log p(llama.cpp)| over each row's top 8 tokens, where a row is not exact.
 DECODE_LOGPROB_BOUND = 0.1
 
 
