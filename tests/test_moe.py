@@ -169,3 +169,39 @@ def test_generate_batch_equals_each_prompt_alone(tmp_path, smollm2_path):
     kw = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
     batch = [c.tokens for c in m.complete_batch(prompts, **kw)]
     assert batch == [m.complete(p, **kw).tokens for p in prompts]
+
+
+def test_memory_counts_what_every_token_reads(tmp_path):
+    """The up-front check counts the shared tensors and one token's share of the experts; a file larger than the
+    memory available gets a warning giving the figures; `info` shows the total and active parameters."""
+    from edgellm.engine import validate
+    from edgellm.prep.info import _fmt_count, describe
+    spec = moe_spec(expert_count=8, expert_used_count=2)
+    path = write_tiny_from_registry(tmp_path / "m.gguf", spec)
+    with edgellm.engine.gguf.open(path) as f:
+        w = validate.weight_residency(f)
+        experts = [t for n, t in f.tensors.items() if n.endswith("_exps.weight")]
+        expert_bytes, expert_params = sum(t.nbytes for t in experts), sum(t.n_elements for t in experts)
+        assert w.total_bytes == sum(t.nbytes for t in f.tensors.values())
+        assert w.resident_bytes == w.total_bytes - expert_bytes + expert_bytes * 2 // 8
+        assert w.active_params == w.total_params - expert_params + expert_params * 2 // 8
+        weights, _ = validate.model_memory_needs(f, 64)
+        assert weights == w.resident_bytes
+        assert validate.paging_warning(f, available=w.total_bytes) is None
+        warning = validate.paging_warning(f, available=w.total_bytes - 1)
+        assert f"{w.active_params:,} of {w.total_params:,} parameters active" in warning
+    text = describe(str(path))
+    assert f"({_fmt_count(w.active_params)} active per token)" in text and "read by every token" in text
+
+
+def test_load_warns_when_the_file_is_paged(tmp_path, smollm2_path, monkeypatch):
+    """edgellm.load passes paging_warning's text on as a warning (and loads)."""
+    from edgellm.engine import validate
+    from helpers_tiny_archs import TINY_ARCHS, write_tiny_arch
+    path = tmp_path / "moe.gguf"
+    write_tiny_arch(path, TINY_ARCHS["qwen3moe_8x2"], smollm2_path)
+    seen = []
+    monkeypatch.setattr(validate, "paging_warning", lambda f, available=None: seen.append(f.path) or "paged in")
+    with pytest.warns(UserWarning, match="moe.gguf: paged in"):
+        m = edgellm.load(str(path), n_ctx=64)
+    assert seen == [str(path)] and m.n_ctx == 64
