@@ -43,26 +43,31 @@ def test_route_matches_reference(n_expert, n_used):
 
 
 def _ggml_vec_dot_f32(w, x):
-    """ggml_vec_dot_f32's order (AVX2) in float32 numpy for n a multiple of 32. Its fma is a float64 product
-    (exact for float32 factors) plus the accumulator, rounded to float64 and then to float32: fma's bits except
-    in rare double-rounding ties, which this seed's data does not hit."""
+    """ggml_vec_dot_f32's order (AVX2) in float32 numpy. Its fma is a float64 product (exact for float32 factors)
+    plus the accumulator, rounded to float64 and then to float32: fma's bits except in rare double-rounding ties,
+    which this seed's data does not hit. The last len % 32 products are rounded, then added."""
     acc = np.zeros((4, 8), np.float32)
-    for k in range(0, len(x), 32):
+    n32 = len(x) - len(x) % 32
+    for k in range(0, n32, 32):
         for j in range(4):
             sl = slice(k + 8 * j, k + 8 * j + 8)
             acc[j] = (w[sl].astype(np.float64) * x[sl].astype(np.float64) + acc[j].astype(np.float64)).astype(
                 np.float32)
     v = (acc[0] + acc[2]) + (acc[1] + acc[3])
     t = v[:4] + v[4:]
-    return (t[0] + t[1]) + (t[2] + t[3])
+    s = (t[0] + t[1]) + (t[2] + t[3])
+    for k in range(n32, len(x)):
+        s = s + w[k] * x[k]
+    return s
 
 
-def test_f32_one_row_product_sums_as_llama_cpp():
+@pytest.mark.parametrize("n_in", [256, 48])  # 48: a row with 16 products past the last 32
+def test_f32_one_row_product_sums_as_llama_cpp(n_in):
     """A one-row F32 product (a decode step's router, any F32 matrix) in ggml_vec_dot_f32's order; the rows of a
     batch keep the batched order, and a batch of one-row sequences takes the one-row order per row."""
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((24, 256)) * 2.0 ** rng.integers(-3, 3, (24, 256))).astype(np.float32)
-    x = rng.standard_normal((3, 256)).astype(np.float32)
+    w = (rng.standard_normal((24, n_in)) * 2.0 ** rng.integers(-3, 3, (24, n_in))).astype(np.float32)
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
     lin = QuantLinear(w.view(np.uint8).reshape(-1), "F32", w.shape)
     one = np.empty(24, np.float32)
     lin.matvec(x[0], one)
