@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2")
+    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2,qwen3moe,mixtral")
     args = ap.parse_args()
     import edgellm
     from edgellm.prep.convert import convert_checkpoint
