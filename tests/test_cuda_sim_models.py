@@ -48,7 +48,7 @@ SPECS = {
                           sliding_window=3),
 }
 # Architectures with no device forward pass: the GPU refuses them by name rather than run another model's.
-CPU_ONLY = ("gemma2", "granite", "olmo2", "smollm3")
+CPU_ONLY = ("gemma2", "granite", "olmo2", "smollm3", "qwen3moe")
 
 
 def nmse(got, want):
@@ -86,6 +86,15 @@ def test_architectures_without_a_device_pass_are_refused(tmp_path, arch):
     from test_models_tiny import registry_spec
     with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", registry_spec(arch))) as f:
         with pytest.raises(ModelError, match=f"architecture '{arch}' has no CUDA forward pass"):
+            build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
+
+
+def test_llama_with_experts_is_refused_on_the_device(tmp_path):
+    from edgellm.errors import ModelError
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_moe import moe_spec
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "mixtral.gguf", moe_spec("llama"))) as f:
+        with pytest.raises(ModelError, match="llama files with experts .* have no CUDA forward pass"):
             build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
 
 
