@@ -192,6 +192,8 @@ def test_memory_counts_what_every_token_reads(tmp_path):
         assert w.active_params == w.total_params - expert_params + expert_params * 2 // 8
         weights, _ = validate.model_memory_needs(f, 64)
         assert weights == w.resident_bytes
+        from edgellm.prep.bench import weight_bytes_per_token
+        assert weight_bytes_per_token(f) == w.resident_bytes  # the bandwidth bound of `edgellm bench` (tied output)
         assert validate.paging_warning(f, available=w.total_bytes) is None
         warning = validate.paging_warning(f, available=w.total_bytes - 1)
         assert f"{w.active_params:,} of {w.total_params:,} parameters active" in warning
