@@ -16,6 +16,7 @@ import numpy as np
 
 import edgellm
 from edgellm.engine.kvcache import KVPool
+from edgellm.engine.validate import weight_residency
 from edgellm.prep.bandwidth_kernel import parallel_sum
 from edgellm.quant.threading_layer import chosen_layer
 
@@ -40,7 +41,6 @@ def weight_bytes_per_token(gguf_file) -> int:
     """Bytes of weights a decode step streams: every matrix once (the embedding only as the tied output
     projection, since a single row is read for the input), of a mixture of experts' stacks only the share of the
     experts a token uses. Norm vectors are negligible but counted."""
-    from edgellm.engine.validate import weight_residency
     tensors = gguf_file.tensors
     total = weight_residency(gguf_file).resident_bytes  # shared tensors plus a token's share of the experts
     if "token_embd.weight" in tensors and "output.weight" in tensors:
