@@ -51,6 +51,8 @@ SPECS = {
 # and logits, granite's multipliers, olmo2's whole-projection QK norm and post-norms, phi3's fused matrices, smollm3's
 # rope-less fourth layer)
 REGISTRY_ARCHS = ("gemma2", "granite", "olmo2", "phi3", "smollm3")
+# Architectures with no device forward pass: the GPU refuses them by name rather than run another model's.
+CPU_ONLY = ("qwen3moe",)
 
 
 def nmse(got, want):
@@ -108,6 +110,25 @@ def test_phi3_longrope_on_the_device(tmp_path, n_ctx):
         cpu = build_model(f, n_ctx=n_ctx, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
     assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
     assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
+@pytest.mark.parametrize("arch", CPU_ONLY)
+def test_architectures_without_a_device_pass_are_refused(tmp_path, arch):
+    from edgellm.errors import ModelError
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_models_tiny import registry_spec
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", registry_spec(arch))) as f:
+        with pytest.raises(ModelError, match=f"architecture '{arch}' has no CUDA forward pass"):
+            build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
+
+
+def test_llama_with_experts_is_refused_on_the_device(tmp_path):
+    from edgellm.errors import ModelError
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_moe import moe_spec
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "mixtral.gguf", moe_spec("llama"))) as f:
+        with pytest.raises(ModelError, match="llama files with experts .* have no CUDA forward pass"):
+            build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
 
 
 def test_reset_and_prefix_rewind_on_the_device(tmp_path):

@@ -1,4 +1,6 @@
-"""The tiny file of each added architecture (gemma2, llama with a sliding window, smollm3, granite, olmo2;
+"""The tiny file of each added architecture (gemma2, llama with a sliding window, smollm3, granite, olmo2, llama with
+F16 and BF16 layers, and the
+mixtures of experts qwen3moe (8 experts top 2, 32 top 4) and llama with experts (Mixtral's layout); see
 tests/helpers_tiny_archs.py) against llama.cpp's logits on it (tools/record_tiny_archs.py; no llama.cpp here).
 
 The file is rebuilt from its seed and must hash as the recorded one. Teacher-forced rows (40 ids as one batch)

@@ -8,7 +8,6 @@ evaluate the same ids teacher-forced, and the largest logit difference and the t
 (llama.cpp's own convert_hf_to_gguf.py needs torch and transformers, absent here, so its output is not compared.)
 """
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2")
+    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2,qwen3moe,mixtral")
     args = ap.parse_args()
     import edgellm
     from edgellm.prep.convert import convert_checkpoint

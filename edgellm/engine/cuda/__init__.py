@@ -35,6 +35,9 @@ def build_cuda_model(gguf_file, n_ctx: int | None = None, n_batch: int | None = 
         raise ModelError(f"architecture {arch.name!r} has no CUDA forward pass yet; "
                          f"supported on CUDA: {', '.join(sorted(CUDA_MODELS))}")
     config = arch.config_class.from_gguf(gguf_file)
+    if getattr(config, "experts", None) is not None and config.experts.n_expert:
+        raise ModelError(f"{arch.name} files with experts (a mixture of experts) have no CUDA forward pass yet; "
+                         "they run on the CPU")
     scaling = config.rope_scaling
     if scaling.ext_factor:  # the device rope has no YaRN blend
         raise ModelError(f"rope scaling {scaling.kind!r} is CPU-only; the CUDA path computes plain and linear rope "
