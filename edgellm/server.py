@@ -631,11 +631,11 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.server.should_exit = True
+        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
+        if endpoints is not None:  # first, so requests in flight end (503 or an error event) and uvicorn can stop
+            endpoints.slot.close()
         self.thread.join(timeout=30)
         self.sock.close()
-        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
-        if endpoints is not None:
-            endpoints.slot.close()
         return False
 
 
@@ -688,6 +688,10 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled by shutting down: a clean stop
         pass
+    finally:
+        endpoints = getattr(getattr(gate.app, "state", None), "endpoints", None)
+        if endpoints is not None:
+            endpoints.slot.close()
     if failed:
         raise failed[0]
     return 0

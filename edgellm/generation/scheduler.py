@@ -15,12 +15,17 @@ So a long prompt holds the running streams for one chunk at a time, never for it
 that arrives joins at the next turn. A sequence that finishes, is cancelled, or whose reader stalls past
 `stall_timeout_s` frees its slot in that turn.
 
+Shutdown: close() ends every request still queued or running with ServerClosing, whether the loop exits in time or
+not, and an unexpected fault in a turn ends the requests in slots with it and the loop goes on; a reader also
+checks, while it waits, that the loop's thread is alive. So no reader is ever left waiting on a loop that is gone.
+
 Exactness: a chunk is a whole fresh batch of the prompt (edgellm.engine.prefix), or a part of one whose rows keep
 the kinds the whole batch gives them, and forward_multi's rows equal single-sequence decoding bit for bit; so a
 greedy request gives the same tokens as served alone, whatever else runs beside it.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,16 +33,18 @@ from collections import deque
 import numpy as np
 
 from edgellm.engine import prefix, validate
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, ServerClosing
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.results import Completion
 
 DEFAULT_PREFILL_CHUNK = 128  # prompt tokens between two decode steps (a multiple of 4: Q4_K's gemm groups)
 DEFAULT_BUFFER_EVENTS = 256  # tokens a request may run ahead of its reader before it pauses
 DEFAULT_STALL_TIMEOUT_S = 30.0  # a reader that takes nothing for this long, its buffer full, is cancelled
+log = logging.getLogger("edgellm.server")
 MAX_DEFAULT_PARALLEL = 8
 KV_SHARE = 0.5  # of the free memory, what the default slot count may take for KV caches
 IDLE_WAIT_S = 0.05  # between turns with every sequence paused (full buffers): how often stalls are checked
+ALIVE_CHECK_S = 1.0  # how often a waiting reader checks that the scheduler's thread still runs
 
 
 class ServedRequest:
@@ -47,6 +54,7 @@ class ServedRequest:
         self.ids, self.opts, self.bias, self.max_events = list(ids), opts, bias, max_events
         self._events = deque()
         self._cond = threading.Condition()
+        self._ended = False     # its last event (the Completion or an error) is pushed: nothing more is
         self.cancelled = threading.Event()
         self.finished = False
         self.status = "queued"  # queued, prefill, decode, done
@@ -57,6 +65,7 @@ class ServedRequest:
         self.started = None     # time.monotonic() when it left the queue for a slot
         self.first_token_s = None
         self._wake = None       # the scheduler's, to tell it a full buffer drained
+        self._alive = None      # the scheduler's: () -> whether its thread still runs
 
     def cancel(self) -> None:
         if not self.finished:
@@ -66,7 +75,12 @@ class ServedRequest:
 
     # -- the scheduler's side ----------------------------------------------------------------------------------
     def _push(self, event) -> None:
+        """Queue an event for the reader; after the last one (a Completion or an error) nothing more is queued, so
+        the closing thread and the scheduler's may both end a request."""
         with self._cond:
+            if self._ended:
+                return
+            self._ended = isinstance(event, (Completion, BaseException))
             self._events.append(event)
             self._cond.notify_all()
 
@@ -81,7 +95,8 @@ class ServedRequest:
             while True:
                 with self._cond:
                     while not self._events:
-                        self._cond.wait()
+                        if not self._cond.wait(ALIVE_CHECK_S) and self._alive is not None and not self._alive():
+                            raise ServerClosing("the server stopped before this request ended")
                     event = self._events.popleft()
                 if self._wake is not None and len(self._events) == self.max_events - 1:
                     self._wake()  # it had paused on a full buffer
@@ -203,10 +218,10 @@ class Scheduler:
         if bias is None:
             bias = logit_bias_arrays(opts, self.model.n_vocab)
         request = ServedRequest(ids, opts, bias, self.buffer_events)
-        request._wake = self._wake
+        request._wake, request._alive = self._wake, self._thread.is_alive
         with self._cond:
             if self._closed:
-                raise EdgeLLMError("the server is shutting down")
+                raise ServerClosing("the server is shutting down")
             self.queue.append(request)
             self.stats["requests"] += 1
             self._cond.notify_all()
@@ -225,34 +240,58 @@ class Scheduler:
             self._cond.notify_all()
 
     def close(self, timeout: float = 30) -> None:
+        """Stop the loop: every request still queued or running ends with ServerClosing at once (not after the
+        forward pass in progress, which may be long), then the loop's thread is given `timeout` to stop."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._end_pending()
         self._thread.join(timeout)
+
+    def _end_pending(self) -> None:
+        with self._cond:
+            pending = list(self.queue) + [s.request for s in self.slots if s.request is not None]
+            self.queue.clear()
+        for request in pending:
+            request.status, request.finished = "done", True
+            request.stop_cause = request.stop_cause or "shutdown"
+            request._push(ServerClosing("the server is shutting down"))
 
     # -- the scheduler thread --------------------------------------------------------------------------------
     def _has_work(self) -> bool:
         return bool(self.queue) or any(s.request is not None for s in self.slots)
 
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._has_work():
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                with self.model.exclusive("serve"):  # other callers of this Model wait while requests run
+                    while self._has_work() and not self._closed:
+                        if not self._guarded_turn():
+                            with self._cond:  # every sequence waits on its reader: sleep until one drains
+                                self._cond.wait(IDLE_WAIT_S)
+                    if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
+                        self.model._set_cached([], [])
+        finally:  # closed, or a BaseException (interpreter exit, a KeyboardInterrupt) ended the loop
             with self._cond:
-                while not self._closed and not self._has_work():
-                    self._cond.wait()
-                if self._closed:
-                    break
-            with self.model.exclusive("serve"):  # other callers of this Model wait while requests run
-                while self._has_work() and not self._closed:
-                    if not self._turn():
-                        with self._cond:  # every sequence waits on its reader: sleep until one drains
-                            self._cond.wait(IDLE_WAIT_S)
-                if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
-                    self.model._set_cached([], [])
-        with self._cond:
-            pending = list(self.queue) + [s.request for s in self.slots if s.request is not None]
-            self.queue.clear()
-        for request in pending:
-            request._push(EdgeLLMError("the server is shutting down"))
+                self._closed = True
+            self._end_pending()
+
+    def _guarded_turn(self) -> bool:
+        """A turn; an unexpected fault in it (a bug, not a model error) ends the requests in slots with that error,
+        their caches forgotten, and the loop goes on serving the queue."""
+        try:
+            return self._turn()
+        except Exception as e:
+            log.exception("a scheduler turn failed")
+            for slot in self.slots:
+                if slot.request is not None:  # each reader its own exception (a 500: not the request's fault)
+                    self._fail(slot, RuntimeError(f"the scheduler failed: {type(e).__name__}"))
+            return True
 
     def _turn(self) -> bool:
         """One turn (see the module docstring); False when nothing could run."""
