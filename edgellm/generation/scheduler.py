@@ -12,7 +12,14 @@ One turn of the loop:
   3. decode: one step of every decoding sequence whose buffer has room: each samples its next token with its own
      SequenceState (sampling, seed, stop strings, logprobs, constraint), and one forward_multi feeds them all.
 So a long prompt holds the running streams for one chunk at a time, never for its whole length, and a request
-that arrives joins at the next turn. A sequence that finishes, is cancelled, or whose reader stalls past
+that arrives joins at the next turn.
+
+Speculative decoding (`speculative="lookup"` or `"draft"`), per sequence: in the decode step each sequence may add
+the tokens its drafter proposes after its next token (prompt lookup, or a draft model on a KV cache of its own per
+slot), and one forward_verify_multi runs every sequence's rows together, each row with a decode step's arithmetic;
+each sequence then walks its rows through SequenceState.step as plain decoding would, and the rejected rows are
+truncated from its cache. A sequence whose draft was cut by a rejection feeds the target's own token at the next
+step. Each sequence's DraftLength adapts to its acceptance and to what the extra rows cost the step. A sequence that finishes, is cancelled, or whose reader stalls past
 `stall_timeout_s` frees its slot in that turn.
 
 Shutdown: close() ends every request still queued or running with ServerClosing, whether the loop exits in time or
@@ -33,9 +40,11 @@ from collections import deque
 import numpy as np
 
 from edgellm.engine import prefix, validate
-from edgellm.errors import EdgeLLMError, ServerClosing
+from edgellm.errors import EdgeLLMError, SamplingError, ServerClosing
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.results import Completion
+from edgellm.generation.sampling import Sampler
+from edgellm.generation import speculative as speculative_mod
 
 DEFAULT_PREFILL_CHUNK = 128  # prompt tokens between two decode steps (a multiple of 4: Q4_K's gemm groups)
 DEFAULT_BUFFER_EVENTS = 256  # tokens a request may run ahead of its reader before it pauses
@@ -50,8 +59,10 @@ ALIVE_CHECK_S = 1.0  # how often a waiting reader checks that the scheduler's th
 class ServedRequest:
     """One request's side of the scheduler: its events, read by the request's thread; cancel() from anywhere."""
 
-    def __init__(self, ids, opts, bias, max_events: int):
+    def __init__(self, ids, opts, bias, max_events: int, time_limit_s: float | None = None):
         self.ids, self.opts, self.bias, self.max_events = list(ids), opts, bias, max_events
+        self.time_limit_s = time_limit_s  # generation ends ("time_limit", finish_reason "length") this long after
+        # it leaves the queue, checked after each token
         self._events = deque()
         self._cond = threading.Condition()
         self._ended = False     # its last event (the Completion or an error) is pushed: nothing more is
@@ -118,6 +129,9 @@ class _Slot:
         self.seq: SequenceState | None = None
         self.batches: list = []      # prompt chunks still to run
         self.logits = None           # the row to sample the next token from
+        self.pending = None          # or: a token sampled but not yet fed (a draft's rejection gave it)
+        self.spec = None             # the request's Speculator (speculative decoding), or None
+        self.drafter = None          # a draft model's DraftModel on this slot's own draft cache
         self.last_used = 0.0
         self.paused_since = None
 
@@ -144,6 +158,9 @@ class _PoolEngine:
 
     def decode(self, slots, tokens) -> np.ndarray:
         return self.fm.forward_multi(tokens, [s.cache for s in slots])
+
+    def verify(self, slots, token_lists) -> np.ndarray:
+        return self.fm.forward_verify_multi(token_lists, [s.cache for s in slots])
 
 
 class _SingleEngine:
@@ -182,7 +199,8 @@ class Scheduler:
 
     def __init__(self, model, n_parallel: int | None = None, seq_ctx: int | None = None, prompt_cache=None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, buffer_events: int = DEFAULT_BUFFER_EVENTS,
-                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, speculative: str | None = None,
+                 draft_max: int | None = None):
         for name, value in (("n_parallel", n_parallel), ("seq_ctx", seq_ctx)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -197,6 +215,7 @@ class Scheduler:
             self.seq_ctx = model.n_ctx
         self.slots = [_Slot(i, c) for i, c in enumerate(self.engine.caches)]
         self.n_parallel = len(self.slots)
+        self._start_speculation(speculative, draft_max)
         self.prompt_cache = prompt_cache if self.engine.reusable else None
         self.prefill_chunk = max(4, prefill_chunk - prefill_chunk % 4)
         self.buffer_events, self.stall_timeout_s = buffer_events, stall_timeout_s
@@ -212,12 +231,44 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
+    def _start_speculation(self, mode, draft_max) -> None:
+        self.speculative = speculative_mod.check_mode(mode, getattr(self.model, "draft_model", None) is not None)
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1):
+            raise ValueError(f"draft_max must be a positive integer, got {draft_max!r}")
+        self.draft_max = draft_max or (speculative_mod.DRAFT_MAX[mode] if mode else None)
+        if self.speculative is None:
+            return
+        if not isinstance(self.engine, _PoolEngine) or not hasattr(self.engine.fm, "forward_verify_multi"):
+            raise SamplingError("speculative decoding in the server needs the CPU backend's batched "
+                                                "verification pass")
+        if self.speculative == "draft":  # each slot drafts on a cache of its own
+            from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
+            dm = self.model.draft_model.model
+            windows, cfg = [kv.window for kv in dm.cache.layers], dm.config
+            args = (self.n_parallel, self.seq_ctx, cfg.n_head_kv, cfg.head_dim, windows, dm.n_batch, dm.cache.kv_type)
+            validate.check_memory(0, KVPool.planned_nbytes(*args), what=f"{self.n_parallel} draft caches")
+            self.draft_pool = KVPool(*args)
+            for slot, cache in zip(self.slots, self.draft_pool.caches):
+                slot.drafter = speculative_mod.DraftModel(self.model.draft_model, None, cache)
+
+    def _speculator(self, slot, opts):
+        if self.speculative is None:
+            return None
+        if self.speculative == "lookup":
+            drafter = speculative_mod.PromptLookup()
+        else:
+            drafter = slot.drafter  # its cache keeps what it held: the next prompt re-uses the common prefix
+            drafter.sampler = None if opts.sampling.greedy else Sampler(
+                opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
+        return speculative_mod.Speculator(self.speculative, None, drafter, self.draft_max)
+
     # -- any thread ------------------------------------------------------------------------------------------
-    def submit(self, ids, opts, bias=None) -> ServedRequest:
-        """Queue a generation after prompt ids (checked by the caller) with these GenerationOptions."""
+    def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:
+        """Queue a generation after prompt ids (checked by the caller) with these GenerationOptions; time_limit_s:
+        a wall-clock limit counted from its admission (see ServedRequest)."""
         if bias is None:
             bias = logit_bias_arrays(opts, self.model.n_vocab)
-        request = ServedRequest(ids, opts, bias, self.buffer_events)
+        request = ServedRequest(ids, opts, bias, self.buffer_events, time_limit_s)
         request._wake, request._alive = self._wake, self._thread.is_alive
         with self._cond:
             if self._closed:
@@ -367,6 +418,7 @@ class Scheduler:
         slot.tokens, slot.kinds = list(ids[:common]), slot.kinds[:common]
         slot.batches = self._chunks(batches)
         slot.request, slot.seq, slot.logits, slot.paused_since = request, seq, None, None
+        slot.pending, slot.spec = None, self._speculator(slot, request.opts)
         request.status, request.reused, request.started = "prefill", common, time.monotonic()
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += common
@@ -420,8 +472,11 @@ class Scheduler:
         return True
 
     def _decode_step(self) -> bool:
+        """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
+        left pending), and any drafted tokens after it; one forward feeds them all."""
         decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
         stepped, progressed, now = [], False, time.monotonic()
+        room = getattr(self.engine.fm, "n_batch", 1) - len(decoding)  # rows left for drafts in this forward
         for slot in decoding:
             request, seq = slot.request, slot.seq
             if request.cancelled.is_set():
@@ -435,36 +490,102 @@ class Scheduler:
                     progressed = True
                 continue
             slot.paused_since = None
-            try:
-                check_finite(slot.logits, f"after {len(seq.history)} tokens")
-                event = seq.step(slot.logits)
-            except EdgeLLMError as e:
-                self._fail(slot, e)
-                progressed = True
-                continue
             progressed = True
-            if event is not None:
-                request._push(event)
-                self.stats["generated_tokens"] += 1
-            if seq.done:
-                self._finish(slot)
-            else:
-                stepped.append(slot)
+            if slot.pending is None:
+                if not self._sample(slot, slot.logits):
+                    continue
+            fed, choices, draft_s = [slot.pending if slot.pending is not None else seq.generated[-1]], [], 0.0
+            slot.pending = None
+            if slot.spec is not None and room > 0:
+                t0 = time.perf_counter()
+                cache_room = slot.cache.n_ctx - slot.cache.n_past - 1  # verified rows must fit without a shift
+                proposed = slot.spec.propose(seq.history, min(room, cache_room, seq.max_tokens - len(seq.generated)))
+                draft_s = time.perf_counter() - t0
+                if proposed is not None:
+                    fed += proposed[0]
+                    choices = proposed[1]
+                    room -= len(choices)
+            stepped.append((slot, fed, choices, draft_s))
         if stepped:
-            tokens = [s.seq.generated[-1] for s in stepped]
-            try:
-                rows = self.engine.decode(stepped, tokens)
-            except EdgeLLMError as e:
-                for slot in stepped:
-                    self._fail(slot, e)
-                return True
-            self.stats["decode_steps"] += 1
-            for slot, row, token in zip(stepped, rows, tokens):
-                slot.logits = np.array(row, copy=True)  # the engine reuses its logits buffer
-                slot.tokens.append(token)
-                slot.kinds.append(self.decode_kind)
-                self._note_shifts(slot)
+            self._feed(stepped)
         return progressed
+
+    def _sample(self, slot, row, choice=None) -> bool:
+        """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);
+        False when the sequence ended (finished, or failed)."""
+        request, seq = slot.request, slot.seq
+        try:
+            check_finite(row, f"after {len(seq.history)} tokens")
+            event = seq.step(row, choice)
+        except EdgeLLMError as e:
+            self._fail(slot, e)
+            return False
+        if event is not None:
+            request._push(event)
+            self.stats["generated_tokens"] += 1
+            self._check_time(request, seq)
+        if seq.done:
+            self._finish(slot)
+            return False
+        return True
+
+    def _feed(self, stepped) -> None:
+        slots = [s for s, _, _, _ in stepped]
+        drafted = any(choices for _, _, choices, _ in stepped)
+        t0 = time.perf_counter()
+        try:
+            if drafted:
+                rows = self.engine.verify(slots, [fed for _, fed, _, _ in stepped])
+            else:
+                rows = self.engine.decode(slots, [fed[0] for _, fed, _, _ in stepped])
+        except EdgeLLMError as e:
+            for slot in slots:
+                self._fail(slot, e)
+            return
+        step_s = time.perf_counter() - t0
+        self.stats["decode_steps"] += 1
+        extra = sum(len(choices) for _, _, choices, _ in stepped)
+        offset = 0
+        for slot, fed, choices, draft_s in stepped:
+            own = rows[offset:offset + len(fed)]
+            offset += len(fed)
+            slot.tokens += fed
+            slot.kinds += [self.decode_kind] * len(fed)
+            if slot.spec is not None:  # what the extra rows cost this step, against a plain one
+                if drafted:
+                    slot.spec.length.timed_verification(1 + extra, step_s + draft_s)
+                else:
+                    slot.spec.timed_step(step_s)
+            if not choices:
+                slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
+                self._note_shifts(slot)
+                continue
+            accepted, seq, spec = 0, slot.seq, slot.spec  # (the walk may end the request and free the slot)
+            for row, choice in zip(own, choices):
+                n = len(seq.generated)
+                alive = self._sample(slot, row, choice)
+                if len(seq.generated) == n or seq.generated[-1] != choice[0]:
+                    break  # rejected: the target's own token (or its end) is at this position
+                accepted += 1
+                if not alive:
+                    break
+            spec.record(len(choices), accepted)
+            rejected = len(choices) - accepted
+            if rejected:
+                slot.cache.truncate(slot.cache.n_past - rejected)
+                del slot.tokens[-rejected:], slot.kinds[-rejected:]
+            if slot.request is None:  # it ended in the walk (finished, failed or cut)
+                continue
+            if rejected:
+                slot.logits, slot.pending = None, slot.seq.generated[-1]  # the target's own token, fed next step
+            else:
+                slot.logits = np.array(own[-1], copy=True)
+
+    @staticmethod
+    def _check_time(request, seq) -> None:
+        limit = request.time_limit_s
+        if limit is not None and not seq.done and time.monotonic() - request.started > limit:
+            seq.stop_reason, seq.done = "time_limit", True
 
     def _note_shifts(self, slot) -> None:
         log = getattr(slot.cache, "shift_log", None)
@@ -481,6 +602,9 @@ class Scheduler:
         else:
             self.stats["finished"] += 1
         piece, completion = seq.finish()
+        if slot.spec is not None:
+            completion.speculative = slot.spec.mode
+            completion.draft_tokens, completion.accepted_tokens = slot.spec.drafted, slot.spec.accepted
         if piece:
             request._push((piece, None))
         self.model.last_completion = completion
@@ -498,6 +622,6 @@ class Scheduler:
 
     def _free(self, slot) -> None:
         slot.batches = []  # cut mid-prompt: the whole chunks that ran stay in the cache, and in slot.tokens
-        slot.request = slot.seq = slot.logits = None
+        slot.request = slot.seq = slot.logits = slot.pending = slot.spec = None
         slot.paused_since = None
         slot.last_used = time.monotonic()
