@@ -366,7 +366,8 @@ class Endpoints:
         kv_type = getattr(model, "kv_type", None)
         meta = {"n_ctx": self.llm.n_ctx, "n_vocab": self.llm.n_vocab,
                 "kv_type": getattr(kv_type, "name", kv_type), "n_keep": getattr(model, "n_keep", None),
-                "device": getattr(self.llm, "device", "cpu")}
+                "device": getattr(self.llm, "device", "cpu"), "speculative": self.scheduler.speculative,
+                "draft_max": self.scheduler.draft_max}
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "edgellm",
              "meta": meta}]})
