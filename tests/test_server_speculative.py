@@ -73,6 +73,7 @@ def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode):
         assert b.speculative == mode
     drafted, accepted = sum(c.draft_tokens for c in spec), sum(c.accepted_tokens for c in spec)
     assert accepted > 0 and drafted > accepted  # drafts were kept, and some rolled back
+    assert (stats["draft_tokens"], stats["accepted_tokens"]) == (drafted, accepted)
     # fewer forward passes than without: accepted drafts came in the same pass
     assert stats["decode_steps"] < plain_stats["decode_steps"]
 

@@ -227,7 +227,7 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0, "prefill_chunks": 0}
+                      "decode_steps": 0, "prefill_chunks": 0, "draft_tokens": 0, "accepted_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
@@ -570,6 +570,8 @@ class Scheduler:
                 if not alive:
                     break
             spec.record(len(choices), accepted)
+            self.stats["draft_tokens"] += len(choices)
+            self.stats["accepted_tokens"] += accepted
             rejected = len(choices) - accepted
             if rejected:
                 slot.cache.truncate(slot.cache.n_past - rejected)
