@@ -510,9 +510,9 @@ class Scheduler:
             self._feed(stepped)
         return progressed
 
-    def _sample(self, slot, row, choice=None) -> bool:
+    def _sample(self, slot, row, choice=None, finish: bool = True) -> bool:
         """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);
-        False when the sequence ended (finished, or failed)."""
+        False when the sequence ended (failed, or done: then finished unless finish is False)."""
         request, seq = slot.request, slot.seq
         try:
             check_finite(row, f"after {len(seq.history)} tokens")
@@ -525,7 +525,8 @@ class Scheduler:
             self.stats["generated_tokens"] += 1
             self._check_time(request, seq)
         if seq.done:
-            self._finish(slot)
+            if finish:
+                self._finish(slot)
             return False
         return True
 
@@ -563,7 +564,7 @@ class Scheduler:
             accepted, seq, spec = 0, slot.seq, slot.spec  # (the walk may end the request and free the slot)
             for row, choice in zip(own, choices):
                 n = len(seq.generated)
-                alive = self._sample(slot, row, choice)
+                alive = self._sample(slot, row, choice, finish=False)  # finished below, its counts recorded
                 if len(seq.generated) == n or seq.generated[-1] != choice[0]:
                     break  # rejected: the target's own token (or its end) is at this position
                 accepted += 1
@@ -576,7 +577,10 @@ class Scheduler:
             if rejected:
                 slot.cache.truncate(slot.cache.n_past - rejected)
                 del slot.tokens[-rejected:], slot.kinds[-rejected:]
-            if slot.request is None:  # it ended in the walk (finished, failed or cut)
+            if slot.request is None:  # it failed in the walk
+                continue
+            if seq.done:
+                self._finish(slot)
                 continue
             if rejected:
                 slot.logits, slot.pending = None, slot.seq.generated[-1]  # the target's own token, fed next step
