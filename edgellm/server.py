@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from functools import partial
 
 from starlette.applications import Starlette
@@ -668,6 +669,10 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
     if host not in ("127.0.0.1", "localhost", "::1") and not key:
         print(f"edgellm: warning: serving on {host} without an API key: anyone who can reach it can use it",
               file=sys.stderr)
+    # the server refuses a prompt past the context (it never shifts through one), so the API's warning that a prompt
+    # will would only mislead the log
+    from edgellm.api import ContextShiftWarning
+    warnings.filterwarnings("ignore", category=ContextShiftWarning)
     gate = LoadingGate()
     server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning", lifespan="off"))
     failed = []
