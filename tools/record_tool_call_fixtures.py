@@ -35,13 +35,13 @@ REQUESTS = [
     {"name": "named", "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
      "tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}},
      "max_tokens": 40},
-    {"name": "auto", "messages": ASK, "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 48},
+    {"name": "auto", "messages": ASK, "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 40},
     {"name": "tool_result", "messages": ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function",
              "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}],
-     "tools": [WEATHER], "tool_choice": "none", "max_tokens": 24},
+     "tools": [WEATHER], "tool_choice": "none", "max_tokens": 12},
 ]
 
 
