@@ -20,10 +20,9 @@ import threading
 
 import numpy as np
 
-from . import matmul_kquant
 from .formats import BlockFormat, format_by_name
 from .reference import as_checked_bytes, check_shape
-from .registry import FLOAT, Q8_0, kernels_for
+from .registry import FLOAT, Q8_0, ROW_KIND_FORMATS, kernels_for
 
 
 class _ActivationScratch:
@@ -93,7 +92,6 @@ class QuantLinear:
         self.kernels = kernels_for(self.format)
         self._kernel = self.kernels.matmul_kernel_for(self.n_out)
         self.rows8 = self._kernel is not self.kernels.matmul_kernel()  # llama.cpp's repacked arithmetic (registry)
-        self._dequantize_rows = self.kernels.dequantize_rows()
         activation = self.kernels.activation
         self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
@@ -155,7 +153,8 @@ class QuantLinear:
             return
         scratch = _scratch_for(self._scratch_key).reserve(x.shape[0])
         name = self.format.name
-        if name in matmul_kquant.ROW_KIND_FORMATS:
+        if name in ROW_KIND_FORMATS:
+            from . import matmul_kquant  # start-up time: only files with these formats import the K-quant kernels
             key = (name, self.n_out % 8 == 0, x.shape[0], sizes)
             found = _ROW_KINDS.get(key)
             if found is None:
@@ -168,9 +167,16 @@ class QuantLinear:
         else:
             self._kernel(self.data, self.row_bytes, x, *scratch, out)
 
+    def _dequantize_rows(self):
+        # looked up on first use: most matrices are never dequantized, and the decoders' module is then not imported
+        kernel = self.__dict__.get("_dequantize_kernel")
+        if kernel is None:
+            kernel = self.__dict__["_dequantize_kernel"] = self.kernels.dequantize_rows()
+        return kernel
+
     def dequantize(self) -> np.ndarray:
         out = np.empty((self.n_out, self.n_in), np.float32)
-        self._dequantize_rows(self.data, self.row_bytes, np.arange(self.n_out), out)
+        self._dequantize_rows()(self.data, self.row_bytes, np.arange(self.n_out), out)
         return out
 
     def get_rows(self, ids, out: np.ndarray) -> None:
@@ -184,7 +190,7 @@ class QuantLinear:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.n_out:
             raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
-        self._dequantize_rows(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
+        self._dequantize_rows()(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
 
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute

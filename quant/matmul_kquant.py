@@ -16,6 +16,7 @@ from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _
                              _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
 from .dots_block32 import PREFETCH_BYTES
+from .registry import ROW_KIND_FORMATS  # noqa: F401  (re-exported: the formats row_kinds serves)
 from .kernels_dequant import k_scales_mins
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
@@ -675,7 +676,6 @@ def matmul_q8_k(w, row_bytes, x, xq, xd, bsums, out):
 #        through ggml_vec_dot_q6_K_q8_K per token.
 # Their kernels take kinds[t]: 1 for the first kernel, 0 for the other.
 #   IQ4_XS likewise goes to the tiled matmul from 8 tokens (quant.iq4_xs).
-ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K", "IQ4_XS"})
 Q4_K_GEMM_ROWS = 4           # the repacked gemm's token group
 Q6_K_TILED_MIN_TOKENS = 8    # llama.cpp hands batches of at least 8 tokens to its tiled K-quant matmul
 

@@ -26,6 +26,7 @@ A record's fields:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -96,6 +97,7 @@ def _resolve(spec: str):
     return _attr(module, name)
 
 
+@functools.lru_cache(maxsize=None)  # a model's loading asks once per matrix
 def _attr(module: str, name: str):
     if module != "formats":  # (the kernels' modules: the threading layer must be chosen before any parallel one)
         from . import threading_layer  # noqa: F401
@@ -172,6 +174,9 @@ def _check() -> dict[str, FormatKernels]:
 
 
 _BY_NAME = _check()
+
+# The formats whose batched matmuls pick llama.cpp's kernel per row (quant.matmul_kquant.row_kinds, kernel_for).
+ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K", "IQ4_XS"})
 
 # The registered formats in the table's order, for tests and tools that run every one.
 NAMES: tuple[str, ...] = tuple(f.name for f in FORMATS)
