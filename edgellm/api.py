@@ -22,7 +22,6 @@ import warnings
 
 import numpy as np
 
-from edgellm.compat import llama_compat
 from edgellm.compat.chat import chat_template_from_metadata
 from edgellm.engine import gguf as gguf_reader
 from edgellm.engine import prefix, validate
@@ -39,7 +38,6 @@ from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.sampling import Sampler
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
 from edgellm.generation.state import ModelState
-from edgellm.store import catalog, hub
 from edgellm.tokenizer import Tokenizer
 
 EMPTY_SLOT = -1  # kvcache.EMPTY_SLOT: a slot that holds no position
@@ -93,6 +91,7 @@ class Model:
             raise ValueError(f"n_keep must be a non-negative integer, got {n_keep!r}")
         from edgellm.engine.kvtypes import kv_type as parse_kv_type  # kernels: slow to import, loaded with a model
         kv_name = "f32" if device == "cuda" and kv_type is None else parse_kv_type(kv_type).name  # ValueError
+        from edgellm.store import catalog  # start-up time: imported on use, as the lines below
         path = catalog.resolve(model, models_dir, n_ctx=n_ctx, kv_type=kv_name, check_memory=check_memory)
         gguf_file = gguf_reader.open(path)
         self.context_fit = None
@@ -178,6 +177,7 @@ class Model:
         """llama-cpp-python's shape: a GGUF from a Hugging Face Hub repository, pulled into the Hub cache on first
         use. filename: a path in the repository or a glob pattern ("*Q4_K_M.gguf"); None picks as llama.cpp's -hf
         does. kwargs go to Model()."""
+        from edgellm.store import hub  # start-up time: only pulls from the Hub need it
         path = hub.pull_pretrained(repo_id, filename, revision=revision, cache_dir=cache_dir,
                                    n_ctx=kwargs.get("n_ctx"), kv_type=kwargs.get("kv_type"),
                                    check_memory=kwargs.get("check_memory", True))
@@ -694,12 +694,14 @@ class Model:
     # -- llama-cpp-python-shaped calls ---------------------------------------------------------------------------
     def create_completion(self, prompt, **kwargs):
         """llama_cpp.Llama.create_completion: a CreateCompletionResponse dict, or an iterator of chunks."""
+        from edgellm.compat import llama_compat  # (with tool calls, constrained decoding: not needed to load)
         return llama_compat.create_completion(self, prompt, **kwargs)
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages, **kwargs):
         """llama_cpp.Llama.create_chat_completion: a CreateChatCompletionResponse dict, or an iterator of chunks."""
+        from edgellm.compat import llama_compat  # (as in create_completion)
         return llama_compat.create_chat_completion(self, messages, **kwargs)
 
 

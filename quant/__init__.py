@@ -14,6 +14,7 @@
   matmul_kquant.py    Q4_K and Q6_K's hand-written row dots and matmuls (llama.cpp's per-token kernel split)
   kernels_float.py    float matmul for F32, F16, BF16
   quantize_kernels.py Numba block quantizers; kquants_quantize.py the K-quants' numpy references
+  half_bits.py        the half-precision scale writers the quantizers share
   dequantize_rows.py,
   matmul_block32.py,
   matmul_kgroups.py,

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _tile8_pairs, _tile8_sums_256,
                            _tile8_zero)
-from .quantize_kernels import _f16_bits, _put_u16
+from .half_bits import _f16_bits, _put_u16
 from .reference import KVALUES_IQ4NL
 from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, _call_intrinsic, _load, _ptr, _shuffle, _vec, dot_i8x32,
                    f32x8_add, f32x8_fma_i32, f32x8_hsum, f32x8_splat, f32x8_zero, f32x16_halves, fma32, i8x32_xor,

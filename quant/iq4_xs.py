@@ -26,7 +26,7 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 from .dots_block32 import PREFETCH_BYTES
 from .iq4_nl import block_scale_iq4_nl, load_iq4_nl_values, nearest_level_iq4_nl
 from .kernels_kquant import TOKEN_TILE, _quantize_tokens
-from .quantize_kernels import _f16_bits, _put_u16
+from .half_bits import _f16_bits, _put_u16
 from .reference import KVALUES_IQ4NL
 from .simd import (dot_i8x32_2scales, f32x8_fma_i32, f32x8_hsum, f32x8_zero, fma32, i32x8_add, i32x8_hsum, i32x8_zero,
                    load_f16, load_f32, load_i8x32, load_u8, prefetch)

@@ -93,7 +93,6 @@ class QuantLinear:
         self.kernels = kernels_for(self.format)
         self._kernel = self.kernels.matmul_kernel_for(self.n_out)
         self.rows8 = self._kernel is not self.kernels.matmul_kernel()  # llama.cpp's repacked arithmetic (registry)
-        self._dequantize_rows = self.kernels.dequantize_rows()
         activation = self.kernels.activation
         self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
@@ -166,9 +165,16 @@ class QuantLinear:
         else:
             kernel(self.data, self.row_bytes, x, *_scratch_for(self._scratch_key).reserve(x.shape[0]), out, kinds)
 
+    def _dequantize_rows(self):
+        # looked up on first use: most matrices are never dequantized, and the decoders' module is then not imported
+        kernel = self.__dict__.get("_dequantize_kernel")
+        if kernel is None:
+            kernel = self.__dict__["_dequantize_kernel"] = self.kernels.dequantize_rows()
+        return kernel
+
     def dequantize(self) -> np.ndarray:
         out = np.empty((self.n_out, self.n_in), np.float32)
-        self._dequantize_rows(self.data, self.row_bytes, np.arange(self.n_out), out)
+        self._dequantize_rows()(self.data, self.row_bytes, np.arange(self.n_out), out)
         return out
 
     def get_rows(self, ids, out: np.ndarray) -> None:
@@ -182,7 +188,7 @@ class QuantLinear:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.n_out:
             raise ValueError(f"row id out of range [0, {self.n_out}): {lo if lo < 0 else hi}")
-        self._dequantize_rows(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
+        self._dequantize_rows()(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
 
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute

@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from .formats import format_by_name
+from .half_bits import _f16_bits, _put_u16  # noqa: F401  (shared with the IQ4 quantizers)
 from .registry import kernels_for
 
 F32 = np.float32
@@ -41,21 +42,6 @@ def _nearest_int(v, lo, hi):
 
 
 @njit(cache=True)
-def _f16_bits(v):
-    """float32 -> IEEE half bits, round to nearest even (GGML_FP32_TO_FP16, numpy's astype(float16))."""
-    if v != v:
-        return 0x7E00
-    sign = 0x8000 if math.copysign(1.0, v) < 0 else 0
-    a = abs(np.float64(v))
-    if a >= 65520.0:  # halfway between the largest half (65504) and 2^16 rounds to even, i.e. to inf
-        return sign | 0x7C00
-    if a < 6.103515625e-05:  # subnormal half: a multiple of 2^-24 (1024 * 2^-24 is the smallest normal)
-        return sign | int(np.rint(a * 16777216.0))
-    m, e = math.frexp(a)  # a = m * 2^e, 0.5 <= m < 1: exponent e - 1, mantissa (2m - 1) * 1024, both exact
-    return sign | (((e + 14) << 10) + int(np.rint(m * 2048.0 - 1024.0)))
-
-
-@njit(cache=True)
 def _f16_value(bits):
     """IEEE half bits -> float32 value."""
     e = (bits >> 10) & 0x1F
@@ -67,12 +53,6 @@ def _f16_value(bits):
     else:
         val = math.ldexp(np.float64(1024 + m), e - 25)
     return np.float32(-val if bits & 0x8000 else val)
-
-
-@njit(cache=True, inline="always")
-def _put_u16(out, o, bits):
-    out[o] = bits & 0xFF
-    out[o + 1] = (bits >> 8) & 0xFF
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ A record's fields:
   kgroups          for the K-quants built from kernels_kquant's groups: (the name of its _scales_ function,
                    whether its quants are signed), expanded into quant.matmul_kgroups; None for the hand-written
   row_kinds        where llama.cpp's x86 backend multiplies a batch's tokens with kernels that round differently
-                   (ROWS_*): its matmul then takes kinds[t] per token (quant.matmul_kquant.row_kinds); or None
+                   (ROWS_*): its matmul then takes kinds[t] per token (row_kinds_of); or None
   few              with row_kinds: the matmul module also has matmul_<fmt>_few, for batches with no eight-token
                    work, which compiles much less (decode and short prompts)
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
@@ -32,6 +32,7 @@ A record's fields:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -143,6 +144,7 @@ def _resolve(spec: str):
     return _attr(module, name)
 
 
+@functools.lru_cache(maxsize=None)  # a model's loading asks once per matrix
 def _attr(module: str, name: str):
     if module != "formats":  # (the kernels' modules: the threading layer must be chosen before any parallel one)
         from . import threading_layer  # noqa: F401

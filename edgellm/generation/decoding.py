@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 from edgellm.errors import NumericalError, SamplingError
-from edgellm.generation.constrain import SequenceConstraint
 from edgellm.generation.results import Completion, TokenInfo, top_logprobs_entry
 from edgellm.generation.sampling import Sampler, token_logprobs
 from edgellm.generation.textstream import TextStream
@@ -66,6 +65,7 @@ class SequenceState:
         self.sample_s = 0.0
         self.constraint = None
         if opts.constraint is not None:  # each sequence its own matcher, from the grammar checked in the options
+            from edgellm.generation.constrain import SequenceConstraint  # (imported only where one is asked for)
             self.constraint = SequenceConstraint(opts.constraint, model.tokenizer, model.n_vocab)
 
     def step(self, logits: np.ndarray, draft=None):

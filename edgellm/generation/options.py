@@ -12,7 +12,6 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from edgellm.generation.constrain import constraint_from_options
 from edgellm.errors import SamplingError
 from edgellm.generation.sampling import SamplingParams, _check_seed
 from edgellm.generation.textstream import _as_stop_list
@@ -140,9 +139,16 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         logit_bias=_check_logit_bias(values.get("logit_bias")),
         logits_processor=_as_callable_chain("logits_processor", values.get("logits_processor"), _chain_processors),
         stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
-        constraint=constraint_from_options(values),
+        constraint=_constraint(values),
         speculative=_check_speculative(values.get("speculative", MODEL_DEFAULT)),
     )
+
+
+def _constraint(values):
+    if all(values.get(n) is None for n in ("grammar", "response_format", "json_schema", "regex", "choice")):
+        return None  # start-up time: constrained decoding's module is imported when a constraint is asked for
+    from edgellm.generation.constrain import constraint_from_options
+    return constraint_from_options(values)
 
 
 def _check_speculative(value):

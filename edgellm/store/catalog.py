@@ -22,7 +22,6 @@ from pathlib import Path
 
 from edgellm.atomic import fsync_directory
 from edgellm.errors import CatalogError
-from edgellm.store import hub
 
 _HASH_CHUNK = 1 << 22
 
@@ -213,6 +212,7 @@ def resolve(name_or_path: str | os.PathLike | None, directory: str | os.PathLike
     if p.is_dir():
         raise CatalogError(f"{p} is a directory, not a GGUF file")
     s = os.fspath(name_or_path)
+    from edgellm.store import hub  # start-up time: loading a file by its path needs no Hub code
     ref = hub.parse_ref(s)
     if ref is not None:
         try:

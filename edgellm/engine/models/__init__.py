@@ -1,41 +1,46 @@
 """Model registry: general.architecture -> the module that builds it. Adding an architecture is one new file
 and one line in ARCHITECTURES (plus aliases for names that share a forward pass)."""
 
+import importlib
 from dataclasses import dataclass
 
 from edgellm.engine.kvtypes import kv_type as parse_kv_type
 from edgellm.engine.models.base import DEFAULT_N_BATCH
 from edgellm.errors import ModelError
-from edgellm.engine.models.gemma2 import Gemma2Config, Gemma2Model
-from edgellm.engine.models.gemma3 import Gemma3Config, Gemma3Model
-from edgellm.engine.models.granite import GraniteConfig, GraniteModel
-from edgellm.engine.models.llama import LlamaConfig, LlamaModel
-from edgellm.engine.models.olmo2 import Olmo2Config, Olmo2Model
-from edgellm.engine.models.phi3 import Phi3Config, Phi3Model
-from edgellm.engine.models.qwen2 import Qwen2Config, Qwen2Model
-from edgellm.engine.models.qwen3 import Qwen3Config, Qwen3Model
-from edgellm.engine.models.qwen3moe import Qwen3MoeConfig, Qwen3MoeModel
-from edgellm.engine.models.smollm3 import SmolLM3Config, SmolLM3Model
 
 
 @dataclass(frozen=True)
 class Architecture:
+    """An architecture's config and model classes, named by module (edgellm.engine.models.<module>) and imported
+    on first use: loading a file imports its own architecture's module only (start-up time)."""
     name: str
-    config_class: type
-    model_class: type
+    module: str
+    config_name: str
+    model_name: str
+
+    def _get(self, attr: str) -> type:
+        return getattr(importlib.import_module(f"{__name__}.{self.module}"), attr)
+
+    @property
+    def config_class(self) -> type:
+        return self._get(self.config_name)
+
+    @property
+    def model_class(self) -> type:
+        return self._get(self.model_name)
 
 
 ARCHITECTURES = {
-    "llama": Architecture("llama", LlamaConfig, LlamaModel),
-    "gemma3": Architecture("gemma3", Gemma3Config, Gemma3Model),
-    "qwen2": Architecture("qwen2", Qwen2Config, Qwen2Model),
-    "qwen3": Architecture("qwen3", Qwen3Config, Qwen3Model),
-    "phi3": Architecture("phi3", Phi3Config, Phi3Model),
-    "gemma2": Architecture("gemma2", Gemma2Config, Gemma2Model),
-    "granite": Architecture("granite", GraniteConfig, GraniteModel),
-    "olmo2": Architecture("olmo2", Olmo2Config, Olmo2Model),
-    "smollm3": Architecture("smollm3", SmolLM3Config, SmolLM3Model),
-    "qwen3moe": Architecture("qwen3moe", Qwen3MoeConfig, Qwen3MoeModel),
+    "llama": Architecture("llama", "llama", "LlamaConfig", "LlamaModel"),
+    "gemma3": Architecture("gemma3", "gemma3", "Gemma3Config", "Gemma3Model"),
+    "qwen2": Architecture("qwen2", "qwen2", "Qwen2Config", "Qwen2Model"),
+    "qwen3": Architecture("qwen3", "qwen3", "Qwen3Config", "Qwen3Model"),
+    "phi3": Architecture("phi3", "phi3", "Phi3Config", "Phi3Model"),
+    "gemma2": Architecture("gemma2", "gemma2", "Gemma2Config", "Gemma2Model"),
+    "granite": Architecture("granite", "granite", "GraniteConfig", "GraniteModel"),
+    "olmo2": Architecture("olmo2", "olmo2", "Olmo2Config", "Olmo2Model"),
+    "smollm3": Architecture("smollm3", "smollm3", "SmolLM3Config", "SmolLM3Model"),
+    "qwen3moe": Architecture("qwen3moe", "qwen3moe", "Qwen3MoeConfig", "Qwen3MoeModel"),
 }
 
 # GGUF architecture names whose forward pass is one of the above, unchanged.
