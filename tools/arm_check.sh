@@ -10,8 +10,8 @@
 #   ARM_CHECK_MODELS=0 ...              skip the real-model test
 #
 # Needs ../shared/tools/arm64-chroot.sh's root (its `setup` once). Numba's cache lives in the root under /root and
-# is kept between runs, per CPU name: the first run per CPU compiles under emulation (minutes; see docs/arm.md for
-# the times measured), later ones only what changed. CI does not run this (it needs root, QEMU and that time).
+# is kept between runs, per CPU name: the first run per CPU compiles under emulation (cortex-a76's kernel tests took
+# 41 min cold on a loaded 2-vCPU host, docs/arm.md), later ones only what changed. CI does not run this (it needs root, QEMU and that time).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 chroot_tool=${ARM64_CHROOT:-$here/../shared/tools/arm64-chroot.sh}
@@ -19,7 +19,7 @@ chroot_tool=${ARM64_CHROOT:-$here/../shared/tools/arm64-chroot.sh}
 cpus=("$@")
 [ ${#cpus[@]} -gt 0 ] || cpus=(cortex-a72 cortex-a76 max)
 formats="Q4_1 or Q8_0 or Q5_0 or Q4_K or Q6_K"
-kernel_tests=${ARM_CHECK_TESTS:-"tests/test_simd_dots.py tests/test_quant_kernels.py -k '$formats or intrinsic or hsum or starting_lanes or q4_k_gemv'"}
+kernel_tests=${ARM_CHECK_TESTS:-"tests/test_simd_dots.py && python -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py -k '$formats or intrinsic or hsum or starting_lanes or q4_k_gemv'"}
 model_tests="tests/test_models_real.py -k 'smollm2 and (are_llama_cpp_bits or greedy_continuation)'"
 
 cd "$here"
