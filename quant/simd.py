@@ -551,7 +551,8 @@ def _neon_dot_i8x32(builder, w, x):
         p = _call_intrinsic(builder, "llvm.aarch64.neon.smull.v8i16", i16x8,
                             [_shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
         quarters.append(_call_intrinsic(builder, "llvm.aarch64.neon.saddlp.v4i32.v8i16", i32x4, [p]))
-    halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2]) for h in (0, 1)]
+    halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+              for h in (0, 1)]
     return _shuffle(builder, halves[0], halves[1], range(8))
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 LLAMA_SRC = Path("/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp")
 ROOT = Path(os.environ.get("ARM64_ROOT", "/opt/arm64"))
-CHROOT_TOOL = next((p for p in (HERE.parent / "shared/tools/arm64-chroot.sh", Path("/work/shared/tools/arm64-chroot.sh"))
-                    if p.exists()), None)
+CHROOT_TOOL = next((p for p in (HERE.parent / "shared/tools/arm64-chroot.sh",
+                                 Path("/work/shared/tools/arm64-chroot.sh")) if p.exists()), None)
 
 # (format, edgellm kernel, rows per call, elements per block, llama.cpp function)
 KERNELS = [
