@@ -5,8 +5,9 @@ miscompilation), so a fixed 32-element block loop is fully unrolled into scalar 
 int8*int8 as int64. A per-block integer dot product written in plain Numba runs at ~1 GB/s. Here each
 operation is one small `@intrinsic` that emits generic LLVM vector instructions (<32 x i8>, <8 x i32>,
 <8 x float>); LLVM lowers them for the host (vcvtph2ps, vfmadd231ps, ... on AVX2, whatever other targets
-have), and Numba keeps the values in registers between calls. Only the int8 dot product names x86 AVX2
-intrinsics (vpmaddubsw / vpmaddwd, see below), with a generic fallback computing the same lanes. A kernel
+have), and Numba keeps the values in registers between calls. Only the int8 dot product names target intrinsics
+(x86 vpmaddubsw / vpmaddwd / vpdpbusd, AArch64 sdot or smull + saddlp, see below), with a generic fallback computing
+the same lanes. A kernel
 then reads like llama.cpp's intrinsic code, e.g. for a Q8_0 block:
 
     acc = f32x8_fma_i32(acc, dot_i8x32(load_i8x32(w, o + 2), load_i8x32(xq, 32 * b)), load_f16(w, o) * d_x)
@@ -54,18 +55,69 @@ class _VectorModel(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _LLVM_TYPE[fe_type.name])
 
 
+def _is_x86() -> bool:
+    return llvm_binding.get_process_triple().startswith(("x86_64", "i686", "i386"))
+
+
+def _is_aarch64() -> bool:
+    return llvm_binding.get_process_triple().startswith(("aarch64", "arm64"))
+
+
 def _host_has(feature: str) -> bool:
     """Whether the CPU Numba compiles for has an x86 feature (honours NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
-    if not llvm_binding.get_process_triple().startswith(("x86_64", "i686", "i386")):
+    if not _is_x86():
         return False
     if numba_config.CPU_NAME and numba_config.CPU_NAME != "host":
         return f"+{feature}" in (numba_config.CPU_FEATURES or "").split(",")
     return bool(llvm_binding.get_host_cpu_features().get(feature))
 
 
+# AArch64 CPUs by the optional dot-product extensions LLVM's CPU model gives them (a named CPU implies its features:
+# NUMBA_CPU_NAME=cortex-a76 compiles sdot without any NUMBA_CPU_FEATURES). Only names LLVM knows; a CPU missing here
+# counts as having neither, which is always safe (plain NEON runs on every AArch64 core).
+_ARM_I8MM_CPUS = frozenset((
+    "neoverse-n2", "neoverse-n3", "neoverse-v1", "neoverse-v2", "neoverse-v3", "neoverse-v3ae", "neoverse-512tvb",
+    "cortex-a510", "cortex-a520", "cortex-a520ae", "cortex-a710", "cortex-a715", "cortex-a720", "cortex-a720ae",
+    "cortex-a725", "cortex-x2", "cortex-x3", "cortex-x4", "cortex-x925", "apple-a15", "apple-a16", "apple-a17",
+    "apple-a18", "apple-m2", "apple-m3", "apple-m4", "oryon-1", "grace", "ampere1", "ampere1a", "ampere1b"))
+_ARM_DOTPROD_CPUS = _ARM_I8MM_CPUS | frozenset((
+    "cortex-a55", "cortex-a65", "cortex-a65ae", "cortex-a75", "cortex-a76", "cortex-a76ae", "cortex-a77",
+    "cortex-a78", "cortex-a78ae", "cortex-a78c", "cortex-x1", "cortex-x1c", "neoverse-e1", "neoverse-n1",
+    "apple-a13", "apple-a14", "apple-m1", "exynos-m4", "exynos-m5", "tsv110"))
+# what the names in /proc/cpuinfo's Features line (or LLVM's host feature map) call them
+_ARM_FEATURE_ALIASES = {"dotprod": ("dotprod", "asimddp"), "i8mm": ("i8mm",)}
+
+
+def _arm_has(feature: str) -> bool:
+    """Whether the AArch64 CPU Numba compiles for has `feature` ("dotprod" or "i8mm"): NUMBA_CPU_FEATURES' +/-
+    entries first, then what NUMBA_CPU_NAME (or the host's CPU name) implies, then the host's own feature list when
+    Numba compiles for the host. Under QEMU user emulation LLVM reads the emulating machine's /proc/cpuinfo and sees
+    a "generic" CPU with no features, so an emulated check names the CPU through NUMBA_CPU_NAME."""
+    if not _is_aarch64():
+        return False
+    names = _ARM_FEATURE_ALIASES[feature]
+    explicit = [f.strip() for f in (numba_config.CPU_FEATURES or "").split(",") if f.strip()]
+    if any(f"-{n}" in explicit for n in names):
+        return False
+    if any(f"+{n}" in explicit for n in names):
+        return True
+    pinned = numba_config.CPU_NAME and numba_config.CPU_NAME != "host"
+    cpu = numba_config.CPU_NAME if pinned else llvm_binding.get_host_cpu_name()
+    table = _ARM_I8MM_CPUS if feature == "i8mm" else _ARM_DOTPROD_CPUS
+    if cpu in table:
+        return True
+    if pinned or numba_config.CPU_FEATURES is not None:  # Numba compiles for exactly what was named
+        return False
+    try:
+        host = llvm_binding.get_host_cpu_features()
+    except RuntimeError:  # LLVM cannot read this host's features
+        return False
+    return any(host.get(n) for n in names)
+
+
 def _has_native_f16() -> bool:
     """True where LLVM turns `fpext half` into an instruction (x86 F16C, AArch64), not a libcall."""
-    return llvm_binding.get_process_triple().startswith(("aarch64", "arm64")) or _host_has("f16c")
+    return _is_aarch64() or _host_has("f16c")
 
 
 NATIVE_F16 = _has_native_f16()
@@ -413,13 +465,23 @@ i8x32_shl = _i8x32_binary("shl")    # a << b, per byte
 # vpmaddwd (int16 pairs -> int32, times ones or per-half scales). vpmaddubsw needs an unsigned left side,
 # so signed weights go in as |w| with the activation's sign flipped where w < 0 (vpsignb). Its int16 sums
 # saturate above 32767; the quants here never get there (|w| <= 128 and activations are within +-127, so a
-# pair is at most 2 * 128 * 127 = 32512). Elsewhere the same lanes are computed with generic widening ops.
+# pair is at most 2 * 128 * 127 = 32512). On AArch64 sdot (dotprod) or smull + saddlp + addp (plain NEON) compute
+# the same lanes; elsewhere generic widening ops do.
 
 HAS_AVX2 = _host_has("avx2")
 # AVX-VNNI (or AVX512-VNNI with 256-bit forms): vpdpbusd sums the four unsigned x signed byte products of each lane
 # straight into int32, one instruction for vpmaddubsw + vpmaddwd, without the int16 step (nothing saturates there
 # either way, see above), so the lanes are the same integers.
 HAS_VNNI = HAS_AVX2 and (_host_has("avxvnni") or (_host_has("avx512vnni") and _host_has("avx512vl")))
+
+
+# AArch64 with the dot-product extension (Armv8.2 optional, 8.4 on): sdot sums the four signed byte products of each
+# int32 lane of a 128-bit vector into that lane, the very lanes above, so two sdots make an I32x8 (no int16 step).
+IS_AARCH64 = _is_aarch64()
+HAS_DOTPROD = _arm_has("dotprod")
+# Armv8.6's int8 matrix multiply (i8mm) is detected, not used: each of smmla's 2x2 int32 outputs sums eight products
+# where the lanes above sum four, so it keeps these bits only with half its inputs zero, no faster than sdot.
+HAS_I8MM = HAS_DOTPROD and _arm_has("i8mm")
 
 
 def _x86(builder, name, ret, *args):
@@ -442,6 +504,19 @@ def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
         if pair_scales is None:
             pair_scales = ir.Constant(_vec(_I16, 16), [1] * 16)
         lanes = _x86(builder, "pmadd.wd", i32x8, pairs, pair_scales)
+    elif HAS_DOTPROD or IS_AARCH64:
+        # signed instructions also for "unsigned" quants: they are 0..127 (the contracts of the dot_u8x32 family)
+        if HAS_DOTPROD:
+            start = base if base is not None and pair_scales is None else ir.Constant(i32x8, None)
+            lanes = _sdot_i8x32(builder, start, w, x)
+            if pair_scales is None:
+                return lanes
+        else:
+            lanes = _neon_dot_i8x32(builder, w, x)
+            if pair_scales is None:
+                return lanes if base is None else builder.add(base, lanes)
+        # every caller gives both pairs of a lane the same scale (a scale per 16 or 32 elements): lane m takes pair 2m's
+        lanes = builder.mul(lanes, builder.sext(_shuffle(builder, pair_scales, pair_scales, range(0, 16, 2)), i32x8))
     else:
         wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
         p = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
@@ -451,6 +526,34 @@ def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
         even = _shuffle(builder, pairs, pairs, range(0, 16, 2))
         lanes = builder.add(even, _shuffle(builder, pairs, pairs, range(1, 16, 2)))
     return lanes if base is None else builder.add(base, lanes)
+
+
+def _sdot_i8x32(builder, start, w, x):
+    """<8 x i32> start + lanes of w . x (signed bytes) as two sdot (llvm.aarch64.neon.sdot) on the 128-bit halves."""
+    i32x4, i8x16 = _vec(_I32, 4), _vec(_I8, 16)
+    halves = []
+    for h in (0, 1):
+        lanes = range(16 * h, 16 * h + 16)
+        acc = _shuffle(builder, start, start, range(4 * h, 4 * h + 4))
+        halves.append(_call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
+                                      [acc, _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)]))
+    return _shuffle(builder, halves[0], halves[1], range(8))
+
+
+def _neon_dot_i8x32(builder, w, x):
+    """<8 x i32> lanes of w . x on AArch64 without dotprod: per 8 bytes smull (int16 products, |p| <= 128 x 127),
+    saddlp (pairs to int32), then addp of two such (fours): 14 instructions for 32 bytes where LLVM's own lowering
+    of widening multiplies took 22."""
+    i16x8, i32x4 = _vec(_I16, 8), _vec(_I32, 4)
+    quarters = []
+    for q in range(4):
+        lanes = range(8 * q, 8 * q + 8)
+        p = _call_intrinsic(builder, "llvm.aarch64.neon.smull.v8i16", i16x8,
+                            [_shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
+        quarters.append(_call_intrinsic(builder, "llvm.aarch64.neon.saddlp.v4i32.v8i16", i32x4, [p]))
+    halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+              for h in (0, 1)]
+    return _shuffle(builder, halves[0], halves[1], range(8))
 
 
 def _half_scales(builder, lo, hi):

@@ -1,0 +1,128 @@
+"""The int8 dot intrinsics on whichever path this host compiles (x86 vpmaddubsw / vpdpbusd, AArch64 sdot, generic
+widening ops) against numpy's int64 lane sums, and the AArch64 feature gating that picks the path.
+
+The lane sums are what every kernel's bits rest on: lane m of a 32-byte dot is the sum of products 4m..4m+3, on
+every path, so a kernel's float arithmetic sees the same integers everywhere. tools/arm_check.sh runs this file
+under QEMU for CPUs with and without dotprod.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit
+
+from edgellm.quant import simd
+from edgellm.quant.simd import (dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales, dot_u8x32_byte_scale,
+                                dot_u8x32_plus, dot_u8x32_scale_pair, f32x8_from_i32, load_i8x32, store_f32x8)
+
+
+@njit
+def _all_dots(w, x, base, scales, word, out):
+    """Each dot's eight lanes as float32 (exact: every lane here stays below 2**24), one row of out per dot."""
+    a, b = load_i8x32(w, 0), load_i8x32(x, 0)
+    store_f32x8(out, 0, f32x8_from_i32(dot_i8x32(a, b)))
+    store_f32x8(out, 8, f32x8_from_i32(dot_u8x32(a, b)))
+    store_f32x8(out, 16, f32x8_from_i32(dot_i8x32_2scales(a, b, np.int32(scales[0]), np.int32(scales[1]))))
+    store_f32x8(out, 24, f32x8_from_i32(dot_u8x32_2scales(a, b, np.int32(scales[0]), np.int32(scales[1]))))
+    store_f32x8(out, 32, f32x8_from_i32(dot_u8x32_plus(a, b, base, 0)))
+    store_f32x8(out, 40, f32x8_from_i32(dot_u8x32_byte_scale(a, b, word, 5)))
+    store_f32x8(out, 48, f32x8_from_i32(dot_u8x32_scale_pair(a, b, scales, 0, 3)))
+
+
+def _lanes(w, x, per_element_scale=1):
+    return (w.astype(np.int64) * x.astype(np.int64) * per_element_scale).reshape(8, 4).sum(axis=1)
+
+
+def test_dot_lanes_match_numpy():
+    rng = np.random.default_rng(21)
+    for trial in range(40):
+        signed_w = rng.integers(-128, 128, 32).astype(np.int8)
+        unsigned_w = rng.integers(0, 128, 32).astype(np.int8)  # the dot_u8x32 family's contract
+        if trial == 0:  # the extremes: |w| = 128 against x = +-127 in every product
+            signed_w[:], unsigned_w[:] = -128, 127
+        x = rng.integers(-127, 128, 32).astype(np.int8)
+        if trial == 0:
+            x[::2], x[1::2] = -127, 127
+        base = rng.integers(-(1 << 20), 1 << 20, 8).astype(np.int32)
+        scales = rng.integers(-128, 128, 16).astype(np.int8)  # int8 scales (Q6_K); the 2scales pair from them too
+        word_bytes = rng.integers(0, 64, 8).astype(np.uint8)  # six-bit sub-block scales (Q4_K)
+        word = np.uint64(word_bytes.view("<u8")[0])
+        halves = np.repeat(scales[:2].astype(np.int64), 16)
+        pair3 = np.repeat(scales[6:8].astype(np.int64), 16)
+        for w in (signed_w, unsigned_w):
+            out = np.empty(56, np.float32)
+            _all_dots(w, x, base.view(np.int8), scales, word, out)
+            got = out.reshape(7, 8).astype(np.int64)
+            np.testing.assert_array_equal(got[0], _lanes(w, x))
+            np.testing.assert_array_equal(got[2], _lanes(w, x, halves))
+            if w is unsigned_w:
+                np.testing.assert_array_equal(got[1], _lanes(w, x))
+                np.testing.assert_array_equal(got[3], _lanes(w, x, halves))
+                np.testing.assert_array_equal(got[4], base + _lanes(w, x))
+                np.testing.assert_array_equal(got[5], _lanes(w, x, int(word_bytes[5])))
+                np.testing.assert_array_equal(got[6], _lanes(w, x, pair3))
+
+
+def test_path_selection_is_one_of_the_known_ones():
+    """At most one instruction family is chosen, and only on its own architecture."""
+    assert not (simd.HAS_AVX2 and simd.HAS_DOTPROD)
+    assert simd.HAS_DOTPROD or not simd.HAS_I8MM
+    if simd.HAS_DOTPROD:
+        assert simd._is_aarch64()
+
+
+@pytest.mark.parametrize("cpu, features, want", [
+    ("cortex-a72", None, (False, False)),      # Pi 4: plain NEON
+    ("cortex-a76", None, (True, False)),       # Pi 5: dotprod implied by the name
+    ("neoverse-n2", None, (True, True)),
+    ("apple-m1", None, (True, False)),
+    ("apple-m4", None, (True, True)),
+    ("generic", "+neon,+dotprod,+i8mm", (True, True)),   # features named outright
+    ("cortex-a76", "-dotprod", (False, False)),          # a feature taken away
+    ("generic", "", (False, False)),
+])
+def test_arm_features_follow_numba_cpu_name_and_features(monkeypatch, cpu, features, want):
+    """What an AArch64 host would choose for NUMBA_CPU_NAME / NUMBA_CPU_FEATURES (as the emulated check sets them)."""
+    monkeypatch.setattr(simd.llvm_binding, "get_process_triple", lambda: "aarch64-unknown-linux-gnu")
+    monkeypatch.setattr(simd.numba_config, "CPU_NAME", cpu)
+    monkeypatch.setattr(simd.numba_config, "CPU_FEATURES", features)
+    assert (simd._arm_has("dotprod"), simd._arm_has("i8mm")) == want
+    assert not simd._host_has("avx2")
+
+
+_COMPILE_FOR_CPUS = """
+import sys
+import llvmlite.binding as llvm
+llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()
+name, want = sys.argv[1], sys.argv[2]
+src = '''
+declare <4 x i32> @llvm.aarch64.neon.NAME.v4i32.v16i8(<4 x i32>, <16 x i8>, <16 x i8>)
+define <4 x i32> @f(<4 x i32> %a, <16 x i8> %b, <16 x i8> %c) {
+  %r = call <4 x i32> @llvm.aarch64.neon.NAME.v4i32.v16i8(<4 x i32> %a, <16 x i8> %b, <16 x i8> %c)
+  ret <4 x i32> %r
+}'''.replace("NAME", name)
+for cpu in sys.argv[3:]:
+    m = llvm.parse_assembly(src)
+    m.triple = "aarch64-unknown-linux-gnu"
+    tm = llvm.Target.from_triple(m.triple).create_target_machine(cpu=cpu, features="", opt=2)
+    assert want in tm.emit_assembly(m), cpu
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("intrinsic, instruction, table", [
+    ("sdot", "sdot", "_ARM_DOTPROD_CPUS"), ("smmla", "smmla", "_ARM_I8MM_CPUS")])
+def test_arm_cpu_tables_agree_with_llvm(intrinsic, instruction, table):
+    """Every CPU the tables credit with a feature gets its instruction from Numba's LLVM with no feature string (a
+    CPU LLVM does not give it would abort the compile: a subprocess keeps that from taking pytest down)."""
+    try:
+        import llvmlite.binding as llvm
+        llvm.initialize_all_targets()
+        llvm.Target.from_triple("aarch64-unknown-linux-gnu")
+    except RuntimeError:
+        pytest.skip("this llvmlite has no AArch64 target")
+    cpus = sorted(getattr(simd, table))
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_CPUS, intrinsic, instruction, *cpus],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,0 +1,196 @@
+"""Cycles per block of the decode dot loops on AArch64 cores, without the hardware: edgellm's loops as Numba compiles
+them for each CPU, and llama.cpp's NEON loops (ggml-cpu/arch/arm/quants.c) as clang compiles them, both through
+llvm-mca's model of the CPU. Prints a markdown table (docs/arm.md keeps the last one).
+
+    sudo python tools/arm_cost.py [--cpus cortex-a76,apple-m1] [--llama-src DIR]
+
+Runs the dump step (`arm_cost.py dump OUT`) inside ../shared/tools/arm64-chroot.sh's root (Numba compiles AArch64
+code only on AArch64; under QEMU that takes a minute or two per CPU), then llvm-mca and clang on this host.
+
+What a figure means: llvm-mca's steady-state cycles per iteration of the innermost loop that holds the dot
+instructions, divided by the (row, block) pairs one iteration covers, counted from the sdot instructions in it
+(block of 32: two sdot per row and block; super-block of 256: sixteen). Loads are assumed to hit L1; a figure ranks
+instruction sequences, it does not predict tokens per second (decode is bound by memory bandwidth on most boards).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+LLAMA_SRC = Path("/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp")
+ROOT = Path(os.environ.get("ARM64_ROOT", "/opt/arm64"))
+CHROOT_TOOL = next((p for p in (HERE.parent / "shared/tools/arm64-chroot.sh",
+                                 Path("/work/shared/tools/arm64-chroot.sh")) if p.exists()), None)
+
+# (format, edgellm kernel, rows per call, elements per block, llama.cpp function)
+KERNELS = [
+    ("Q4_0", "vec_dot_q4_0_q8_0", 1, 32, "ggml_vec_dot_q4_0_q8_0"),
+    ("Q4_1", "vec_dot_q4_1_q8_0", 1, 32, "ggml_vec_dot_q4_1_q8_1"),
+    ("Q8_0", "vec_dot_q8_0_q8_0", 1, 32, "ggml_vec_dot_q8_0_q8_0"),
+    ("Q4_K", "vec_dot_q4_k_q8_k", 1, 256, "ggml_vec_dot_q4_K_q8_K"),
+    ("Q6_K", "vec_dot_q6_k_q8_k", 1, 256, "ggml_vec_dot_q6_K_q8_K"),
+    ("Q4_0", "vec_dot2_q4_0_q8_0", 2, 32, None),
+    ("Q4_1", "vec_dot2_q4_1_q8_0", 2, 32, None),
+    ("Q8_0", "vec_dot2_q8_0_q8_0", 2, 32, None),
+]
+
+
+# --- inside the AArch64 root: compile each kernel and write its assembly -------------------------------------------
+
+
+def dump(out: Path):
+    import numpy as np
+    from edgellm.quant import dots_block32, matmul_kquant, simd
+    out.mkdir(parents=True, exist_ok=True)
+    nb = 8
+    w = np.zeros(nb * 256 * 2, np.uint8)
+    xq = np.zeros(nb * 256, np.int8)
+    xd = np.zeros(nb * 8, np.float32)
+    bsums = np.zeros(nb * 16, np.int32)
+    calls = {
+        "vec_dot_q4_0_q8_0": (w, 0, nb, xq, 0, xd, 0),
+        "vec_dot_q4_1_q8_0": (w, 0, nb, xq, 0, xd, xd, 0),
+        "vec_dot_q8_0_q8_0": (w, 0, nb, xq, 0, xd, 0),
+        "vec_dot_q4_k_q8_k": (w, 0, 2, xq, 0, xd, bsums),
+        "vec_dot_q6_k_q8_k": (w, 0, 2, xq, 0, xd, bsums),
+        "vec_dot2_q4_0_q8_0": (w, 0, 18 * nb, nb, xq, 0, xd, 0),
+        "vec_dot2_q4_1_q8_0": (w, 0, 20 * nb, nb, xq, 0, xd, 0),
+        "vec_dot2_q8_0_q8_0": (w, 0, 34 * nb, nb, xq, 0, xd, 0),
+    }
+    print(f"dotprod {simd.HAS_DOTPROD} i8mm {simd.HAS_I8MM}")
+    for name, args in calls.items():
+        fn = getattr(dots_block32, name, None) or getattr(matmul_kquant, name)
+        fn(*args)
+        (out / f"{name}.s").write_text(fn.inspect_asm(fn.signatures[0]))
+
+
+# --- on the host: loops, llvm-mca, clang -------------------------------------------------------------------------
+
+_LABEL = re.compile(r"^(\.?L[\w$.]+|[\w$.]+):")
+_BRANCH = re.compile(r"^\s*(b(?:\.\w+)?|cbn?z|tbn?z)\s+(?:[^,]+,\s*)*(\.?L[\w$.]+)\s*$")
+
+
+def function_body(asm: str, symbol_part: str) -> list[str]:
+    """The lines of the first function whose label contains symbol_part (Numba mangles its names)."""
+    lines = asm.splitlines()
+    start = next(i for i, l in enumerate(lines) if _LABEL.match(l) and symbol_part in l.split(":")[0]
+                 and not l.startswith(".L"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip().startswith(".size")), len(lines))
+    return lines[start:end]
+
+
+def loops(body: list[str]):
+    """(label line, back-branch line) of every backward branch."""
+    labels = {}
+    for i, l in enumerate(body):
+        m = _LABEL.match(l)
+        if m:
+            labels[m.group(1)] = i
+        b = _BRANCH.match(l)
+        if b and b.group(2) in labels:
+            yield labels[b.group(2)], i
+
+
+def instructions(lines):
+    out = []
+    for l in lines:
+        s = l.split("//")[0].split(";")[0].strip()
+        if not s or s.endswith(":") or s.startswith("."):
+            continue
+        out.append(s)
+    return out
+
+
+def hot_loop(body):
+    """The innermost loop with the most sdot instructions: (instructions, sdot count)."""
+    best = None
+    for a, b in loops(body):
+        ins = instructions(body[a:b + 1])
+        n = sum(1 for i in ins if i.startswith(("sdot", "udot")))
+        nested = any(a < c < b for c, d in loops(body) if (c, d) != (a, b) and d < b)
+        if n and not nested and (best is None or n > best[1]):
+            best = (ins, n)
+    return best
+
+
+def mca_cycles(ins: list[str], cpu: str) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
+        f.write("\n".join(ins) + "\n")
+    done = subprocess.run(["llvm-mca", "-mtriple=aarch64-linux-gnu", f"-mcpu={cpu}", "-iterations=200", f.name],
+                          capture_output=True, text=True)
+    os.unlink(f.name)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-1500:])
+    total = int(re.search(r"Total Cycles:\s+(\d+)", done.stdout).group(1))
+    return total / 200
+
+
+def per_block(asm_body, cpu, block):
+    loop = hot_loop(asm_body)
+    if loop is None:
+        return None
+    ins, n_dot = loop
+    pairs = n_dot * 16 / block  # (row, block) pairs per iteration: 16 bytes per sdot
+    return mca_cycles(ins, cpu) / pairs, len(ins), pairs
+
+
+def llama_asm(cpu: str, src: Path, work: Path) -> str:
+    out = work / f"llama_quants_{cpu}.s"
+    if not out.exists():
+        ggml = src / "ggml"
+        cmd = ["clang", "--target=aarch64-linux-gnu", "-O3", f"-mcpu={cpu}", "-S", "-o", str(out),
+               "-isystem", "/usr/aarch64-linux-gnu/include", "-DNDEBUG",
+               f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src/ggml-cpu'}",
+               str(ggml / "src/ggml-cpu/arch/arm/quants.c")]
+        subprocess.run(cmd, check=True)
+    return out.read_text()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", nargs="?", default="table")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--cpus", default="cortex-a76,apple-m1")
+    ap.add_argument("--llama-src", default=str(LLAMA_SRC))
+    ap.add_argument("--work", default="/tmp/arm_cost")
+    args = ap.parse_args()
+    if args.mode == "dump":
+        dump(Path(args.out))
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for cpu in args.cpus.split(","):
+        inside = f"/tmp/arm_cost_{cpu}"
+        env = dict(os.environ, QEMU_CPU="max", NUMBA_CPU_NAME=cpu)
+        if not (ROOT / inside.lstrip("/") / "vec_dot2_q8_0_q8_0.s").exists():
+            subprocess.run([str(CHROOT_TOOL), "run",
+                            f"NUMBA_CACHE_DIR=$(mktemp -d) python tools/arm_cost.py dump {inside}"],
+                           check=True, env=env, cwd=HERE)
+        try:
+            lasm = llama_asm(cpu, Path(args.llama_src), work)
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            print(f"llama.cpp's quants.c did not compile for {cpu}: {e}", file=sys.stderr)
+            lasm = None
+        for fmt, kernel, rows_per_call, block, llama_fn in KERNELS:
+            ours = per_block(function_body((ROOT / inside.lstrip("/") / f"{kernel}.s").read_text(), kernel), cpu,
+                             block)
+            theirs = per_block(function_body(lasm, llama_fn), cpu, block) if lasm and llama_fn else None
+            rows.append((fmt, kernel, cpu, ours, theirs))
+    print("| format | edgellm loop | CPU model | edgellm cycles / row-block | llama.cpp cycles / row-block | ratio |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for fmt, kernel, cpu, ours, theirs in rows:
+        o = f"{ours[0]:.2f}" if ours else "n/a"
+        t = f"{theirs[0]:.2f}" if theirs else "-"
+        r = f"{ours[0] / theirs[0]:.2f}" if ours and theirs else "-"
+        print(f"| {fmt} | {kernel} | {cpu} | {o} | {t} | {r} |")
+
+
+if __name__ == "__main__":
+    main()
