@@ -530,7 +530,7 @@ def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
 
 def _sdot_i8x32(builder, start, w, x):
     """<8 x i32> start + lanes of w . x (signed bytes) as two sdot (llvm.aarch64.neon.sdot) on the 128-bit halves."""
-    i32x4, i8x16 = _vec(_I32, 4), _vec(_I8, 16)
+    i32x4 = _vec(_I32, 4)
     halves = []
     for h in (0, 1):
         lanes = range(16 * h, 16 * h + 16)
