@@ -5,8 +5,8 @@ on two texts is llama-perplexity's. Each model with a tests/fixtures/exact_<mode
 
 CI checks a fixed subset of the prompts: on Gemma a spread of the prompts longer than its 512-token sliding
 window up to the longest (they cross the 512-token batch too, and the longest wrap the window's ring), on both
-models a spread of the rest at 2 threads and a smaller spread at 1 thread, and perplexity on the first chunks of
-each text. The full set (every prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two
+models a spread of the rest at 2 threads and a smaller spread at 1 thread, perplexity on the first chunks of each
+text, and the chunks recorded row by row (Gemma's chunk 7 of ppl_text.txt) scored alone. The full set (every prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two
 cores for CI: it runs with EDGELLM_EXACT_FULL=1, and tools/check_llama_exact.py reports how many rows of it are exact.
 
 Where this holds: x86-64 Linux with AVX2 and FMA (glibc's libm), the CPU paths llama.cpp's recording ran on and
