@@ -102,6 +102,9 @@ class Model:
                 n_ctx = self.context_fit.n_ctx
             weights, kv = validate.model_memory_needs(gguf_file, n_ctx, kv_type=kv_name)
             validate.check_memory(weights, kv, force=not check_memory, what=os.path.basename(str(path)))
+            paged = validate.paging_warning(gguf_file) if check_memory else None
+            if paged:  # a mixture of experts larger than memory: runs, its experts paged in from the file
+                warnings.warn(f"{os.path.basename(str(path))}: {paged}", stacklevel=2)
         except BaseException:
             gguf_file.close()
             raise

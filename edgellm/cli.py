@@ -356,7 +356,8 @@ def cmd_serve(args) -> int:
                      api_key_file=args.api_key_file, kv_type=args.kv_type, n_keep=args.keep, device=args.device,
                      max_tokens=args.max_tokens, request_timeout=args.request_timeout, max_queue=args.max_queue,
                      cors_origins=args.cors_origin or (), parallel=args.parallel, cache_ram=args.cache_ram,
-                     cache_dir=args.cache_dir)
+                     cache_dir=args.cache_dir, lookup=args.lookup, draft_model=args.draft_model,
+                     draft_max=args.draft_max)
     finally:
         report.close()
 
@@ -552,6 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-ram", type=_byte_size, default=None,
                    help="RAM for the prompt cache of recent conversations, e.g. 512M, 2G, 0 to disable (default 1G)")
     p.add_argument("--cache-dir", default=None, help="also keep the prompt cache in this directory, across restarts")
+    p.add_argument("--lookup", action="store_true",
+                   help="speculative decoding with prompt lookup: drafts copied from the prompt and output so far")
+    p.add_argument("-md", "--draft-model", default=None, metavar="MODEL",
+                   help="speculative decoding with this smaller model of the same vocabulary drafting")
+    p.add_argument("--draft-max", "--draft", type=_positive_int, default=None, metavar="N",
+                   help="most tokens drafted per step (default 12 for --lookup, 6 for a draft model)")
     _add_load_args(p)
     p.set_defaults(func=cmd_serve)
 

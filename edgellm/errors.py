@@ -46,6 +46,10 @@ class ModelBusyError(EdgeLLMError, RuntimeError):
     """A second generation was started on a model while another (e.g. an unfinished stream) still runs."""
 
 
+class ServerClosing(EdgeLLMError, RuntimeError):
+    """The server's scheduler is stopping (or stopped): every request still queued or running ends with this."""
+
+
 class NumericalError(SamplingError):
     """The model's logits hold NaN or Inf (a corrupt file with huge but finite-looking scales, or an overflow);
     reported instead of sampled. A SamplingError because sampling is where such logits were first refused."""

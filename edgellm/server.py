@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from functools import partial
 
 from starlette.applications import Starlette
@@ -41,7 +42,7 @@ from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
 from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
 from edgellm.serving.guard import LoadingGate, RequestGuard, resolve_api_key
-from edgellm.serving.limits import GenerationClock, RequestLimits, check_logprobs, fit_max_tokens
+from edgellm.serving.limits import RequestLimits, check_logprobs, fit_max_tokens
 from edgellm.serving.metrics import RequestCounter, ServerMetrics, Stopwatch
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
@@ -239,13 +240,14 @@ class ScheduledModel:
         self._model, self._scheduler = model, scheduler
         self.last_completion = None
         self.request = None
+        self.time_limit_s = None  # the server's request timeout (see ServedRequest)
         self._gone = False
 
     def __getattr__(self, name):
         return getattr(self._model, name)
 
     def decode_events(self, ids, opts):
-        self.request = self._scheduler.submit(ids, opts)
+        self.request = self._scheduler.submit(ids, opts, time_limit_s=self.time_limit_s)
         if self._gone:
             self.request.cancel()
         return self._events(self.request)
@@ -365,7 +367,8 @@ class Endpoints:
         kv_type = getattr(model, "kv_type", None)
         meta = {"n_ctx": self.llm.n_ctx, "n_vocab": self.llm.n_vocab,
                 "kv_type": getattr(kv_type, "name", kv_type), "n_keep": getattr(model, "n_keep", None),
-                "device": getattr(self.llm, "device", "cpu")}
+                "device": getattr(self.llm, "device", "cpu"), "speculative": self.scheduler.speculative,
+                "draft_max": self.scheduler.draft_max}
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "edgellm",
              "meta": meta}]})
@@ -453,9 +456,9 @@ class Endpoints:
                                               may_shift, prompt_param)
         self.slot.check_queue()
         llm = ScheduledModel(self.llm, self.scheduler)
-        if self.limits.request_timeout_s is not None:
-            # the scheduler checks it after each of this request's tokens; counted from its admission
-            kwargs["stopping_criteria"] = [GenerationClock(self.limits.request_timeout_s, since=llm.started)]
+        # the scheduler checks it after each of this request's tokens, counted from its admission; a request cut by
+        # it ends with finish_reason "length", as llama-server's t_max_predict_ms
+        llm.time_limit_s = self.limits.request_timeout_s
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = self._metered(self._sse(llm, create, kwargs, include_usage, fields), llm, watch)
@@ -631,11 +634,11 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.server.should_exit = True
+        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
+        if endpoints is not None:  # first, so requests in flight end (503 or an error event) and uvicorn can stop
+            endpoints.slot.close()
         self.thread.join(timeout=30)
         self.sock.close()
-        endpoints = getattr(getattr(self.app, "state", None), "endpoints", None)
-        if endpoints is not None:
-            endpoints.slot.close()
         return False
 
 
@@ -645,20 +648,31 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
           api_key_file: str | None = None, kv_type: str | None = None, n_keep: int | None = None,
           device: str = "cpu", max_tokens: int | None = None, request_timeout: float | None = None,
           max_queue: int = DEFAULT_MAX_QUEUE, cors_origins=(), parallel: int | None = None,
-          cache_ram: int | None = None, cache_dir: str | None = None) -> int:
+          cache_ram: int | None = None, cache_dir: str | None = None, lookup: bool = False,
+          draft_model: str | None = None, draft_max: int | None = None) -> int:
     """`edgellm serve`: bind first and answer 503 "loading" (on /health: {"status": "loading"}) while the model
     loads, then serve it (the scheduler and its prompt cache are built once the model is loaded). The API key comes
     from exactly one of api_key, api_key_file and $EDGELLM_API_KEY. compile_progress: where given, told of kernels a
     request's prompt compiles on first use (the server's log says so rather than a request seeming to hang).
     parallel: sequences decoded together (None: from the free memory); cache_ram: the prompt cache's RAM budget in
-    bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where it also keeps its entries across restarts."""
+    bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where it also keeps its entries across restarts.
+    lookup / draft_model: speculative decoding for every request, by prompt lookup or by this smaller model of the
+    same vocabulary (per sequence, inside the batch: edgellm/generation/scheduler.py); draft_max: the most tokens
+    drafted per step."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
     key = resolve_api_key(api_key, api_key_file)
     limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
+    if lookup and draft_model:
+        raise ValueError("speculative decoding takes either prompt lookup or a draft model, not both")
+    speculative = "draft" if draft_model else "lookup" if lookup else None
     cache_ram = DEFAULT_CACHE_RAM if cache_ram is None else cache_ram
     if host not in ("127.0.0.1", "localhost", "::1") and not key:
         print(f"edgellm: warning: serving on {host} without an API key: anyone who can reach it can use it",
               file=sys.stderr)
+    # the server refuses a prompt past the context (it never shifts through one), so the API's warning that a prompt
+    # will would only mislead the log
+    from edgellm.api import ContextShiftWarning
+    warnings.filterwarnings("ignore", category=ContextShiftWarning)
     gate = LoadingGate()
     server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning", lifespan="off"))
     failed = []
@@ -666,14 +680,15 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
     def load():
         try:
             llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, n_keep=n_keep,
-                               device=device)
+                               device=device, draft_model=draft_model, speculative=speculative)
             llm.compile_progress = compile_progress
             name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
             prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
                 if cache_ram or cache_dir else None
             gate.app = create_app(llm, api_key=key, model_name=name, max_request_bytes=max_request_bytes,
                                   max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host,
-                                  parallel=parallel, prompt_cache=prompt_cache)
+                                  parallel=parallel, prompt_cache=prompt_cache, speculative=speculative,
+                                  draft_max=draft_max)
             print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
                   file=sys.stderr)
         except BaseException as e:  # reported by the main thread once the server has stopped
@@ -688,6 +703,10 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled by shutting down: a clean stop
         pass
+    finally:
+        endpoints = getattr(getattr(gate.app, "state", None), "endpoints", None)
+        if endpoints is not None:
+            endpoints.slot.close()
     if failed:
         raise failed[0]
     return 0

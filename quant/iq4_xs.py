@@ -113,7 +113,7 @@ def tiled_dot_iq4_xs_q8_k(w, o, nsb, xq, xo, xd):
 
 @njit(parallel=True, cache=True)
 def matmul_iq4_xs(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """kinds[t] (quant.matmul_kquant.row_kinds): 1 for the tokens llama.cpp multiplies with its tiled matmul, 0 for
+    """kinds[t] (the registry's row_kinds_of): 1 for the tokens llama.cpp multiplies with its tiled matmul, 0 for
     vec_dot (four at a time where four in a row are)."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape

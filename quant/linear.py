@@ -20,8 +20,7 @@ import threading
 
 import numpy as np
 
-from . import matmul_kquant
-from .formats import BlockFormat, format_by_name
+from .formats import format_by_name
 from .reference import as_checked_bytes, check_shape
 from .registry import FLOAT, Q8_0, kernels_for
 
@@ -51,7 +50,8 @@ _UNIT_STRIDE = (4,)  # a contiguous 1-D float32 array
 
 
 # Which of llama.cpp's kernels computes each row, per (format, repackable, rows, batch sizes), and the kernel that
-# runs them: see quant.matmul_kquant.row_kinds and kernel_for. Small and read-only once built; shared by all threads.
+# runs them: see the registry's row_kinds_of and row_kinds_kernel. Small and read-only once built; shared by all
+# threads.
 _ROW_KINDS: dict = {}
 
 
@@ -150,23 +150,21 @@ class QuantLinear:
             self._run(x, out, sizes)
 
     def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
-        if self._scratch_key is None:
-            self._kernel(self.data, self.row_bytes, x, out)
+        if self.kernels.row_kinds is None:
+            self._kernel(self.data, self.row_bytes, x, *_scratch_for(self._scratch_key).reserve(x.shape[0]), out)
             return
-        scratch = _scratch_for(self._scratch_key).reserve(x.shape[0])
-        name = self.format.name
-        if name in matmul_kquant.ROW_KIND_FORMATS:
-            key = (name, self.n_out % 8 == 0, x.shape[0], sizes)
-            found = _ROW_KINDS.get(key)
-            if found is None:
-                kinds = matmul_kquant.row_kinds(name, self.n_out, sizes or (x.shape[0],))
-                found = (kinds, matmul_kquant.kernel_for(name, kinds))
-                if len(_ROW_KINDS) < 1024:
-                    _ROW_KINDS[key] = found
-            kinds, kernel = found
-            kernel(self.data, self.row_bytes, x, *scratch, out, kinds)
+        key = (self.ggml_type, self.n_out % 8 == 0, x.shape[0], sizes)
+        found = _ROW_KINDS.get(key)
+        if found is None:
+            kinds = self.kernels.row_kinds_of(self.n_out, sizes or (x.shape[0],))
+            found = (kinds, self.kernels.row_kinds_kernel(kinds))
+            if len(_ROW_KINDS) < 1024:
+                _ROW_KINDS[key] = found
+        kinds, kernel = found
+        if self._scratch_key is None:  # float weights: no quantized activations
+            kernel(self.data, self.row_bytes, x, out, kinds)
         else:
-            self._kernel(self.data, self.row_bytes, x, *scratch, out)
+            kernel(self.data, self.row_bytes, x, *_scratch_for(self._scratch_key).reserve(x.shape[0]), out, kinds)
 
     def dequantize(self) -> np.ndarray:
         out = np.empty((self.n_out, self.n_in), np.float32)

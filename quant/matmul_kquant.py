@@ -1,8 +1,7 @@
-"""Per-format K-quant row dots and matmul drivers, built from the pieces in quant.kernels_kquant.
-
-Each format has the same four functions, differing only in the `_group_<fmt>` / `_scales_<fmt>` they call
-and the block size in bytes (Numba's on-disk cache cannot take functions as arguments, so they are written
-out). See kernels_kquant for the scheme and the matmul contract.
+"""The hand-written K-quant kernels, Q4_K and Q6_K: their row dots, and matmuls that follow llama.cpp's split of a
+batch between two kernels (the registry's row_kinds: kinds[t] picks the kernel for token t), with matmul_<fmt>_few
+for batches without eight-token work. The other K-quants are generated (quant.matmul_kgroups); the scheme and the
+matmul contract are kernels_kquant's.
 """
 
 from __future__ import annotations
@@ -11,10 +10,8 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .kernels_kquant import (ROW_CHUNK, TOKEN_TILE, _accumulate, _decoded_dot, _group_q2_k, _group_q3_k,
-                             _group_q4_k,
-                             _group_q5_k, _group_q6_k, _group_q8_k, _quantize_tokens, _row_chunk_buffers,
-                             _scales_q2_k, _scales_q3_k, _scales_q6_k, _scales_q8_k, _scales_q45_k, gemm_decoded)
+from .kernels_kquant import (ROW_CHUNK, _decoded_dot, _group_q4_k, _group_q6_k, _quantize_tokens, _row_chunk_buffers,
+                             _scales_q6_k, _scales_q45_k)
 from .dots_block32 import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
@@ -32,110 +29,6 @@ def _prefetch_block(w, o, nbytes):
     """Hint the cache lines of the nbytes-long super-block PREFETCH_BYTES past byte o (see dots_block32)."""
     for k in range(0, nbytes, 64):
         prefetch(w, o + PREFETCH_BYTES + k)
-
-# --- Q2_K ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, inline="always")
-def _superblock_q2_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q2_k(w, o, g)
-        isum = i32x8_add(isum, dot_u8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
-
-
-@njit(cache=True)
-def _decode_q2_k(w, o, qbuf, qo, scales, mins, so):
-    for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q2_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q2_k(w, o)
-
-
-@njit(cache=True)
-def vec_dot_q2_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
-    for b in range(nsb):
-        isum, msum = _superblock_q2_k(w, o + 84 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        d, dmin = _scales_q2_k(w, o + 84 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
-
-
-@njit(parallel=True, cache=True)
-def matmul_q2_k(w, row_bytes, x, xq, xd, bsums, out):
-    _quantize_tokens(x, xq, xd, bsums)
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
-                out[t, r] = vec_dot_q2_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q2_k(w, (r0 + i // nsb) * row_bytes + 84 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
-
-
-# --- Q3_K ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, inline="always")
-def _superblock_q3_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q3_k(w, o, g)
-        isum = i32x8_add(isum, dot_i8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
-
-
-@njit(cache=True)
-def _decode_q3_k(w, o, qbuf, qo, scales, mins, so):
-    for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q3_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q3_k(w, o)
-
-
-@njit(cache=True)
-def vec_dot_q3_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
-    for b in range(nsb):
-        isum, msum = _superblock_q3_k(w, o + 110 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        d, dmin = _scales_q3_k(w, o + 110 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
-
-
-@njit(parallel=True, cache=True)
-def matmul_q3_k(w, row_bytes, x, xq, xd, bsums, out):
-    _quantize_tokens(x, xq, xd, bsums)
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
-                out[t, r] = vec_dot_q3_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q3_k(w, (r0 + i // nsb) * row_bytes + 110 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
-
 
 # --- Q4_K ---------------------------------------------------------------------------------------------------
 
@@ -431,58 +324,6 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
                     t = _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out)
 
 
-# --- Q5_K ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, inline="always")
-def _superblock_q5_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q5_k(w, o, g)
-        isum = i32x8_add(isum, dot_u8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
-
-
-@njit(cache=True)
-def _decode_q5_k(w, o, qbuf, qo, scales, mins, so):
-    for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q5_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q45_k(w, o)
-
-
-@njit(cache=True)
-def vec_dot_q5_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
-    for b in range(nsb):
-        isum, msum = _superblock_q5_k(w, o + 176 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        d, dmin = _scales_q45_k(w, o + 176 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
-
-
-@njit(parallel=True, cache=True)
-def matmul_q5_k(w, row_bytes, x, xq, xd, bsums, out):
-    _quantize_tokens(x, xq, xd, bsums)
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
-                out[t, r] = vec_dot_q5_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q5_k(w, (r0 + i // nsb) * row_bytes + 176 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
-
-
 # --- Q6_K ---------------------------------------------------------------------------------------------------
 
 
@@ -612,101 +453,3 @@ def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
     for r in prange(out.shape[1]):
         for t in range(n_tokens):
             out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-
-
-# --- Q8_K ---------------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, inline="always")
-def _superblock_q8_k(w, o, xq, xo, bsums, bo):
-    isum, msum = i32x8_zero(), 0
-    for g in range(8):
-        q, s0, s1, m0, m1 = _group_q8_k(w, o, g)
-        isum = i32x8_add(isum, dot_i8x32_2scales(q, load_i8x32(xq, xo + 32 * g), s0, s1))
-        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
-    return isum, msum
-
-
-@njit(cache=True)
-def _decode_q8_k(w, o, qbuf, qo, scales, mins, so):
-    for g in range(8):
-        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_q8_k(w, o, g)
-        store_i8x32(qbuf, qo + 32 * g, q)
-    return _scales_q8_k(w, o)
-
-
-@njit(cache=True)
-def vec_dot_q8_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
-    acc, mins = f32x8_zero(), _F32(0)
-    for b in range(nsb):
-        isum, msum = _superblock_q8_k(w, o + 292 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
-        d, dmin = _scales_q8_k(w, o + 292 * b)
-        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
-    return f32x8_hsum(acc) - mins
-
-
-@njit(parallel=True, cache=True)
-def matmul_q8_k(w, row_bytes, x, xq, xd, bsums, out):
-    _quantize_tokens(x, xq, xd, bsums)
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
-    if n_tokens < TOKEN_TILE:
-        for r in prange(n_out):
-            for t in range(n_tokens):
-                out[t, r] = vec_dot_q8_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
-    else:
-        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
-            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
-            r0 = c * ROW_CHUNK
-            n_rows = min(ROW_CHUNK, n_out - r0)
-            for i in range(n_rows * nsb):
-                qo = (i // nsb) * n_in + 256 * (i % nsb)
-                dd[i], dmins[i] = _decode_q8_k(w, (r0 + i // nsb) * row_bytes + 292 * (i % nsb), qbuf, qo,
-                                               scales, mins, qo // 16)
-            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
-
-
-# llama.cpp (x86 build) multiplies a batch of T tokens with kernels that depend on T for two formats, and each
-# kernel rounds its own way (quant/kernels_kquant.py has the arithmetic of each):
-#   Q4_K with a multiple of 8 rows is repacked at load; tokens [0, T - T % 4) go through its 4-row gemm (their
-#        activations quantized by the 4-row quantizer's sign rule), the last T % 4 tokens through its gemv.
-#        Other row counts are not repacked there; here they take the gemv (approximately llama.cpp's vec_dot).
-#   Q6_K is not repacked on x86: batches of 8 or more tokens go through the tiled K-quant matmul, smaller ones
-#        through ggml_vec_dot_q6_K_q8_K per token.
-# Their kernels take kinds[t]: 1 for the first kernel, 0 for the other.
-#   IQ4_XS likewise goes to the tiled matmul from 8 tokens (quant.iq4_xs).
-ROW_KIND_FORMATS = frozenset({"Q4_K", "Q6_K", "IQ4_XS"})
-Q4_K_GEMM_ROWS = 4           # the repacked gemm's token group
-Q6_K_TILED_MIN_TOKENS = 8    # llama.cpp hands batches of at least 8 tokens to its tiled K-quant matmul
-
-
-def row_kinds(name: str, n_out: int, sizes) -> np.ndarray:
-    """int8 [sum(sizes)]: for each row of independent batches of these sizes, the kernel llama.cpp uses for it."""
-    kinds = np.zeros(sum(sizes), np.int8)
-    start = 0
-    for n in sizes:
-        if name == "Q4_K" and n_out % 8 == 0:
-            kinds[start: start + n - n % Q4_K_GEMM_ROWS] = 1
-        elif name in ("Q6_K", "IQ4_XS") and n >= Q6_K_TILED_MIN_TOKENS:
-            kinds[start: start + n] = 1
-        start += n
-    return kinds
-
-
-# ROW_KIND_FORMATS also have matmul_<fmt>_few, the kernel for batches that need none of the eight-token paths (see
-# kernel_for); kept apart so that decode and short prompts compile less (with its eight-token gemm, a first run's
-# Q4_K kernel compiles for tens of seconds).
-
-
-def kernel_for(name: str, kinds: np.ndarray):
-    """The kernel for a batch of these row kinds: matmul_<fmt>_few unless the batch has eight-token work (Q4_K: an
-    aligned group of eight gemm tokens; Q6_K: any tiled row)."""
-    if name == "IQ4_XS":
-        from .iq4_xs import matmul_iq4_xs  # only IQ4_XS files load its kernels
-        return matmul_iq4_xs
-    if name == "Q6_K":
-        eight = bool(kinds.any())
-    else:
-        groups = kinds[:len(kinds) - len(kinds) % 8].reshape(-1, 8)
-        eight = bool(groups.all(axis=1).any())
-    return globals()[f"matmul_{name.lower()}" + ("" if eight else "_few")]

@@ -17,7 +17,13 @@ A record's fields:
                    expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>
   driver           for Q8_0 activations, how the single-token dots take the activations' sums (DRIVER_*)
   tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
-  matmul           for the other activations, the module holding matmul_<fmt> (hand-written)
+  matmul           for the other activations, the module holding matmul_<fmt>
+  kgroups          for the K-quants built from kernels_kquant's groups: (the name of its _scales_ function,
+                   whether its quants are signed), expanded into quant.matmul_kgroups; None for the hand-written
+  row_kinds        where llama.cpp's x86 backend multiplies a batch's tokens with kernels that round differently
+                   (ROWS_*): its matmul then takes kinds[t] per token (quant.matmul_kquant.row_kinds); or None
+  few              with row_kinds: the matmul module also has matmul_<fmt>_few, for batches with no eight-token
+                   work, which compiles much less (decode and short prompts)
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
   rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
                    backend repacks at load and multiplies in its own order (Q4_0), or None
@@ -29,6 +35,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import numpy as np
+
 from .formats import FORMATS, BlockFormat, format_by_name
 
 FLOAT, Q8_0, Q8_K = "float", "q8_0", "q8_k"  # activation kinds
@@ -37,6 +45,14 @@ FLOAT, Q8_0, Q8_K = "float", "q8_0", "q8_k"  # activation kinds
 DRIVER_PLAIN = "plain"          # the quants and d only
 DRIVER_MINS = "mins"            # also s = d*sum(q) (formats with a min: w = d*q + m), as (d, s) pairs for two rows
 DRIVER_LANE_SUMS = "lane_sums"  # unsigned quants in the two-row dot, the offset taken out through lane sums
+
+# How llama.cpp (x86) splits a batch of T tokens between two kernels that round differently:
+ROWS_GEMM4 = "gemm4"    # a matrix of a multiple of 8 rows is repacked at load: tokens [0, T - T % 4) go through
+                        # the 4-token gemm, the rest through the gemv; other row counts take the gemv
+ROWS_TILED8 = "tiled8"  # batches of at least 8 tokens go through the tiled matmul, smaller ones through vec_dot
+ROWS_PAIRS = "pairs"    # batches of at least 2 tokens go through llamafile's tinyBLAS, one token through vec_dot
+GEMM4_TOKENS = 4        # the repacked gemm's token group
+TILED8_MIN_TOKENS = 8   # llama.cpp hands batches of at least this many tokens to its tiled K-quant matmul
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,9 @@ class FormatKernels:
     quantizer: str | None = None
     cuda: bool = False
     rows8: str | None = None
+    kgroups: tuple[str, bool] | None = None
+    row_kinds: str | None = None
+    few: bool = False
 
     @property
     def format(self) -> BlockFormat:
@@ -70,6 +89,34 @@ class FormatKernels:
         """Numba: the matmul for this format (the contract of quant.matmul_block32 / matmul_kquant / kernels_float)."""
         module = "matmul_block32" if self.activation == Q8_0 else self.matmul
         return _attr(module, f"matmul_{self.suffix}")
+
+    def row_kinds_of(self, n_out: int, sizes) -> np.ndarray:
+        """int8 [sum(sizes)]: for each row of independent batches of these sizes, 1 where llama.cpp computes it with
+        the first kernel of the format's row_kinds rule (the gemm, the tiled matmul), 0 for the other."""
+        kinds = np.zeros(sum(sizes), np.int8)
+        start = 0
+        for n in sizes:
+            if self.row_kinds == ROWS_GEMM4 and n_out % 8 == 0:
+                kinds[start: start + n - n % GEMM4_TOKENS] = 1
+            elif self.row_kinds == ROWS_TILED8 and n >= TILED8_MIN_TOKENS:
+                kinds[start: start + n] = 1
+            elif self.row_kinds == ROWS_PAIRS and n >= 2:
+                kinds[start: start + n] = 1
+            start += n
+        return kinds
+
+    def row_kinds_kernel(self, kinds: np.ndarray):
+        """Numba: the matmul for a batch of these row kinds: matmul_<fmt>_few where the format has one and the batch
+        has no eight-token work (gemm4: no aligned group of eight gemm tokens; tiled8: no tiled token), which spares
+        decode and short prompts the eight-token kernels' compilation; else matmul_<fmt>."""
+        if self.few:
+            if self.row_kinds == ROWS_TILED8:
+                eight = bool(kinds.any())
+            else:
+                eight = bool(kinds[:len(kinds) - len(kinds) % 8].reshape(-1, 8).all(axis=1).any())
+            if not eight:
+                return _attr(self.matmul, f"matmul_{self.suffix}_few")
+        return self.matmul_kernel()
 
     def matmul_kernel_for(self, n_out: int):
         """matmul_kernel, or the rows8 kernel for a matrix of a multiple of 8 rows where the format has one."""
@@ -105,7 +152,8 @@ def _attr(module: str, name: str):
 def _float(name: str) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, FLOAT, f"reference:dequantize_{low}", f"reference:quantize_{low}",
-                         f"kernels_dequant:block_{low}", matmul="kernels_float", cuda=name != "BF16")
+                         f"kernels_dequant:block_{low}", matmul="kernels_float", cuda=name != "BF16",
+                         row_kinds=ROWS_PAIRS)
 
 
 def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
@@ -119,11 +167,13 @@ def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", bl
                          rows8=rows8)
 
 
-def _kquant(name: str, quantizer: bool = True, cuda: bool = False) -> FormatKernels:
+def _kquant(name: str, kgroups: tuple[str, bool] | None = None, row_kinds: str | None = None,
+            quantizer: bool = True, cuda: bool = False) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, Q8_K, f"reference:dequantize_{low}", f"kquants_quantize:quantize_{low}",
-                         f"kernels_dequant:block_{low}", matmul="matmul_kquant",
-                         quantizer=f"quantize_kernels:quantize_block_{low}" if quantizer else None, cuda=cuda)
+                         f"kernels_dequant:block_{low}", matmul="matmul_kgroups" if kgroups else "matmul_kquant",
+                         quantizer=f"quantize_kernels:quantize_block_{low}" if quantizer else None, cuda=cuda,
+                         kgroups=kgroups, row_kinds=row_kinds, few=row_kinds is not None)
 
 
 RECORDS: tuple[FormatKernels, ...] = (
@@ -135,16 +185,16 @@ RECORDS: tuple[FormatKernels, ...] = (
     _block32("Q5_0", DRIVER_LANE_SUMS, 16),
     _block32("Q5_1", DRIVER_MINS, 0),
     _block32("Q8_0", DRIVER_PLAIN, "Q8_0_TILE_OFFSET"),
-    _kquant("Q2_K"),
-    _kquant("Q3_K"),
-    _kquant("Q4_K", cuda=True),
-    _kquant("Q5_K", cuda=True),
-    _kquant("Q6_K", cuda=True),
-    _kquant("Q8_K", quantizer=False),
+    _kquant("Q2_K", kgroups=("_scales_q2_k", False)),
+    _kquant("Q3_K", kgroups=("_scales_q3_k", True)),
+    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True),
+    _kquant("Q5_K", kgroups=("_scales_q45_k", False), cuda=True),
+    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True),
+    _kquant("Q8_K", kgroups=("_scales_q8_k", True), quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False),
     FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
-                  matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs"),
+                  matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs", row_kinds=ROWS_TILED8),
 )
 
 
@@ -168,6 +218,10 @@ def _check() -> dict[str, FormatKernels]:
             raise AssertionError(f"{r.name}: a Q8_0-activation format needs 32-element blocks, dots and a driver")
         if r.activation != Q8_0 and r.matmul is None:
             raise AssertionError(f"{r.name}: needs a matmul module")
+        if r.kgroups is not None and (r.activation != Q8_K or r.row_kinds is not None):
+            raise AssertionError(f"{r.name}: kgroups kernels are Q8_K-activation kernels of one kind per token")
+        if r.row_kinds not in (None, ROWS_GEMM4, ROWS_TILED8, ROWS_PAIRS) or (r.few and r.row_kinds is None):
+            raise AssertionError(f"{r.name}: row_kinds must be one of ROWS_* (and few needs it)")
     return by_name
 
 

@@ -2,7 +2,8 @@
 them, for the llama.cpp fixtures (tools/record_tiny_archs.py records; tests/test_tiny_archs_llama_cpp.py checks).
 
 Each file: four layers of tiny dims (d 256, four heads of 64, two KV heads, n_ff 512), random weights in the
-formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K), norm
+formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K; F16 and BF16
+for llama_f16), norm
 weights near 1, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
 file), so llama.cpp loads it as a real model. Generation is deterministic (numpy's PCG64 from a fixed seed and
 gguf-py's writer), so a test rebuilds the file and checks its sha256 against the recorded one instead of keeping
@@ -19,9 +20,12 @@ from helpers_tiny_gguf import _add, random_matrix_bytes
 
 N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 4, 256, 4, 2, 64, 512
 # Matrix format of each layer; Q4_K_M's mix in layer 1 (Q6_K for attn_v and ffn_down, as llama.cpp's quantizer).
-# No F16 matrices: edgellm's F16 matmul is not llama.cpp's arithmetic (it differs in the last bits), see docs.
 LAYER_TYPES = ("Q8_0", "Q4_K", "F32", "Q6_K")
-Q6_K_IN_Q4_K_M = ("attn_v.weight", "ffn_down.weight")
+Q6_K_IN_Q4_K_M = ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")
+# Mixture-of-experts files: Q4_0 (which llama.cpp repacks) in place of Q6_K; the router is F32 as llama.cpp's
+# converter writes it (and its quantizer leaves it).
+MOE_LAYER_TYPES = ("Q8_0", "Q4_K", "F32", "Q4_0")
+ROUTER = "ffn_gate_inp.weight"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class TinyArch:
     embd_type: str
     keys: dict = field(default_factory=dict)  # the architecture's own keys, without the "{arch}." prefix
     seed: int = 0
+    layer_types: tuple = LAYER_TYPES  # matrix format of layer i: layer_types[i % len]
 
 
 TINY_ARCHS = {
@@ -48,6 +53,18 @@ TINY_ARCHS = {
         "rope.freq_base": 5000000.0, "context_length": 131072}, seed=4),
     "olmo2": TinyArch("olmo2", "olmo2", "allenai/OLMo-2-0425-1B-Instruct", "Q8_0", {
         "rope.freq_base": 500000.0, "context_length": 4096}, seed=5),
+    # the float formats unquantized files hold (convert_hf_to_gguf's default F16, and BF16), output tied to F16
+    "llama_f16": TinyArch("llama_f16", "llama", "F16 / BF16 files of any llama model", "F16", {
+        "rope.freq_base": 10000.0, "context_length": 4096}, seed=6, layer_types=("F16", "BF16")),
+    "qwen3moe_8x2": TinyArch("qwen3moe_8x2", "qwen3moe", "Qwen/Qwen3-30B-A3B", "Q8_0", {
+        "expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 256,
+        "rope.freq_base": 1000000.0, "context_length": 40960}, seed=6, layer_types=MOE_LAYER_TYPES),
+    "qwen3moe_32x4": TinyArch("qwen3moe_32x4", "qwen3moe", "Qwen/Qwen3-30B-A3B", "Q8_0", {
+        "expert_count": 32, "expert_used_count": 4, "expert_feed_forward_length": 256,
+        "rope.freq_base": 1000000.0, "context_length": 40960}, seed=7, layer_types=("Q8_0", "Q4_K", "Q4_0", "Q4_K_S")),
+    "mixtral_8x2": TinyArch("mixtral_8x2", "llama", "mistralai/Mixtral-8x7B-Instruct-v0.1", "Q8_0", {
+        "expert_count": 8, "expert_used_count": 2, "rope.freq_base": 1000000.0, "context_length": 32768},
+        seed=8, layer_types=MOE_LAYER_TYPES),
 }
 
 
@@ -72,7 +89,11 @@ def _metadata(spec: TinyArch) -> dict:
 def _matrix_type(spec: TinyArch, name: str) -> str:
     if not name.startswith("blk."):  # token_embd, and output where the architecture has its own
         return spec.embd_type
-    kind = LAYER_TYPES[int(name.split(".")[1]) % len(LAYER_TYPES)]
+    if name.endswith(ROUTER):
+        return "F32"
+    kind = spec.layer_types[int(name.split(".")[1]) % len(spec.layer_types)]
+    if kind == "Q4_K_S":  # Q4_K throughout, as the layers Q4_K_M leaves without Q6_K
+        return "Q4_K"
     return "Q6_K" if kind == "Q4_K" and name.endswith(Q6_K_IN_Q4_K_M) else kind
 
 
@@ -101,7 +122,9 @@ def write_tiny_arch(path, spec: TinyArch, tokenizer_gguf) -> str:
         if t.is_matrix:
             ggml_type = _matrix_type(spec, t.name)
             scale = 1.0 if t.name == "token_embd.weight" else 0.1
-            _add(writer, t.name, random_matrix_bytes(rng, t.shape, ggml_type, scale), ggml_type)
+            rows = (int(np.prod(t.shape[:-1])), t.shape[-1])  # experts: their stack's rows, one after another
+            data = random_matrix_bytes(rng, rows, ggml_type, scale)
+            _add(writer, t.name, data.reshape(*t.shape[:-1], data.shape[-1]), ggml_type)
         else:
             writer.add_tensor(t.name, (1.0 + 0.2 * rng.standard_normal(t.shape)).astype(np.float32))
     writer.write_header_to_file()

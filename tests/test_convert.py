@@ -2,7 +2,8 @@
 tokenizer) are converted to GGUF, loaded with edgellm, and must give the logits of a numpy forward pass that
 follows the Hugging Face modeling code on the ORIGINAL weights.
 
-The forward pass below is written from transformers' modeling_{llama,qwen2,qwen3,gemma3}.py conventions
+The forward pass below is written from transformers' modeling_{llama,qwen2,qwen3,gemma3,phi3,qwen3_moe,mixtral}.py
+conventions
 (rotate_half RoPE, Gemma's (1 + w) norms and sandwich norms, GELU-tanh, sqrt(d) embedding scale, sliding
 windows) and shares no code with the converter: a wrong permutation, a missing +1, a swapped norm or a
 mis-mapped tensor changes the logits.
@@ -142,9 +143,30 @@ ARCH_CONFIGS = {
     "olmo2": dict(architectures=["Olmo2ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=500000.0,
                   max_position_embeddings=256, tie_word_embeddings=False),
+    # Phi-4-mini's shape of config: partial rotary, longrope factors past the original context (12 rotary dims of
+    # 16: 6 factors each, far from 1 so that a swap of long and short shows)
+    "phi3": dict(architectures=["Phi3ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 max_position_embeddings=256, original_max_position_embeddings=64, partial_rotary_factor=0.75,
+                 rope_scaling={"type": "longrope", "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+                               "short_factor": [1.0, 1.2, 1.7, 2.3, 3.1, 4.0]},
+                 sliding_window=None, tie_word_embeddings=True),
+    # mixtures of experts: experts one matrix each, as the checkpoints on the Hub store them
+    "qwen3moe": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=64, intermediate_size=96,
+                     moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=256, tie_word_embeddings=False),
+    "mixtral": dict(architectures=["MixtralForCausalLM"], hidden_size=64, intermediate_size=48, num_local_experts=4,
+                    num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    rms_norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=256, tie_word_embeddings=False),
 }
 CHECKPOINT_DTYPE = {"llama": "F32", "qwen2": "F16", "qwen3": "F32", "gemma3": "BF16", "gemma2": "BF16",
-                    "granite": "F32", "smollm3": "F16", "olmo2": "F32"}
+                    "granite": "F32", "smollm3": "F16", "olmo2": "F32", "qwen3moe": "BF16", "mixtral": "F32",
+                    "phi3": "BF16"}
+GGUF_ARCH = {"mixtral": "llama"}
+# HF module names of the experts: (router, experts' prefix, gate, up, down)
+MOE_NAMES = {"qwen3moe": ("mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj"),
+             "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", "w1", "w3", "w2")}
 GEMMA_HF = ("gemma2", "gemma3")
 
 
@@ -170,10 +192,20 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
                   p + "self_attn.v_proj.weight": mat(kv_dim, d), p + "self_attn.o_proj.weight": mat(d, q_dim),
                   p + "mlp.gate_proj.weight": mat(ff, d), p + "mlp.up_proj.weight": mat(ff, d),
                   p + "mlp.down_proj.weight": mat(d, ff)})
+        if arch in MOE_NAMES:
+            for n in ("gate", "up", "down"):
+                del w[p + f"mlp.{n}_proj.weight"]
+            router, experts, gate, up, down = MOE_NAMES[arch]
+            n_expert = cfg.get("num_experts") or cfg["num_local_experts"]
+            fe = cfg.get("moe_intermediate_size", ff)
+            w[p + router + ".weight"] = mat(n_expert, d) * np.float32(4.0)  # peaked enough to route unevenly
+            for e in range(n_expert):
+                w.update({p + f"{experts}.{e}.{gate}.weight": mat(fe, d), p + f"{experts}.{e}.{up}.weight": mat(fe, d),
+                          p + f"{experts}.{e}.{down}.weight": mat(d, fe)})
         if arch == "qwen2":
             for n, k in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
                 w[p + f"self_attn.{n}_proj.bias"] = (rng.standard_normal(k) * 0.5).astype(np.float32)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(hd), norm(hd)
         if arch == "olmo2":  # norms over the whole projections, and after attention and the FFN only
             w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"] = norm(q_dim), norm(kv_dim)
@@ -182,6 +214,11 @@ def random_weights(cfg: dict, arch: str, seed: int = 0) -> dict:
         if arch in GEMMA_HF:
             w[p + "pre_feedforward_layernorm.weight"] = norm(d)
             w[p + "post_feedforward_layernorm.weight"] = norm(d)
+        if arch == "phi3":  # Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj (gate rows first)
+            w[p + "self_attn.qkv_proj.weight"] = np.concatenate([w.pop(p + f"self_attn.{n}_proj.weight")
+                                                                 for n in "qkv"])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate([w.pop(p + "mlp.gate_proj.weight"),
+                                                               w.pop(p + "mlp.up_proj.weight")])
     return w
 
 
@@ -209,14 +246,46 @@ def hf_rms_norm(x, w, eps, gemma):
     return y * (1.0 + w) if gemma else y * w
 
 
-def hf_rope(x, positions, theta):
-    """transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1)."""
-    hd = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+def hf_rope(x, positions, theta, rot=None, factors=1.0, attention_factor=1.0):
+    """transformers' apply_rotary_pos_emb on the first rot dims (partial_rotary_factor; default all): x * cos +
+    rotate_half(x) * sin, rotate_half = (-x2, x1); longrope divides the frequencies by its factors and scales cos
+    and sin by its attention factor."""
+    rot = rot or x.shape[-1]
+    inv_freq = 1.0 / (np.asarray(factors, np.float64) * theta ** (np.arange(0, rot, 2) / rot))
     ang = positions[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
-    rotated = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], axis=-1)
-    return x * cos + rotated * sin
+    cos = np.cos(np.concatenate([ang, ang], -1))[:, None] * attention_factor
+    sin = np.sin(np.concatenate([ang, ang], -1))[:, None] * attention_factor
+    xr = x[..., :rot]
+    rotated = np.concatenate([-xr[..., rot // 2:], xr[..., :rot // 2]], axis=-1)
+    return np.concatenate([xr * cos + rotated * sin, x[..., rot:]], axis=-1)
+
+
+def phi3_rope_args(cfg, hd, seq_len):
+    """Phi-3's rotary dims, longrope factors for this sequence length, and attention factor (transformers'
+    longrope: the long factors past original_max_position_embeddings)."""
+    rope, orig = cfg["rope_scaling"], cfg["original_max_position_embeddings"]
+    scale = cfg["max_position_embeddings"] / orig
+    factors = rope["long_factor"] if seq_len > orig else rope["short_factor"]
+    attention = np.sqrt(1 + np.log(scale) / np.log(orig)) if scale > 1 else 1.0
+    return int(hd * cfg.get("partial_rotary_factor", 1.0)), factors, attention
+
+
+def hf_moe(cfg, w, p, arch, x):
+    """Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax over the router's logits, the top num_experts_per_tok,
+    their weights renormalised (Qwen3's norm_topk_prob; Mixtral always), the experts' SwiGLU outputs summed."""
+    router, experts, gate, up, down = MOE_NAMES[arch]
+    z = x @ w[p + router + ".weight"].T
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = np.argsort(-probs[t])[:cfg["num_experts_per_tok"]]
+        for e in top:
+            g = x[t] @ w[p + f"{experts}.{e}.{gate}.weight"].T
+            y = (g / (1 + np.exp(-g)) * (x[t] @ w[p + f"{experts}.{e}.{up}.weight"].T)) @ \
+                w[p + f"{experts}.{e}.{down}.weight"].T
+            out[t] += probs[t, e] / probs[t, top].sum() * y
+    return out
 
 
 def hf_forward(cfg, w, arch, ids):
@@ -233,8 +302,12 @@ def hf_forward(cfg, w, arch, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = hf_rms_norm(h, w[p + "input_layernorm.weight"], eps, gemma) if arch != "olmo2" else h
-        q, k, v = (x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0.0)
-                   for n in "qkv")
+        if arch == "phi3":
+            qkv = x @ w[p + "self_attn.qkv_proj.weight"].T
+            q, k, v = qkv[:, :nh * hd], qkv[:, nh * hd: (nh + nkv) * hd], qkv[:, (nh + nkv) * hd:]
+        else:
+            q, k, v = (x @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0.0)
+                       for n in "qkv")
         if arch == "olmo2":  # Olmo2Attention: q_norm / k_norm over the whole projections
             q, k = hf_rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False), \
                 hf_rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
@@ -247,7 +320,10 @@ def hf_forward(cfg, w, arch, ids):
         else:
             sliding = gemma and (i + 1) % cfg["sliding_window_pattern"] != 0
         theta = cfg["rope_local_base_freq"] if sliding and arch == "gemma3" else cfg["rope_theta"]
-        if arch != "smollm3" or cfg["no_rope_layers"][i]:
+        if arch == "phi3":
+            rot, factors, attention = phi3_rope_args(cfg, hd, T)
+            q, k = hf_rope(q, pos, theta, rot, factors, attention), hf_rope(k, pos, theta, rot, factors, attention)
+        elif arch != "smollm3" or cfg["no_rope_layers"][i]:
             q, k = hf_rope(q, pos, theta), hf_rope(k, pos, theta)
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
         scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else cfg.get("attention_multiplier", hd ** -0.5)
@@ -274,6 +350,14 @@ def hf_forward(cfg, w, arch, ids):
             g = h @ w[p + "mlp.gate_proj.weight"].T
             mlp = (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
             h = h + hf_rms_norm(mlp, w[p + "post_feedforward_layernorm.weight"], eps, False)
+        elif arch == "phi3":
+            h = h + attn
+            x = hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False)
+            g, up = np.split(x @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+            h = h + (up * (g / (1 + np.exp(-g)))) @ w[p + "mlp.down_proj.weight"].T
+        elif arch in MOE_NAMES:
+            h = h + attn
+            h = h + hf_moe(cfg, w, p, arch, hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False))
         else:
             h = h + attn * residual
             x = hf_rms_norm(h, w[p + "post_attention_layernorm.weight"], eps, False)
@@ -312,13 +396,14 @@ def test_converted_model_matches_hf_forward_on_original_weights(converted):
 
 def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
     arch, _, cfg, _, out = converted
+    gguf_arch = GGUF_ARCH.get(arch, arch)
     with gguf_reader.open(out) as f:
         meta, tensors = f.metadata, f.tensors
-        assert f.architecture == arch
-        assert meta[f"{arch}.block_count"] == cfg["num_hidden_layers"]
-        assert meta[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
+        assert f.architecture == gguf_arch
+        assert meta[f"{gguf_arch}.block_count"] == cfg["num_hidden_layers"]
+        assert meta[f"{gguf_arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
         assert meta["general.file_type"] == 0
-        assert tensors["blk.0.attn_q.weight"].ggml_type == "F32"
+        assert tensors["blk.0.attn_qkv.weight" if arch == "phi3" else "blk.0.attn_q.weight"].ggml_type == "F32"
         first_norm = "post_attention_norm" if arch == "olmo2" else "attn_norm"
         assert tensors[f"blk.0.{first_norm}.weight"].shape == (cfg["hidden_size"],)
         assert ("output.weight" in tensors) == ("lm_head.weight" in random_weights(cfg, arch))
@@ -331,6 +416,25 @@ def test_converted_file_has_llama_cpp_names_types_and_keys(converted):
             assert np.isclose(meta["granite.attention.scale"], cfg["attention_multiplier"])
         if arch == "olmo2":
             assert tensors["blk.0.attn_q_norm.weight"].shape == (cfg["hidden_size"],)  # the whole projection
+        if arch == "phi3":
+            scaling = cfg["rope_scaling"]
+            assert (meta["phi3.rope.dimension_count"], meta["phi3.rope.scaling.original_context_length"]) == (12, 64)
+            assert np.isclose(meta["phi3.rope.scaling.attn_factor"], np.sqrt(1 + np.log(4) / np.log(64)))
+            assert meta["phi3.attention.sliding_window"] == 0
+            for kind in ("long", "short"):
+                np.testing.assert_array_equal(tensors[f"rope_factors_{kind}.weight"].data.view(np.float32),
+                                              np.float32(scaling[f"{kind}_factor"]))
+            assert tensors["blk.0.ffn_up.weight"].shape == (2 * cfg["intermediate_size"], cfg["hidden_size"])
+        if arch in MOE_NAMES:  # experts stacked as llama.cpp's [n_expert, n_out, n_in]; the router stays F32
+            n_expert, fe = meta[f"{gguf_arch}.expert_count"], cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+            assert (n_expert, meta[f"{gguf_arch}.expert_used_count"]) == \
+                (cfg.get("num_experts") or cfg["num_local_experts"], cfg["num_experts_per_tok"])
+            assert tensors["blk.1.ffn_gate_exps.weight"].shape == (n_expert, fe, cfg["hidden_size"])
+            assert tensors["blk.1.ffn_down_exps.weight"].shape == (n_expert, cfg["hidden_size"], fe)
+            assert tensors["blk.1.ffn_gate_inp.weight"].shape == (n_expert, cfg["hidden_size"])
+            assert "blk.0.ffn_gate.weight" not in tensors
+            if arch == "qwen3moe":
+                assert meta["qwen3moe.expert_feed_forward_length"] == fe
         if arch in GEMMA_HF:
             assert meta[f"{arch}.attention.sliding_window"] == cfg["sliding_window"]
             assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_space_prefix"] is False
@@ -408,6 +512,9 @@ def test_convert_refuses_what_it_cannot_convert(tmp_path):
     ("gemma2", {"query_pre_attn_scalar": 100}, "query_pre_attn_scalar"),
     ("smollm3", {"no_rope_layers": [1, 0, 1, 1]}, "every fourth"),
     ("olmo2", {"sliding_window": 4096}, "OLMo 3"),
+    ("qwen3moe", {"norm_topk_prob": False}, "norm_topk_prob"),
+    ("qwen3moe", {"mlp_only_layers": [1]}, "dense layers"),
+    ("mixtral", {"num_local_experts": 3}, "experts"),
 ])
 def test_convert_refuses_settings_llama_cpp_cannot_run(tmp_path, arch, change, message):
     make_checkpoint(tmp_path, arch)
@@ -416,6 +523,35 @@ def test_convert_refuses_settings_llama_cpp_cannot_run(tmp_path, arch, change, m
     with pytest.raises(EdgeLLMError, match=message):
         convert_checkpoint(tmp_path, tmp_path / "out.gguf", "F32", progress=False)
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_stacked_expert_checkpoints_convert_as_per_expert_ones(tmp_path):
+    """Newer Qwen3-MoE checkpoints store each layer's experts stacked (mlp.experts.gate_up_proj [E, 2 n_ff, d],
+    mlp.experts.down_proj [E, d, n_ff]): the same GGUF tensors as one matrix per expert; Q4_K_M quantizes the
+    stacks and keeps the router F32, as llama.cpp's quantizer."""
+    per_dir, fused_dir = tmp_path / "per", tmp_path / "fused"
+    per_dir.mkdir()
+    fused_dir.mkdir()
+    cfg, _ = make_checkpoint(per_dir, "qwen3moe")
+    make_checkpoint(fused_dir, "qwen3moe")
+    w = random_weights(cfg, "qwen3moe")
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp.experts."
+        n = cfg["num_experts"]
+        w[p + "gate_up_proj"] = np.stack([np.concatenate([w.pop(p + f"{e}.gate_proj.weight"),
+                                                          w.pop(p + f"{e}.up_proj.weight")]) for e in range(n)])
+        w[p + "down_proj"] = np.stack([w.pop(p + f"{e}.down_proj.weight") for e in range(n)])
+    write_safetensors(fused_dir / "model.safetensors", w, CHECKPOINT_DTYPE["qwen3moe"])
+    convert_checkpoint(per_dir, tmp_path / "per.gguf", "F32", progress=False)
+    convert_checkpoint(fused_dir, tmp_path / "fused.gguf", "F32", progress=False)
+    with gguf_reader.open(tmp_path / "per.gguf") as a, gguf_reader.open(tmp_path / "fused.gguf") as b:
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for name, t in a.tensors.items():
+            assert t.shape == b.tensors[name].shape and np.array_equal(t.data, b.tensors[name].data), name
+    convert_checkpoint(per_dir, tmp_path / "q4km.gguf", "Q4_K_M", progress=False)
+    with gguf_reader.open(tmp_path / "q4km.gguf") as f:
+        assert f.tensors["blk.0.ffn_gate_inp.weight"].ggml_type == "F32"
+        assert f.tensors["blk.0.ffn_up_exps.weight"].ggml_type != "F32"
 
 
 def test_cli_convert(tmp_path, capsys):

@@ -47,8 +47,12 @@ SPECS = {
     "llama_swa": TinySpec(arch="llama", n_embd=64, n_head=2, n_head_kv=1, n_ff=64, n_vocab=64, weight_type="Q8_0",
                           sliding_window=3),
 }
+# Added architectures on the device, each on test_models_tiny's registry-built file of it (gemma2's capped scores
+# and logits, granite's multipliers, olmo2's whole-projection QK norm and post-norms, phi3's fused matrices, smollm3's
+# rope-less fourth layer)
+REGISTRY_ARCHS = ("gemma2", "granite", "olmo2", "phi3", "smollm3")
 # Architectures with no device forward pass: the GPU refuses them by name rather than run another model's.
-CPU_ONLY = ("gemma2", "granite", "olmo2", "smollm3")
+CPU_ONLY = ("qwen3moe",)
 
 
 def nmse(got, want):
@@ -79,6 +83,35 @@ def test_tiny_model_matches_reference_and_cpu(tmp_path, arch):
     assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
 
 
+@pytest.mark.parametrize("arch", REGISTRY_ARCHS)
+def test_added_architecture_matches_reference_and_cpu(tmp_path, arch):
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_models_tiny import registry_spec
+    spec = registry_spec(arch)
+    assert arch != "smollm3" or spec.n_layer >= 4  # a rope-less layer is in the model
+    tokens = np.random.default_rng(2).integers(0, spec.n_vocab, N_PROMPT + N_DECODE).astype(np.int32)
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)) as f:
+        device_logits = run_prompt_then_decode(build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH), tokens)
+        reference = ReferenceModel(f).logits(tokens)
+        cpu = build_model(f, n_ctx=N_CTX, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
+    assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
+    assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
+@pytest.mark.parametrize("n_ctx", [512, 256])  # past phi3's original context (the long factors), and within
+def test_phi3_longrope_on_the_device(tmp_path, n_ctx):
+    """Fused q/k/v and gate/up matrices split by rows on the device, longrope's factors for the context and its
+    attn_factor on cos and sin (helpers_tiny_llama_cpp's phi3 file, as the converter writes it)."""
+    from helpers_tiny_llama_cpp import write_case
+    tokens = np.random.default_rng(3).integers(0, 160, N_PROMPT + N_DECODE).astype(np.int32)
+    with edgellm.engine.gguf.open(write_case(tmp_path / "phi3.gguf", "phi3_longrope_long")) as f:
+        device_logits = run_prompt_then_decode(build_cuda_model(f, n_ctx=n_ctx, n_batch=N_BATCH), tokens)
+        reference = ReferenceModel(f, n_ctx=n_ctx).logits(tokens)
+        cpu = build_model(f, n_ctx=n_ctx, n_threads=1, n_batch=N_BATCH).forward(tokens, all_logits=True)
+    assert nmse(device_logits, reference) < DEVICE_VS_REFERENCE_NMSE
+    assert nmse(device_logits, cpu) < DEVICE_VS_CPU_NMSE
+
+
 @pytest.mark.parametrize("arch", CPU_ONLY)
 def test_architectures_without_a_device_pass_are_refused(tmp_path, arch):
     from edgellm.errors import ModelError
@@ -86,6 +119,15 @@ def test_architectures_without_a_device_pass_are_refused(tmp_path, arch):
     from test_models_tiny import registry_spec
     with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / f"{arch}.gguf", registry_spec(arch))) as f:
         with pytest.raises(ModelError, match=f"architecture '{arch}' has no CUDA forward pass"):
+            build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
+
+
+def test_llama_with_experts_is_refused_on_the_device(tmp_path):
+    from edgellm.errors import ModelError
+    from helpers_tiny_gguf import write_tiny_from_registry
+    from test_moe import moe_spec
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "mixtral.gguf", moe_spec("llama"))) as f:
+        with pytest.raises(ModelError, match="llama files with experts .* have no CUDA forward pass"):
             build_cuda_model(f, n_ctx=N_CTX, n_batch=N_BATCH)
 
 

@@ -35,8 +35,9 @@ def test_small_abuse_run(llm, capsys):
     with BackgroundServer(create_app(llm)) as srv:
         code, s = run_tool(capsys, srv.base_url, "--clients", "3", "--requests", "8", "--kind", "mixed",
                            "--disconnect", "0.25", "--stalled", "1", "--stall-s", "0.5", "--long-prompts", "1",
-                           "--huge-logprobs", "1", "--pid", str(os.getpid()), "--settle-s", "0")
+                           "--huge-logprobs", "1", "--pid", str(os.getpid()), "--settle-s", "0", "--check-after")
     assert code == 0 and s["errors"] == 0 and s["requests"] == s["ok"] == 8
+    assert s["after"]["answered"] and s["after"]["slots_busy"] == 0 and s["after"]["queue_depth"] == 0
     assert s["by_kind"] == {"disconnect": 2, "huge_logprobs": 1, "long_prompt": 1, "normal": 3, "stalled": 1}
     assert 0 < s["generated_tokens"] <= 3 * MAX_TOKENS and s["tokens_per_s"] > 0
     assert 0 < s["ttft_p50_s"] <= s["ttft_p99_s"] <= s["latency_p99_s"]

@@ -210,6 +210,8 @@ REGISTRY_SPEC = dict(weight_type="Q8_0", n_layer=7, n_embd=64, n_head=2, n_head_
 # Keys an architecture requires beyond the shared ones, and spec changes it needs (OLMo 2 refuses a window).
 # Caps far below Gemma 2's real 50 / 30, so that tanh bends these small random scores and logits.
 ARCH_KEYS = {"gemma2": {"gemma2.attn_logit_softcapping": 0.5, "gemma2.final_logit_softcapping": 1.5},
+             "qwen3moe": {"qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
+                          "qwen3moe.expert_feed_forward_length": 64},
              "granite": {"granite.logit_scale": 3.0, "granite.embedding_scale": 2.5, "granite.residual_scale": 0.6,
                          "granite.attention.scale": 0.125}}
 ARCH_SPEC = {"olmo2": {"sliding_window": 0}}
@@ -266,7 +268,7 @@ def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop
             build_model(view, n_ctx=64)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2", "qwen3moe"])
 def test_added_architectures_decode_several_sequences_as_one(tmp_path, arch):
     """forward_multi over a KVPool (gemma2's capped attention runs per sequence; smollm3's rope-less layers, granite's
     scales and olmo2's norms in one batch of rows) gives each row the bits of decoding it alone."""

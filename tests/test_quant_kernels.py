@@ -17,6 +17,7 @@ from edgellm.quant import reference, simd
 from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
 from edgellm.quant import dots_block32 as k
 from edgellm.quant.formats import FORMATS
+from edgellm.quant.kernels_float import round_activations
 from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
 from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
 from edgellm.quant.q4_0_rows8 import rows8_reference
@@ -146,7 +147,8 @@ def test_matvec_and_matmul_match_float64(fmt):
     layer = quant.QuantLinear(raw, fmt.name, (n_out, n_in))
     w = reference.dequantize(raw, fmt.name, (n_out, n_in)).astype(np.float64)
     x = np.random.default_rng(2).standard_normal((9, n_in)).astype(np.float32)
-    want = x.astype(np.float64) @ w.T
+    # F16 / BF16 weights multiply activations rounded to their own type, as llama.cpp's do
+    want = round_activations(x, fmt.name).astype(np.float64) @ w.T
 
     out = np.empty((9, n_out), np.float32)
     layer.matmul(x, out)
@@ -160,11 +162,13 @@ def test_matvec_and_matmul_match_float64(fmt):
 @pytest.mark.parametrize("n_out", [37, 40])  # 40: a multiple of 8, which llama.cpp repacks for Q4_K
 def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     """Decoding sequences together (sizes of 1) gives every row matvec's bits, whatever the token tiling; a plain
-    batch too, except for Q4_K (repacked) and Q6_K, whose batches llama.cpp multiplies with other kernels."""
+    batch too, except for Q4_K (repacked), Q6_K and IQ4_XS, whose batches llama.cpp multiplies with other kernels.
+    The float formats' rows here are 203 wide, which llama.cpp's tinyBLAS refuses (not a multiple of 8), so their
+    batches take the one-row dot too (tests/test_quant_float.py has the widths where they differ)."""
     n_in = shape_for(fmt)[1]
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
-    batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens, as Q6_K
+    batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
     for n_tokens in (45, 13, 1, 3, 4, 7, 9):  # 45: blocks of 32 tokens, tiles of 8 and 4, a single; 9 last
         ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
@@ -183,11 +187,20 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
 
 
 def test_row_kinds_follow_llama_cpp_dispatch():
-    from edgellm.quant.matmul_kquant import row_kinds
+    from edgellm.quant.registry import kernels_for, records
+
+    def row_kinds(name, n_out, sizes):
+        return kernels_for(name).row_kinds_of(n_out, sizes)
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (9,)), [1] * 8 + [0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 640, (3, 5)), [0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(row_kinds("Q4_K", 644, (9,)), [0] * 9)  # not repacked
     np.testing.assert_array_equal(row_kinds("Q6_K", 640, (7, 8)), [0] * 7 + [1] * 8)
+    np.testing.assert_array_equal(row_kinds("IQ4_XS", 640, (7, 8)), [0] * 7 + [1] * 8)
+    # the float formats: tinyBLAS for batches of two or more, vec_dot for one token
+    np.testing.assert_array_equal(row_kinds("F16", 640, (1, 2, 1)), [0, 1, 1, 0])
+    # every other format computes all of a batch with one kernel
+    assert {r.name for r in records() if r.row_kinds} == {"F32", "F16", "BF16", "Q4_K", "Q6_K", "IQ4_XS"}
+    assert not row_kinds("Q5_K", 640, (9, 8)).any()
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
@@ -742,16 +755,23 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     short prompts); Q4_K's two kernels give the same bits on the same rows (its eight-token gemm is two four-token
     groups lane by lane)."""
     from edgellm.quant import linear, matmul_kquant as mk
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (7,))) is mk.matmul_q4_k_few
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 4))) is mk.matmul_q4_k_few  # no aligned eight
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (3, 5, 8))) is mk.matmul_q4_k
-    assert mk.kernel_for("Q4_K", mk.row_kinds("Q4_K", 40, (9,))) is mk.matmul_q4_k
-    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (1,) * 8)) is mk.matmul_q6_k_few
-    assert mk.kernel_for("Q6_K", mk.row_kinds("Q6_K", 40, (8,))) is mk.matmul_q6_k
+    from edgellm.quant.registry import kernels_for
+    q4k, q6k = kernels_for("Q4_K"), kernels_for("Q6_K")
+
+    def kernel_for(record, sizes):
+        return record.row_kinds_kernel(record.row_kinds_of(40, sizes))
+    assert kernel_for(q4k, (7,)) is mk.matmul_q4_k_few
+    assert kernel_for(q4k, (3, 5, 4)) is mk.matmul_q4_k_few  # no aligned eight
+    assert kernel_for(q4k, (3, 5, 8)) is mk.matmul_q4_k
+    assert kernel_for(q4k, (9,)) is mk.matmul_q4_k
+    assert kernel_for(q6k, (1,) * 8) is mk.matmul_q6_k_few
+    assert kernel_for(q6k, (8,)) is mk.matmul_q6_k
+    iq4xs = kernels_for("IQ4_XS")  # one kernel for both kinds
+    assert kernel_for(iq4xs, (1,)) is kernel_for(iq4xs, (8,)) is iq4xs.matmul_kernel()
     fmt = quant.format_by_name("Q4_K")
     layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=21), "Q4_K", (40, 512))
     x = np.random.default_rng(22).standard_normal((21, 512)).astype(np.float32)
-    kinds = mk.row_kinds("Q4_K", 40, (21,))
+    kinds = q4k.row_kinds_of(40, (21,))
     outs = []
     for kernel in (mk.matmul_q4_k, mk.matmul_q4_k_few):
         scratch = linear._ActivationScratch(Q8_K, 512).reserve(21)
@@ -762,7 +782,7 @@ def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     # Q6_K's full kernel given rows without tiles computes them as matmul_q6_k_few does (vec_dot per token)
     fmt = quant.format_by_name("Q6_K")
     layer = quant.QuantLinear(matrix(fmt, 40, 512, seed=23), "Q6_K", (40, 512))
-    kinds = mk.row_kinds("Q6_K", 40, (1,) * 5)
+    kinds = q6k.row_kinds_of(40, (1,) * 5)
     outs = []
     for kernel in (mk.matmul_q6_k, mk.matmul_q6_k_few):
         scratch = linear._ActivationScratch(Q8_K, 512).reserve(5)

@@ -79,13 +79,15 @@ def test_serve_flags_are_wired_through(smollm2_path, tmp_path):
     key = "file-key-7f3a9"
     (tmp_path / "key").write_text(key + "\n")
     proc, port, base = start([str(smollm2_path), "--api-key-file", str(tmp_path / "key"), "-c", "256",
-                              "-ctk", "q8_0", "--keep", "8", "--max-tokens", "4", "--device", "cpu"])
+                              "-ctk", "q8_0", "--keep", "8", "--max-tokens", "4", "--device", "cpu", "--lookup",
+                              "--draft-max", "3"])
     try:
         assert wait_ready(proc, base) == (200, {"status": "ok"})
         assert get(base + "/v1/models")[0] == 401
         status, body = get(base + "/v1/models", key=key)
         meta = body["data"][0]["meta"]
         assert (meta["n_ctx"], meta["kv_type"], meta["n_keep"], meta["device"]) == (256, "q8_0", 8, "cpu")
+        assert (meta["speculative"], meta["draft_max"]) == ("lookup", 3)
         req = urllib.request.Request(base + "/v1/completions", method="POST",
                                      data=json.dumps({"prompt": "Hi", "max_tokens": 5}).encode(),
                                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})

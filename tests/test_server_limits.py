@@ -97,23 +97,36 @@ def test_max_tokens_cap(llm):
 
 
 def test_wall_clock_limit_ends_a_generation(llm):
+    """A request cut by the limit ends as llama-server's t_max_predict_ms cut does: finish_reason "length", with
+    the text generated so far (greedy: the start of what the request gives without the limit)."""
     with serve(llm, limits=RequestLimits(request_timeout_s=TIMEOUT_S)) as srv:
         c = client_of(srv)
         c.completions.create(model="m", prompt="The sea", max_tokens=2)  # compiles whatever is still cold
         t0 = time.monotonic()
-        r = c.completions.create(model="m", prompt="The sea", max_tokens=SLOW_TOKENS,
+        r = c.completions.create(model="m", prompt="The sea", max_tokens=SLOW_TOKENS, temperature=0,
                                  extra_body={"ignore_eos": True})
         took = time.monotonic() - t0
         assert 1 <= r.usage.completion_tokens < SLOW_TOKENS and took < 10 * TIMEOUT_S + 2
+        assert r.choices[0].finish_reason == "length"
         t0 = time.monotonic()
         chunks = list(c.chat.completions.create(model="m", messages=MESSAGES, stream=True, max_tokens=SLOW_TOKENS,
-                                                extra_body={"ignore_eos": True},
+                                                temperature=0, extra_body={"ignore_eos": True},
                                                 stream_options={"include_usage": True}))
-        assert 1 <= chunks[-1].usage.completion_tokens < SLOW_TOKENS and time.monotonic() - t0 < 10 * TIMEOUT_S + 2
+        n_streamed = chunks[-1].usage.completion_tokens
+        assert 1 <= n_streamed < SLOW_TOKENS and time.monotonic() - t0 < 10 * TIMEOUT_S + 2
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
+            ["length"]
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     with serve(llm) as srv:  # without the limit the same request runs to its max_tokens
-        r = client_of(srv).completions.create(model="m", prompt="The sea", max_tokens=40,
-                                              extra_body={"ignore_eos": True})
-        assert r.usage.completion_tokens == 40
+        c = client_of(srv)
+        full = c.completions.create(model="m", prompt="The sea", max_tokens=40, extra_body={"ignore_eos": True})
+        assert full.usage.completion_tokens == 40
+        same = c.completions.create(model="m", prompt="The sea", max_tokens=r.usage.completion_tokens,
+                                    temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].text == same.choices[0].text and r.choices[0].text
+        same = c.chat.completions.create(model="m", messages=MESSAGES, max_tokens=n_streamed, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert streamed == same.choices[0].message.content and streamed
 
 
 def test_logprobs_bounds(server):

@@ -8,7 +8,6 @@ evaluate the same ids teacher-forced, and the largest logit difference and the t
 (llama.cpp's own convert_hf_to_gguf.py needs torch and transformers, absent here, so its output is not compared.)
 """
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2")
+    ap.add_argument("--arch", default="gemma2,granite,smollm3,olmo2,qwen3moe,mixtral")
     args = ap.parse_args()
     import edgellm
     from edgellm.prep.convert import convert_checkpoint
@@ -44,7 +43,7 @@ def main():
                 print(f"{arch}: llama.cpp failed to run the converted file: {run.stderr.strip()[-300:]}")
                 continue
             theirs = np.load(logits)["forced"]
-            ours = edgellm.load(str(out), n_ctx=64, n_threads=2).logits(ids)
+            ours = edgellm.load(str(out), n_ctx=128, n_threads=2).logits(ids)  # llama_cpp_tiny_logits.py's context
             top1 = float(np.mean(theirs.argmax(1) == ours.argmax(1)))
             print(f"{arch}: llama.cpp loads it; {len(ids)} rows, max |logit diff| "
                   f"{np.abs(theirs - ours).max():.3g}, top-1 agreement {top1:.3f}, "

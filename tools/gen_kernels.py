@@ -12,6 +12,8 @@ Generated:
   quant/dequantize_rows.py  dequantize_rows_<fmt>(w, row_bytes, rows, out), every format
   quant/matmul_block32.py   matmul_<fmt>, matmul3_<fmt>, the formats with Q8_0 activations
   quant/quantize_blocks.py  quantize_blocks_<fmt>(x, out), the formats with a Numba block quantizer
+  quant/matmul_kgroups.py   vec_dot_<fmt>_q8_k, matmul_<fmt>, the K-quants whose super-blocks decode through
+                            kernels_kquant's _group_<fmt> / _scales_<fmt> (registry field `kgroups`)
 """
 
 from __future__ import annotations
@@ -215,10 +217,91 @@ def quantize_blocks() -> str:
     return _module(doc, head + _imports(imports) + consts + "".join(body))
 
 
+# --- matmul_kgroups ---------------------------------------------------------------------------------------------
+# The K-quants built only from kernels_kquant's pieces: a super-block is eight 32-value groups, each with two
+# 16-value scales and mins, dotted by the signed or unsigned int8 dot.
+
+KGROUPS = Template('''
+
+@njit(cache=True, inline="always")
+def _superblock_$fmt(w, o, xq, xo, bsums, bo):
+    isum, msum = i32x8_zero(), 0
+    for g in range(8):
+        q, s0, s1, m0, m1 = _group_$fmt(w, o, g)
+        isum = i32x8_add(isum, $dot(q, load_i8x32(xq, xo + 32 * g), s0, s1))
+        msum += m0 * load_i32(bsums, bo + 2 * g) + m1 * load_i32(bsums, bo + 2 * g + 1)
+    return isum, msum
+
+
+@njit(cache=True)
+def _decode_$fmt(w, o, qbuf, qo, scales, mins, so):
+    for g in range(8):
+        q, scales[so + 2 * g], scales[so + 2 * g + 1], mins[so + 2 * g], mins[so + 2 * g + 1] = _group_$fmt(w, o, g)
+        store_i8x32(qbuf, qo + 32 * g, q)
+    return $scales(w, o)
+
+
+@njit(cache=True)
+def vec_dot_${fmt}_q8_k(w, o, nsb, xq, xo, xd, bsums):
+    acc, mins = f32x8_zero(), _F32(0)
+    for b in range(nsb):
+        isum, msum = _superblock_$fmt(w, o + $type_size * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
+        d, dmin = $scales(w, o + $type_size * b)
+        acc, mins = _accumulate(acc, mins, isum, msum, d, dmin, load_f32(xd, xo // 256 + b))
+    return f32x8_hsum(acc) - mins
+
+
+@njit(parallel=True, cache=True)
+def matmul_$fmt(w, row_bytes, x, xq, xd, bsums, out):
+    _quantize_tokens(x, xq, xd, bsums)
+    n_tokens, n_in = x.shape
+    nsb, n_out = n_in // 256, out.shape[1]
+    if n_tokens < TOKEN_TILE:
+        for r in prange(n_out):
+            for t in range(n_tokens):
+                out[t, r] = vec_dot_${fmt}_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+    else:
+        for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
+            qbuf, scales, mins, dd, dmins = _row_chunk_buffers(n_in)
+            r0 = c * ROW_CHUNK
+            n_rows = min(ROW_CHUNK, n_out - r0)
+            for i in range(n_rows * nsb):
+                qo = (i // nsb) * n_in + 256 * (i % nsb)
+                dd[i], dmins[i] = _decode_$fmt(w, (r0 + i // nsb) * row_bytes + $type_size * (i % nsb), qbuf, qo,
+                                               scales, mins, qo // 16)
+            gemm_decoded(qbuf, scales, mins, dd, dmins, n_rows, r0, xq, xd, bsums, out)
+''')
+
+
+def matmul_kgroups() -> str:
+    imports = {"kernels_kquant": ["ROW_CHUNK", "TOKEN_TILE", "_accumulate", "_quantize_tokens", "_row_chunk_buffers",
+                                  "gemm_decoded"],
+               "simd": ["f32x8_hsum", "f32x8_zero", "i32x8_add", "i32x8_zero", "load_f32", "load_i32", "load_i8x32",
+                        "store_i8x32"]}
+    body = []
+    for r in registry.records(registry.Q8_K):
+        if r.kgroups is None:
+            continue
+        scales, signed = r.kgroups
+        dot = "dot_i8x32_2scales" if signed else "dot_u8x32_2scales"
+        imports["kernels_kquant"] += [f"_group_{r.suffix}", scales]
+        imports["simd"].append(dot)
+        body.append(f"\n\n# --- {r.name} " + "-" * (110 - len(r.name)) + "\n")
+        body.append(KGROUPS.substitute(fmt=r.suffix, dot=dot, scales=scales, type_size=r.format.type_size))
+    doc = ("The K-quants whose super-block is eight groups from kernels_kquant (_group_<fmt>: 32 quants and the two\n"
+           "16-value halves' scales and mins; _scales_<fmt>: d, dmin): per format the super-block dot, its decode for\n"
+           "the prompt path, vec_dot_<fmt>_q8_k (one row x one token) and matmul_<fmt>, whose contract and scheme are\n"
+           "kernels_kquant's. Q4_K and Q6_K have their own kernels, in quant.matmul_kquant.")
+    head = ("import numpy as np\nfrom numba import njit, prange\n"
+            "from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)\n\n")
+    return _module(doc, head + _imports(imports) + "\n_F32 = np.float32\n" + "".join(body))
+
+
 GENERATED = {
     "quant/dequantize_rows.py": dequantize_rows,
     "quant/matmul_block32.py": matmul_block32,
     "quant/quantize_blocks.py": quantize_blocks,
+    "quant/matmul_kgroups.py": matmul_kgroups,
 }
 
 

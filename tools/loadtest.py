@@ -10,7 +10,9 @@ Abuse mode mixes in, at random positions: clients that leave after a few chunks 
 readers that stop reading for --stall-s seconds mid-stream (--stalled), prompts far longer than any context
 (--long-prompts, expected to be refused with 400 or 413) and logprobs beyond OpenAI's bounds (--huge-logprobs, expected
 400). Only normal requests count in the throughput and latency figures; an expected refusal that is not refused,
-or any other failure, is an error, and the exit status is 1 when there is one.
+an error whose body is not OpenAI's shape ({"error": {"message", "type", ...}}), or any other failure, is an error,
+and the exit status is 1 when there is one. `--check-after` then asks for one short chat, which must be answered,
+and reads the server's slots and queue from /metrics where it has edgellm's gauges (they must come back to 0).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class Report:
     wall_s: float = 0.0
     rss_before: int | None = None
     rss_after: int | None = None
+    after: dict | None = None  # --check-after's findings
 
     def summary(self) -> dict:
         normal = [o for o in self.outcomes if o.kind == "normal" and o.ok]
@@ -67,6 +70,11 @@ class Report:
         if self.rss_before is not None:
             out["rss_before_mb"] = round(self.rss_before / 2**20, 1)
             out["rss_after_mb"] = round(self.rss_after / 2**20, 1)
+        if self.after is not None:
+            out["after"] = self.after
+            if not self.after["answered"]:
+                out["errors"] += 1
+                out["error_kinds"]["not answered after the run"] = 1
         return out
 
 
@@ -76,6 +84,11 @@ def percentile(values, q):
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1], 4)
+
+
+def openai_shaped(e: openai.APIError) -> bool:
+    """Whether an error's body was OpenAI's: the client hands over the "error" object, with message and type."""
+    return isinstance(e.body, dict) and isinstance(e.body.get("message"), str) and "type" in e.body
 
 
 def rss_of(pid: int) -> int:
@@ -109,7 +122,7 @@ async def one_request(client, args, role, rng) -> Outcome:
                 await stream.close()
                 out.error = f"{role} was not refused"
             except openai.APIStatusError as e:
-                if e.status_code not in (400, 413):  # refused as invalid or as too large: both are right
+                if e.status_code not in (400, 413) or not openai_shaped(e):  # invalid or too large: both right
                     raise
                 out.ok = True
             return out
@@ -130,8 +143,10 @@ async def one_request(client, args, role, rng) -> Outcome:
         out.latency_s = time.monotonic() - t0
         out.ok = True
     except openai.APIStatusError as e:
-        out.error = f"HTTP {e.status_code}"
-    except (openai.APIError, OSError, asyncio.TimeoutError) as e:
+        out.error = f"HTTP {e.status_code}" + ("" if openai_shaped(e) else " (not an OpenAI error body)")
+    except openai.APIError as e:  # an error event in a stream, or a transport failure
+        out.error = type(e).__name__ + ("" if e.body is None or openai_shaped(e) else " (not an OpenAI error)")
+    except (OSError, asyncio.TimeoutError) as e:
         out.error = type(e).__name__
     return out
 
@@ -160,11 +175,36 @@ async def run(args) -> Report:
     t0 = time.monotonic()
     report.outcomes = await asyncio.gather(*(limited(role, rng.random()) for role in roles(args, rng)))
     report.wall_s = time.monotonic() - t0
-    await client.close()
-    if args.pid:
+    if args.pid or args.check_after:
         await asyncio.sleep(args.settle_s)  # let the server finish what the abandoned requests left
+    if args.pid:
         report.rss_after = rss_of(args.pid)
+    if args.check_after:
+        report.after = await check_after(client, args)
+    await client.close()
     return report
+
+
+async def check_after(client, args) -> dict:
+    """One short chat must be answered; edgellm's /metrics gauges (where the server has them) read back."""
+    import httpx  # the openai client's own transport
+    after = {"answered": False}
+    try:
+        r = await client.chat.completions.create(model=args.model, max_tokens=4, temperature=0,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+        after["answered"] = bool(r.choices) and r.choices[0].message is not None
+    except openai.APIError as e:
+        after["error"] = f"{type(e).__name__}: {e}"
+    try:
+        text = httpx.get(args.url.rstrip("/") + "/metrics", timeout=30,
+                         headers={"Authorization": f"Bearer {args.api_key}"}).text
+        for line in text.splitlines():
+            for gauge in ("edgellm_slots_busy", "edgellm_queue_depth", "edgellm_requests_in_flight"):
+                if line.startswith(gauge + " "):
+                    after[gauge.removeprefix("edgellm_")] = float(line.split()[1])
+    except httpx.HTTPError:
+        pass
+    return after
 
 
 def format_summary(s: dict) -> str:
@@ -175,6 +215,8 @@ def format_summary(s: dict) -> str:
              f"latency p50 {s['latency_p50_s']} s, p99 {s['latency_p99_s']} s"]
     if "rss_before_mb" in s:
         lines.append(f"server RSS {s['rss_before_mb']} MB before, {s['rss_after_mb']} MB after")
+    if "after" in s:
+        lines.append(f"after the run: {s['after']}")
     return "\n".join(lines)
 
 
@@ -197,6 +239,8 @@ def parse_args(argv=None):
     ap.add_argument("--huge-logprobs", type=int, default=0, help="requests asking for 10,000 logprobs")
     ap.add_argument("--pid", type=int, default=None, help="report this server process's RSS before and after")
     ap.add_argument("--settle-s", type=float, default=2.0, help="wait before the after-RSS (with --pid)")
+    ap.add_argument("--check-after", action="store_true",
+                    help="then one short chat must be answered; reads edgellm's slot and queue gauges from /metrics")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = ap.parse_args(argv)
     args.requests = args.clients if args.requests is None else args.requests

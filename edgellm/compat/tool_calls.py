@@ -354,10 +354,14 @@ class ChatPlan:
         self.public_tools = [{k: v for k, v in t.items() if k != "strict_parameters"} for t in self.tools]
         fmt_obj = llm.chat_format()
         source = getattr(fmt_obj, "source", None)
-        self.format = None
-        if self.tools and self.choice != "none":
-            self.format = detect_format(source, lambda t: llm.tokenizer.vocab.token_to_id.get(t) is not None)
-        self.messages = prepare_messages(messages, self.format or "native", self.tools, self.choice)
+        # earlier calls and tool results are written in the template's form even where no call is asked for now
+        # (tool_choice "none", or no tools): a template with no tool syntax must not see a bare "tool" role
+        history = isinstance(messages, (list, tuple)) and any(
+            isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages)
+        rendered = detect_format(source, lambda t: llm.tokenizer.vocab.token_to_id.get(t) is not None) \
+            if self.tools or history else None
+        self.format = rendered if self.tools and self.choice != "none" else None  # what is parsed and enforced
+        self.messages = prepare_messages(messages, rendered or "native", self.tools, self.choice)
         variables = dict(chat_template_kwargs or {})
         if self.format not in (None, "generic"):
             variables["tools"] = self.public_tools

@@ -1,15 +1,15 @@
 """A plain numpy reference forward pass, deliberately independent of the fast path: it reads the config keys
 itself, dequantizes every weight to float32 with gguf-py, computes in float64, keeps no cache and recomputes
 every position with a dense masked softmax. Slow, but simple enough to check by eye against llama.cpp's
-src/models/{llama,qwen2,qwen3,smollm3,granite,olmo2,gemma2,gemma3}.cpp; the tests compare the fast path with it.
+src/models/{llama,qwen2,qwen3,qwen3moe,smollm3,granite,olmo2,gemma2,gemma3}.cpp (experts: build_moe_ffn); the tests compare the fast path with it.
 """
 
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-NEOX_ARCHITECTURES = ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "phi3")
+NEOX_ARCHITECTURES = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "olmo2", "phi3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "smollm3", "granite", "phi3")
 WINDOWED_LLAMA = ("llama", "mistral")  # the llama-likes whose attention.sliding_window is honoured
 VOCAB_SLICE = 16384  # output rows cast to float64 at a time
 
@@ -69,6 +69,22 @@ def _attention(q, k, v, scale, window=0, cap=0.0):
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     return np.einsum("hqk,khd->qhd", probs, v)
+
+
+def _experts(m, router, gate, up, down, n_used, scale):
+    """m [T, d]; router [E, d]; gate, up [E, n_ff, d]; down [E, d, n_ff]: each row's k most probable experts
+    (softmax over all of them), weighted by their probabilities renormalised to sum 1."""
+    z = m @ router.T
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros_like(m)
+    for t in range(m.shape[0]):
+        chosen = np.argsort(-p[t], kind="stable")[:n_used]
+        w = p[t, chosen] / p[t, chosen].sum() * (scale if scale not in (0.0, 1.0) else 1.0)
+        for e, we in zip(chosen, w):
+            g = gate[e] @ m[t]
+            out[t] += we * (down[e] @ (g / (1.0 + np.exp(-g)) * (up[e] @ m[t])))
+    return out
 
 
 class ReferenceModel:
@@ -179,13 +195,17 @@ class ReferenceModel:
             if self.arch == "qwen2":
                 q, k, v = (a + self.weight(f"blk.{il}.attn_{c}.bias") for a, c in ((q, "q"), (k, "k"), (v, "v")))
             q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_head_kv, hd), v.reshape(T, n_head_kv, hd)
-            if self.arch == "qwen3":
+            if self.arch in ("qwen3", "qwen3moe"):
                 q, k = _rms_norm(q, W("attn_q_norm"), eps), _rms_norm(k, W("attn_k_norm"), eps)
             if not nope:
                 q = _rope(q, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
                 k = _rope(k, positions, base, n_rot, neox, 1.0 / factor, factors, yarn, attn_factor)
             h = x + res_scale * (_attention(q, k, v, scale, window).reshape(T, -1) @ W("attn_output").T)
             m = _rms_norm(h, W("ffn_norm"), eps)
+            if self.has(f"blk.{il}.ffn_gate_inp.weight"):  # experts: softmax, top-k, renormalised weights
+                x = h + _experts(m, W("ffn_gate_inp"), W("ffn_gate_exps"), W("ffn_up_exps"), W("ffn_down_exps"),
+                                 self.key("expert_used_count"), self.key("expert_weights_scale", 0.0))
+                continue
             if self.has(f"blk.{il}.ffn_gate.weight"):
                 gate, up = m @ W("ffn_gate").T, m @ W("ffn_up").T
             else:  # phi3: ffn_up holds gate then up

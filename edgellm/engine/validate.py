@@ -3,9 +3,11 @@
 (Tensor types, shapes and byte ranges are checked against the architecture in edgellm/engine/models/loading.py, and
 every byte range against the file in edgellm/engine/gguf.py, before any kernel sees a buffer.)
 
-`model_memory_needs(gguf_file, n_ctx)` gives the figures without allocating anything: the weights' bytes (they
-stay in the file's map, but a model whose weights cannot stay resident pages them in from disk on every token)
-and the KV cache that loading preallocates for n_ctx. `check_memory(weights, kv)` compares them, with headroom,
+`model_memory_needs(gguf_file, n_ctx)` gives the figures without allocating anything: the weights' bytes that must
+stay resident (they stay in the file's map, but a model whose weights cannot stay resident pages them in from disk
+on every token; of a mixture of experts, the shared tensors and one token's share of the experts, see
+`weight_residency`) and the KV cache that loading preallocates for n_ctx. `paging_warning` words the case of a file
+larger than memory whose resident part fits: it runs, its experts paged in from the file as tokens use them. `check_memory(weights, kv)` compares them, with headroom,
 to the available memory (psutil's, or a cgroup's limit less its usage when that is smaller) and raises MemoryBudgetError with the figures; the override is explicit
 (`force=True`, or EDGELLM_SKIP_MEMORY_CHECK=1 in the environment).
 """
@@ -137,13 +139,55 @@ def _config_and_windows(gguf_file):
     return config, list(config.layer_windows())
 
 
+@dataclass(frozen=True)
+class WeightResidency:
+    """The weights' bytes: all of them, and those every token reads (for a mixture of experts, the shared tensors
+    plus expert_used_count / expert_count of the experts' stacks; the rest are read only by the tokens routed to
+    them, from the map, and may stay on disk). Parameters likewise."""
+    total_bytes: int
+    resident_bytes: int
+    total_params: int
+    active_params: int
+
+
+EXPERT_TENSOR_SUFFIXES = ("_exps.weight",)  # ffn_{gate,up,down}_exps: llama.cpp's names for expert stacks
+
+
+def weight_residency(gguf_file, config=None) -> WeightResidency:
+    experts = getattr(config if config is not None else _config_and_windows(gguf_file)[0], "experts", None)
+    share = experts.n_used / experts.n_expert if experts is not None and experts.n_expert else 1.0
+    total = resident = params = active = 0
+    for name, t in gguf_file.tensors.items():
+        part = share if name.endswith(EXPERT_TENSOR_SUFFIXES) else 1.0
+        total += t.nbytes
+        resident += int(t.nbytes * part)
+        params += t.n_elements
+        active += int(t.n_elements * part)
+    return WeightResidency(total, resident, params, active)
+
+
+def paging_warning(gguf_file, available: int | None = None) -> str | None:
+    """A warning when the whole file is larger than the memory available but what must stay resident fits (a
+    mixture of experts): it runs from the map, as llama.cpp's mmap does, experts paged in from disk as tokens use
+    them. None when the file fits."""
+    w = weight_residency(gguf_file)
+    available = available_memory() if available is None else available
+    if w.total_bytes <= available:
+        return None
+    return (f"the file holds {_mib(w.total_bytes)} of weights, more than the {_mib(available)} of memory available; "
+            f"{_mib(w.resident_bytes)} are read by every token (shared tensors and {w.active_params:,} of "
+            f"{w.total_params:,} parameters active), the experts not in memory are read from the file as tokens "
+            f"pick them: expect slower decoding while they are paged in")
+
+
 def model_memory_needs(gguf_file, n_ctx: int | None = None, n_batch: int | None = None,
                        kv_type=None) -> tuple[int, int]:
-    """(weight bytes, KV-cache bytes) that loading this file with n_ctx (default: its training context) needs."""
+    """(weight bytes that must stay resident, KV-cache bytes) that loading this file with n_ctx (default: its
+    training context) needs."""
     from edgellm.engine.models.base import DEFAULT_N_BATCH  # kernels: slow to import, loaded with a model
     config, windows = _config_and_windows(gguf_file)
     n_ctx = n_ctx or config.n_ctx_train
-    weights = sum(t.nbytes for t in gguf_file.tensors.values())
+    weights = weight_residency(gguf_file, config).resident_bytes
     return weights, kv_cache_bytes(n_ctx, config.n_head_kv, config.head_dim, windows, n_batch or DEFAULT_N_BATCH,
                                    kv_type)
 
@@ -183,7 +227,7 @@ def fit_context(gguf_file, kv_type=None, n_batch: int | None = None, available: 
     n_batch = n_batch or DEFAULT_N_BATCH
     if available is None:
         available = available_memory()
-    weights = sum(t.nbytes for t in gguf_file.tensors.values())
+    weights = weight_residency(gguf_file, config).resident_bytes
     big = max(config.n_ctx_train, max(windows) + n_batch)  # past every ring's size: the cost is linear from here
 
     def cost(n):

@@ -121,7 +121,7 @@ class SequenceState:
 
     def finish(self):
         """(the last text piece held back for stop strings, the Completion)."""
-        finish = "length" if self.stop_reason == "length" else "stop"
+        finish = "length" if self.stop_reason in ("length", "time_limit") else "stop"
         piece = self.text.finish(finish)
         return piece, Completion(self.text.text, self.generated, finish, len(self.prompt_ids), self.stop_reason,
                                  self.text.stop_string, self.infos)

@@ -77,7 +77,9 @@ class Completion:
 
     finish_reason is llama-cpp-python's: "stop" (end-of-generation token, stop string or stopping criterion) or
     "length" (max_tokens or a full context); stop_reason says which: "eog", "stop_string", "criteria", "length",
-    "constraint" (a grammar or schema completed), or "cancelled" (Model.cancel(), finish_reason "stop" as for a stopping criterion in llama-cpp-python).
+    "constraint" (a grammar or schema completed), "time_limit" (the server's --request-timeout: finish_reason
+    "length", as llama-server's t_max_predict_ms), or "cancelled" (Model.cancel(), finish_reason "stop" as for a
+    stopping criterion in llama-cpp-python).
     """
     text: str
     tokens: list = field(default_factory=list)

@@ -12,8 +12,19 @@ One turn of the loop:
   3. decode: one step of every decoding sequence whose buffer has room: each samples its next token with its own
      SequenceState (sampling, seed, stop strings, logprobs, constraint), and one forward_multi feeds them all.
 So a long prompt holds the running streams for one chunk at a time, never for its whole length, and a request
-that arrives joins at the next turn. A sequence that finishes, is cancelled, or whose reader stalls past
+that arrives joins at the next turn.
+
+Speculative decoding (`speculative="lookup"` or `"draft"`), per sequence: in the decode step each sequence may add
+the tokens its drafter proposes after its next token (prompt lookup, or a draft model on a KV cache of its own per
+slot), and one forward_verify_multi runs every sequence's rows together, each row with a decode step's arithmetic;
+each sequence then walks its rows through SequenceState.step as plain decoding would, and the rejected rows are
+truncated from its cache. A sequence whose draft was cut by a rejection feeds the target's own token at the next
+step. Each sequence's DraftLength adapts to its acceptance and to what the extra rows cost the step. A sequence that finishes, is cancelled, or whose reader stalls past
 `stall_timeout_s` frees its slot in that turn.
+
+Shutdown: close() ends every request still queued or running with ServerClosing, whether the loop exits in time or
+not, and an unexpected fault in a turn ends the requests in slots with it and the loop goes on; a reader also
+checks, while it waits, that the loop's thread is alive. So no reader is ever left waiting on a loop that is gone.
 
 Exactness: a chunk is a whole fresh batch of the prompt (edgellm.engine.prefix), or a part of one whose rows keep
 the kinds the whole batch gives them, and forward_multi's rows equal single-sequence decoding bit for bit; so a
@@ -21,6 +32,7 @@ greedy request gives the same tokens as served alone, whatever else runs beside 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,25 +40,32 @@ from collections import deque
 import numpy as np
 
 from edgellm.engine import prefix, validate
-from edgellm.errors import EdgeLLMError
+from edgellm.errors import EdgeLLMError, SamplingError, ServerClosing
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.results import Completion
+from edgellm.generation.sampling import Sampler
+from edgellm.generation import speculative as speculative_mod
 
 DEFAULT_PREFILL_CHUNK = 128  # prompt tokens between two decode steps (a multiple of 4: Q4_K's gemm groups)
 DEFAULT_BUFFER_EVENTS = 256  # tokens a request may run ahead of its reader before it pauses
 DEFAULT_STALL_TIMEOUT_S = 30.0  # a reader that takes nothing for this long, its buffer full, is cancelled
+log = logging.getLogger("edgellm.server")
 MAX_DEFAULT_PARALLEL = 8
 KV_SHARE = 0.5  # of the free memory, what the default slot count may take for KV caches
 IDLE_WAIT_S = 0.05  # between turns with every sequence paused (full buffers): how often stalls are checked
+ALIVE_CHECK_S = 1.0  # how often a waiting reader checks that the scheduler's thread still runs
 
 
 class ServedRequest:
     """One request's side of the scheduler: its events, read by the request's thread; cancel() from anywhere."""
 
-    def __init__(self, ids, opts, bias, max_events: int):
+    def __init__(self, ids, opts, bias, max_events: int, time_limit_s: float | None = None):
         self.ids, self.opts, self.bias, self.max_events = list(ids), opts, bias, max_events
+        self.time_limit_s = time_limit_s  # generation ends ("time_limit", finish_reason "length") this long after
+        # it leaves the queue, checked after each token
         self._events = deque()
         self._cond = threading.Condition()
+        self._ended = False     # its last event (the Completion or an error) is pushed: nothing more is
         self.cancelled = threading.Event()
         self.finished = False
         self.status = "queued"  # queued, prefill, decode, done
@@ -57,6 +76,7 @@ class ServedRequest:
         self.started = None     # time.monotonic() when it left the queue for a slot
         self.first_token_s = None
         self._wake = None       # the scheduler's, to tell it a full buffer drained
+        self._alive = None      # the scheduler's: () -> whether its thread still runs
 
     def cancel(self) -> None:
         if not self.finished:
@@ -66,7 +86,12 @@ class ServedRequest:
 
     # -- the scheduler's side ----------------------------------------------------------------------------------
     def _push(self, event) -> None:
+        """Queue an event for the reader; after the last one (a Completion or an error) nothing more is queued, so
+        the closing thread and the scheduler's may both end a request."""
         with self._cond:
+            if self._ended:
+                return
+            self._ended = isinstance(event, (Completion, BaseException))
             self._events.append(event)
             self._cond.notify_all()
 
@@ -81,7 +106,8 @@ class ServedRequest:
             while True:
                 with self._cond:
                     while not self._events:
-                        self._cond.wait()
+                        if not self._cond.wait(ALIVE_CHECK_S) and self._alive is not None and not self._alive():
+                            raise ServerClosing("the server stopped before this request ended")
                     event = self._events.popleft()
                 if self._wake is not None and len(self._events) == self.max_events - 1:
                     self._wake()  # it had paused on a full buffer
@@ -103,6 +129,9 @@ class _Slot:
         self.seq: SequenceState | None = None
         self.batches: list = []      # prompt chunks still to run
         self.logits = None           # the row to sample the next token from
+        self.pending = None          # or: a token sampled but not yet fed (a draft's rejection gave it)
+        self.spec = None             # the request's Speculator (speculative decoding), or None
+        self.drafter = None          # a draft model's DraftModel on this slot's own draft cache
         self.last_used = 0.0
         self.paused_since = None
 
@@ -129,6 +158,9 @@ class _PoolEngine:
 
     def decode(self, slots, tokens) -> np.ndarray:
         return self.fm.forward_multi(tokens, [s.cache for s in slots])
+
+    def verify(self, slots, token_lists) -> np.ndarray:
+        return self.fm.forward_verify_multi(token_lists, [s.cache for s in slots])
 
 
 class _SingleEngine:
@@ -167,7 +199,8 @@ class Scheduler:
 
     def __init__(self, model, n_parallel: int | None = None, seq_ctx: int | None = None, prompt_cache=None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, buffer_events: int = DEFAULT_BUFFER_EVENTS,
-                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S):
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, speculative: str | None = None,
+                 draft_max: int | None = None):
         for name, value in (("n_parallel", n_parallel), ("seq_ctx", seq_ctx)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -182,6 +215,7 @@ class Scheduler:
             self.seq_ctx = model.n_ctx
         self.slots = [_Slot(i, c) for i, c in enumerate(self.engine.caches)]
         self.n_parallel = len(self.slots)
+        self._start_speculation(speculative, draft_max)
         self.prompt_cache = prompt_cache if self.engine.reusable else None
         self.prefill_chunk = max(4, prefill_chunk - prefill_chunk % 4)
         self.buffer_events, self.stall_timeout_s = buffer_events, stall_timeout_s
@@ -193,20 +227,52 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0, "prefill_chunks": 0}
+                      "decode_steps": 0, "prefill_chunks": 0, "draft_tokens": 0, "accepted_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
+    def _start_speculation(self, mode, draft_max) -> None:
+        self.speculative = speculative_mod.check_mode(mode, getattr(self.model, "draft_model", None) is not None)
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1):
+            raise ValueError(f"draft_max must be a positive integer, got {draft_max!r}")
+        self.draft_max = draft_max or (speculative_mod.DRAFT_MAX[mode] if mode else None)
+        if self.speculative is None:
+            return
+        if not isinstance(self.engine, _PoolEngine) or not hasattr(self.engine.fm, "forward_verify_multi"):
+            raise SamplingError("speculative decoding in the server needs the CPU backend's batched "
+                                                "verification pass")
+        if self.speculative == "draft":  # each slot drafts on a cache of its own
+            from edgellm.engine.kvcache import KVPool  # kernels: slow to import, loaded with a model
+            dm = self.model.draft_model.model
+            windows, cfg = [kv.window for kv in dm.cache.layers], dm.config
+            args = (self.n_parallel, self.seq_ctx, cfg.n_head_kv, cfg.head_dim, windows, dm.n_batch, dm.cache.kv_type)
+            validate.check_memory(0, KVPool.planned_nbytes(*args), what=f"{self.n_parallel} draft caches")
+            self.draft_pool = KVPool(*args)
+            for slot, cache in zip(self.slots, self.draft_pool.caches):
+                slot.drafter = speculative_mod.DraftModel(self.model.draft_model, None, cache)
+
+    def _speculator(self, slot, opts):
+        if self.speculative is None:
+            return None
+        if self.speculative == "lookup":
+            drafter = speculative_mod.PromptLookup()
+        else:
+            drafter = slot.drafter  # its cache keeps what it held: the next prompt re-uses the common prefix
+            drafter.sampler = None if opts.sampling.greedy else Sampler(
+                opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
+        return speculative_mod.Speculator(self.speculative, None, drafter, self.draft_max)
+
     # -- any thread ------------------------------------------------------------------------------------------
-    def submit(self, ids, opts, bias=None) -> ServedRequest:
-        """Queue a generation after prompt ids (checked by the caller) with these GenerationOptions."""
+    def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:
+        """Queue a generation after prompt ids (checked by the caller) with these GenerationOptions; time_limit_s:
+        a wall-clock limit counted from its admission (see ServedRequest)."""
         if bias is None:
             bias = logit_bias_arrays(opts, self.model.n_vocab)
-        request = ServedRequest(ids, opts, bias, self.buffer_events)
-        request._wake = self._wake
+        request = ServedRequest(ids, opts, bias, self.buffer_events, time_limit_s)
+        request._wake, request._alive = self._wake, self._thread.is_alive
         with self._cond:
             if self._closed:
-                raise EdgeLLMError("the server is shutting down")
+                raise ServerClosing("the server is shutting down")
             self.queue.append(request)
             self.stats["requests"] += 1
             self._cond.notify_all()
@@ -225,34 +291,58 @@ class Scheduler:
             self._cond.notify_all()
 
     def close(self, timeout: float = 30) -> None:
+        """Stop the loop: every request still queued or running ends with ServerClosing at once (not after the
+        forward pass in progress, which may be long), then the loop's thread is given `timeout` to stop."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._end_pending()
         self._thread.join(timeout)
+
+    def _end_pending(self) -> None:
+        with self._cond:
+            pending = list(self.queue) + [s.request for s in self.slots if s.request is not None]
+            self.queue.clear()
+        for request in pending:
+            request.status, request.finished = "done", True
+            request.stop_cause = request.stop_cause or "shutdown"
+            request._push(ServerClosing("the server is shutting down"))
 
     # -- the scheduler thread --------------------------------------------------------------------------------
     def _has_work(self) -> bool:
         return bool(self.queue) or any(s.request is not None for s in self.slots)
 
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._has_work():
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                with self.model.exclusive("serve"):  # other callers of this Model wait while requests run
+                    while self._has_work() and not self._closed:
+                        if not self._guarded_turn():
+                            with self._cond:  # every sequence waits on its reader: sleep until one drains
+                                self._cond.wait(IDLE_WAIT_S)
+                    if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
+                        self.model._set_cached([], [])
+        finally:  # closed, or a BaseException (interpreter exit, a KeyboardInterrupt) ended the loop
             with self._cond:
-                while not self._closed and not self._has_work():
-                    self._cond.wait()
-                if self._closed:
-                    break
-            with self.model.exclusive("serve"):  # other callers of this Model wait while requests run
-                while self._has_work() and not self._closed:
-                    if not self._turn():
-                        with self._cond:  # every sequence waits on its reader: sleep until one drains
-                            self._cond.wait(IDLE_WAIT_S)
-                if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
-                    self.model._set_cached([], [])
-        with self._cond:
-            pending = list(self.queue) + [s.request for s in self.slots if s.request is not None]
-            self.queue.clear()
-        for request in pending:
-            request._push(EdgeLLMError("the server is shutting down"))
+                self._closed = True
+            self._end_pending()
+
+    def _guarded_turn(self) -> bool:
+        """A turn; an unexpected fault in it (a bug, not a model error) ends the requests in slots with that error,
+        their caches forgotten, and the loop goes on serving the queue."""
+        try:
+            return self._turn()
+        except Exception as e:
+            log.exception("a scheduler turn failed")
+            for slot in self.slots:
+                if slot.request is not None:  # each reader its own exception (a 500: not the request's fault)
+                    self._fail(slot, RuntimeError(f"the scheduler failed: {type(e).__name__}"))
+            return True
 
     def _turn(self) -> bool:
         """One turn (see the module docstring); False when nothing could run."""
@@ -331,6 +421,7 @@ class Scheduler:
         slot.tokens, slot.kinds = list(ids[:common]), slot.kinds[:common]
         slot.batches = self._chunks(batches)
         slot.request, slot.seq, slot.logits, slot.paused_since = request, seq, None, None
+        slot.pending, slot.spec = None, self._speculator(slot, request.opts)
         request.status, request.reused, request.started = "prefill", common, time.monotonic()
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += common
@@ -384,8 +475,11 @@ class Scheduler:
         return True
 
     def _decode_step(self) -> bool:
+        """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
+        left pending), and any drafted tokens after it; one forward feeds them all."""
         decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
         stepped, progressed, now = [], False, time.monotonic()
+        room = getattr(self.engine.fm, "n_batch", 1) - len(decoding)  # rows left for drafts in this forward
         for slot in decoding:
             request, seq = slot.request, slot.seq
             if request.cancelled.is_set():
@@ -399,36 +493,108 @@ class Scheduler:
                     progressed = True
                 continue
             slot.paused_since = None
-            try:
-                check_finite(slot.logits, f"after {len(seq.history)} tokens")
-                event = seq.step(slot.logits)
-            except EdgeLLMError as e:
-                self._fail(slot, e)
-                progressed = True
-                continue
             progressed = True
-            if event is not None:
-                request._push(event)
-                self.stats["generated_tokens"] += 1
+            if slot.pending is None:
+                if not self._sample(slot, slot.logits):
+                    continue
+            fed, choices, draft_s = [slot.pending if slot.pending is not None else seq.generated[-1]], [], 0.0
+            slot.pending = None
+            if slot.spec is not None and room > 0:
+                t0 = time.perf_counter()
+                cache_room = slot.cache.n_ctx - slot.cache.n_past - 1  # verified rows must fit without a shift
+                proposed = slot.spec.propose(seq.history, min(room, cache_room, seq.max_tokens - len(seq.generated)))
+                draft_s = time.perf_counter() - t0
+                if proposed is not None:
+                    fed += proposed[0]
+                    choices = proposed[1]
+                    room -= len(choices)
+            stepped.append((slot, fed, choices, draft_s))
+        if stepped:
+            self._feed(stepped)
+        return progressed
+
+    def _sample(self, slot, row, choice=None, finish: bool = True) -> bool:
+        """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);
+        False when the sequence ended (failed, or done: then finished unless finish is False)."""
+        request, seq = slot.request, slot.seq
+        try:
+            check_finite(row, f"after {len(seq.history)} tokens")
+            event = seq.step(row, choice)
+        except EdgeLLMError as e:
+            self._fail(slot, e)
+            return False
+        if event is not None:
+            request._push(event)
+            self.stats["generated_tokens"] += 1
+            self._check_time(request, seq)
+        if seq.done:
+            if finish:
+                self._finish(slot)
+            return False
+        return True
+
+    def _feed(self, stepped) -> None:
+        slots = [s for s, _, _, _ in stepped]
+        drafted = any(choices for _, _, choices, _ in stepped)
+        t0 = time.perf_counter()
+        try:
+            if drafted:
+                rows = self.engine.verify(slots, [fed for _, fed, _, _ in stepped])
+            else:
+                rows = self.engine.decode(slots, [fed[0] for _, fed, _, _ in stepped])
+        except EdgeLLMError as e:
+            for slot in slots:
+                self._fail(slot, e)
+            return
+        step_s = time.perf_counter() - t0
+        self.stats["decode_steps"] += 1
+        extra = sum(len(choices) for _, _, choices, _ in stepped)
+        offset = 0
+        for slot, fed, choices, draft_s in stepped:
+            own = rows[offset:offset + len(fed)]
+            offset += len(fed)
+            slot.tokens += fed
+            slot.kinds += [self.decode_kind] * len(fed)
+            if slot.spec is not None:  # what the extra rows cost this step, against a plain one
+                if drafted:
+                    slot.spec.length.timed_verification(1 + extra, step_s + draft_s)
+                else:
+                    slot.spec.timed_step(step_s)
+            if not choices:
+                slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
+                self._note_shifts(slot)
+                continue
+            accepted, seq, spec = 0, slot.seq, slot.spec  # (the walk may end the request and free the slot)
+            for row, choice in zip(own, choices):
+                n = len(seq.generated)
+                alive = self._sample(slot, row, choice, finish=False)  # finished below, its counts recorded
+                if len(seq.generated) == n or seq.generated[-1] != choice[0]:
+                    break  # rejected: the target's own token (or its end) is at this position
+                accepted += 1
+                if not alive:
+                    break
+            spec.record(len(choices), accepted)
+            self.stats["draft_tokens"] += len(choices)
+            self.stats["accepted_tokens"] += accepted
+            rejected = len(choices) - accepted
+            if rejected:
+                slot.cache.truncate(slot.cache.n_past - rejected)
+                del slot.tokens[-rejected:], slot.kinds[-rejected:]
+            if slot.request is None:  # it failed in the walk
+                continue
             if seq.done:
                 self._finish(slot)
+                continue
+            if rejected:
+                slot.logits, slot.pending = None, slot.seq.generated[-1]  # the target's own token, fed next step
             else:
-                stepped.append(slot)
-        if stepped:
-            tokens = [s.seq.generated[-1] for s in stepped]
-            try:
-                rows = self.engine.decode(stepped, tokens)
-            except EdgeLLMError as e:
-                for slot in stepped:
-                    self._fail(slot, e)
-                return True
-            self.stats["decode_steps"] += 1
-            for slot, row, token in zip(stepped, rows, tokens):
-                slot.logits = np.array(row, copy=True)  # the engine reuses its logits buffer
-                slot.tokens.append(token)
-                slot.kinds.append(self.decode_kind)
-                self._note_shifts(slot)
-        return progressed
+                slot.logits = np.array(own[-1], copy=True)
+
+    @staticmethod
+    def _check_time(request, seq) -> None:
+        limit = request.time_limit_s
+        if limit is not None and not seq.done and time.monotonic() - request.started > limit:
+            seq.stop_reason, seq.done = "time_limit", True
 
     def _note_shifts(self, slot) -> None:
         log = getattr(slot.cache, "shift_log", None)
@@ -445,6 +611,9 @@ class Scheduler:
         else:
             self.stats["finished"] += 1
         piece, completion = seq.finish()
+        if slot.spec is not None:
+            completion.speculative = slot.spec.mode
+            completion.draft_tokens, completion.accepted_tokens = slot.spec.drafted, slot.spec.accepted
         if piece:
             request._push((piece, None))
         self.model.last_completion = completion
@@ -462,6 +631,6 @@ class Scheduler:
 
     def _free(self, slot) -> None:
         slot.batches = []  # cut mid-prompt: the whole chunks that ran stay in the cache, and in slot.tokens
-        slot.request = slot.seq = slot.logits = None
+        slot.request = slot.seq = slot.logits = slot.pending = slot.spec = None
         slot.paused_since = None
         slot.last_used = time.monotonic()

@@ -78,20 +78,22 @@ class DraftModel:
     forward each. Its cache holds a prefix of the target's history; before each draft it is rolled back to the
     common prefix (at most the last draft's rejected tokens) and fed what the target accepted since."""
 
-    def __init__(self, draft, sampler=None):
+    def __init__(self, draft, sampler=None, cache=None):
         self.draft = draft  # an edgellm Model
         self.forward = draft.model
         self.sampler = sampler  # None: greedy drafts (a point mass for the rejection rule)
+        self.cache = cache  # a KVCache of the draft's layout (the server's: one per slot); None: the draft's own
         self.tokens: list[int] = []  # what the draft's cache holds
 
     def start(self, prompt_ids) -> None:
-        self.forward.reset()
+        (self.forward if self.cache is None else self.cache).reset()
         self.tokens = []
 
     def propose(self, history, k: int):
         """(tokens, q): q[i] is (ids, probs), the draft's distribution the i-th token was drawn from, or None when
         greedy."""
-        limit = self.forward.cache.n_ctx - 1  # never let the draft's context shift: stop drafting instead
+        cache = self.forward.cache if self.cache is None else self.cache
+        limit = cache.n_ctx - 1  # never let the draft's context shift: stop drafting instead
         k = min(k, limit - len(history))
         if k <= 0:
             return [], []
@@ -100,9 +102,10 @@ class DraftModel:
         while c < n and self.tokens[c] == history[c]:
             c += 1
         if c < len(self.tokens):
-            self.forward.truncate(c)
+            cache.truncate(c)
             del self.tokens[c:]
-        logits = self.forward.forward(np.asarray(history[c:], np.int32))[-1] if c < len(history) else None
+        logits = self.forward.forward(np.asarray(history[c:], np.int32), cache=self.cache)[-1] \
+            if c < len(history) else None
         if logits is None:  # (the whole history is cached: never happens, the target's last token is new)
             return [], []
         self.tokens = list(history)
@@ -119,7 +122,7 @@ class DraftModel:
             qs.append(q)
             context.append(token)
             if i + 1 < k:
-                logits = self.forward.forward(np.array([token], np.int32))[-1]
+                logits = self.forward.forward(np.array([token], np.int32), cache=self.cache)[-1]
                 self.tokens.append(token)
         return drafted, qs
 
@@ -230,25 +233,33 @@ class Speculator:
         self.length = DraftLength(k_max or DRAFT_MAX[mode])
         self.drafted = self.accepted = self.verifications = 0
 
-    def draft(self, history) -> Draft | None:
-        """The target's logits after history[-1] (not yet in its cache) and a draft after it; None when no draft
-        is worth it now (paused, nothing found, no room: the caller decodes one token plainly)."""
-        room = min(self.target.n_batch, self.target.n_ctx - self.target.n_past) - 1  # the draft must fit without a shift
+    def propose(self, history, room: int):
+        """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens; None when no
+        draft is worth it now (paused, nothing found, no room)."""
         k = min(self.length.want(), room)
         if k <= 0:
             return None
-        t0 = time.perf_counter()
         if isinstance(self.drafter, PromptLookup):
             tokens, qs = self.drafter.propose(history, k), None
         else:
             tokens, qs = self.drafter.propose(history, k)
         if not tokens:
             return None
+        return tokens, [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
+
+    def draft(self, history) -> Draft | None:
+        """The target's logits after history[-1] (not yet in its cache) and a draft after it; None when no draft
+        is worth it now (paused, nothing found, no room: the caller decodes one token plainly)."""
+        room = min(self.target.n_batch, self.target.n_ctx - self.target.n_past) - 1  # the draft must fit without a shift
+        t0 = time.perf_counter()
+        proposed = self.propose(history, room)
+        if proposed is None:
+            return None
+        tokens, choices = proposed
         fed = [history[-1]] + tokens
         rows = self.target.forward_verify(np.asarray(fed, np.int32))
         # a draft model's forwards count in the cost of the draft, as the verification does
         self.length.timed_verification(len(fed), time.perf_counter() - t0)
-        choices = [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
         return Draft(fed, rows, choices)
 
     def timed_step(self, seconds: float) -> None:
@@ -259,9 +270,12 @@ class Speculator:
         """Keep the pending token and the first `accepted` drafted tokens in the target's cache; returns them."""
         kept = draft.tokens[:1 + accepted]
         self.target.truncate(self.target.n_past - (len(draft.tokens) - len(kept)))
-        drafted = len(draft.tokens) - 1
+        self.record(len(draft.tokens) - 1, accepted)
+        return kept
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One verification's counts, into the totals and the draft length's estimates."""
         self.drafted += drafted
         self.accepted += accepted
         self.verifications += 1
         self.length.update(drafted, accepted)
-        return kept

@@ -16,6 +16,7 @@ import numpy as np
 
 import edgellm
 from edgellm.engine.kvcache import KVPool
+from edgellm.engine.validate import weight_residency
 from edgellm.prep.bandwidth_kernel import parallel_sum
 from edgellm.quant.threading_layer import chosen_layer
 
@@ -38,13 +39,12 @@ def measure_bandwidth(n_threads: int, repeats: int = 5) -> float:
 
 def weight_bytes_per_token(gguf_file) -> int:
     """Bytes of weights a decode step streams: every matrix once (the embedding only as the tied output
-    projection, since a single row is read for the input). Norm vectors are negligible but counted."""
-    total = 0
+    projection, since a single row is read for the input), of a mixture of experts' stacks only the share of the
+    experts a token uses. Norm vectors are negligible but counted."""
     tensors = gguf_file.tensors
-    for name, t in tensors.items():
-        if name == "token_embd.weight" and "output.weight" in tensors:
-            continue  # only one row is read per token
-        total += t.nbytes
+    total = weight_residency(gguf_file).resident_bytes  # shared tensors plus a token's share of the experts
+    if "token_embd.weight" in tensors and "output.weight" in tensors:
+        total -= tensors["token_embd.weight"].nbytes  # only one row is read per token
     return total
 
 

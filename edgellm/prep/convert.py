@@ -1,11 +1,13 @@
 """Convert a Hugging Face checkpoint directory into a GGUF file, as llama.cpp's convert_hf_to_gguf.py does, for
-llama, qwen2, qwen3, gemma2, gemma3, granite, olmo2 and smollm3: `edgellm convert HF_DIR OUT.gguf --type F16`.
+llama (and Mixtral), qwen2, qwen3, qwen3moe, gemma2, gemma3, granite, olmo2 and smollm3:
+`edgellm convert HF_DIR OUT.gguf --type F16`.
 
 Sections:
   1. safetensors, read with numpy (8-byte header length, JSON header, raw little-endian data)
   2. architectures: config.json -> GGUF hyper-parameters, HF tensor names -> llama.cpp's, and the per-tensor
      changes llama.cpp makes (llama's Q/K row permutation for its interleaved RoPE, gemma's norm weight + 1,
-     gemma's embedding rows cut to the vocabulary)
+     gemma's embedding rows cut to the vocabulary); a mixture of experts' per-expert matrices stacked into
+     llama.cpp's [n_expert, n_out, n_in] tensors
   3. tokenizer: gpt2 BPE from tokenizer.json, or SentencePiece from tokenizer.model; special tokens, merges and
      the chat template through gguf-py's SpecialVocab
   4. `convert_checkpoint`: streams tensor by tensor into gguf-py's GGUFWriter. F32 / F16 / BF16 / Q8_0 are written
@@ -104,6 +106,28 @@ class ArchSpec:
     layer_names: dict   # HF name after "model.layers.{i}." -> GGUF name after "blk.{i}."
     permute_qk: bool    # llama's rotary pairs are (i, i + half) in HF but adjacent in GGUF
     norm_plus_one: bool  # Gemma3RMSNorm multiplies by (1 + weight); llama.cpp stores 1 + weight
+    experts: "ExpertLayout | None" = None  # a mixture of experts: how the checkpoint names them
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where a checkpoint keeps its experts, after "model.layers.{i}.": the router, one matrix per expert
+    ("{prefix}{e}.{name}") and, in newer checkpoints, the experts already stacked ("{prefix}{name}", 3-D;
+    gate_up_proj holds gate then up)."""
+    prefix: str
+    per_expert: dict  # HF matrix name -> llama.cpp's stacked tensor
+    config_keys: tuple  # (experts, experts per token) keys of config.json
+
+
+_EXPERT_NAMES = {"gate_proj.weight": "ffn_gate_exps.weight", "up_proj.weight": "ffn_up_exps.weight",
+                 "down_proj.weight": "ffn_down_exps.weight"}
+QWEN3_MOE_EXPERTS = ExpertLayout("mlp.experts.", _EXPERT_NAMES, ("num_experts", "num_experts_per_tok"))
+# Mixtral's w1, w2, w3 are gate, down, up
+MIXTRAL_EXPERTS = ExpertLayout("block_sparse_moe.experts.", {"w1.weight": "ffn_gate_exps.weight",
+                                                             "w2.weight": "ffn_down_exps.weight",
+                                                             "w3.weight": "ffn_up_exps.weight"},
+                               ("num_local_experts", "num_experts_per_tok"))
+FUSED_EXPERTS = {"down_proj": "ffn_down_exps.weight", "gate_up_proj": ("ffn_gate_exps.weight", "ffn_up_exps.weight")}
 
 
 _ATTN_FFN = {
@@ -125,6 +149,11 @@ _POST_NORM = {**{k: v for k, v in _ATTN_FFN.items() if k != "input_layernorm.wei
               "post_attention_layernorm.weight": "post_attention_norm.weight",
               "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 
+# Phi-3 fuses q, k and v into one projection, and gate and up (gate first) into ffn_up, as llama.cpp keeps them
+_PHI3 = {"input_layernorm.weight": "attn_norm.weight", "self_attn.qkv_proj.weight": "attn_qkv.weight",
+         "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+         "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+
 ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "LlamaForCausalLM": ArchSpec("llama", _PRE_NORM, True, False),
     "MistralForCausalLM": ArchSpec("llama", _PRE_NORM, True, False),
@@ -136,6 +165,11 @@ ARCHITECTURES = {  # config.json "architectures"[0] -> spec
     "GraniteForCausalLM": ArchSpec("granite", _PRE_NORM, True, False),
     "SmolLM3ForCausalLM": ArchSpec("smollm3", _PRE_NORM, True, False),
     "Olmo2ForCausalLM": ArchSpec("olmo2", _POST_NORM, False, False),
+    "Phi3ForCausalLM": ArchSpec("phi3", _PHI3, False, False),
+    "Qwen3MoeForCausalLM": ArchSpec("qwen3moe", {**_PRE_NORM, "mlp.gate.weight": "ffn_gate_inp.weight"}, False,
+                                    False, QWEN3_MOE_EXPERTS),
+    "MixtralForCausalLM": ArchSpec("llama", {**_PRE_NORM, "block_sparse_moe.gate.weight": "ffn_gate_inp.weight"},
+                                   True, False, MIXTRAL_EXPERTS),
 }
 LLAMA_CONVERTED = ("llama", "granite", "smollm3")  # llama.cpp converts these with its LlamaModel class
 SMOLLM3_NO_ROPE_INTERVAL = 4  # what llama.cpp builds; other intervals are refused
@@ -162,6 +196,26 @@ def gguf_tensor_name(spec: ArchSpec, hf_name: str) -> str | None:
     if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and parts[3] in spec.layer_names:
         return f"blk.{parts[2]}.{spec.layer_names[parts[3]]}"
     raise EdgeLLMError(f"tensor {hf_name!r} has no llama.cpp name for {spec.gguf_arch}: unsupported checkpoint layout")
+
+
+def expert_tensor(spec: ArchSpec, hf_name: str):
+    """[(llama.cpp's stacked tensor name, expert index (None: the checkpoint's tensor is already stacked), which
+    half of a stacked gate_up (None: all of it)), ...] for an expert matrix of the checkpoint; None for any other
+    tensor."""
+    parts = hf_name.split(".", 3)
+    if spec.experts is None or len(parts) < 4 or parts[:2] != ["model", "layers"] or \
+            not parts[3].startswith(spec.experts.prefix):
+        return None
+    blk, rest = f"blk.{parts[2]}.", parts[3][len(spec.experts.prefix):]
+    index, _, name = rest.partition(".")
+    if index.isdigit() and name in spec.experts.per_expert:
+        return [(blk + spec.experts.per_expert[name], int(index), None)]
+    fused = FUSED_EXPERTS.get(rest.removesuffix(".weight"))
+    if isinstance(fused, str):
+        return [(blk + fused, None, None)]
+    if fused is not None:
+        return [(blk + fused[0], None, 0), (blk + fused[1], None, 1)]
+    raise EdgeLLMError(f"tensor {hf_name!r}: an expert matrix this converter does not know")
 
 
 def permute_for_interleaved_rope(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -217,7 +271,9 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
         writer.add_value_length(cfg.get("head_dim", 256))
     extra = []
     rope_type = str(rope.get("rope_type") or "").lower()
-    if rope_type == "linear" and rope.get("factor"):
+    if spec.gguf_arch == "phi3":
+        extra += phi3_rope(writer, cfg, rope)
+    elif rope_type == "linear" and rope.get("factor"):
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     elif rope_type == "yarn" and rope.get("factor"):
@@ -232,6 +288,8 @@ def add_hyperparameters(writer, spec: ArchSpec, cfg: dict) -> list[tuple[str, np
         writer.add_vocab_size(cfg["vocab_size"])
         writer.add_rope_dimension_count(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     _add_arch_keys(writer, spec.gguf_arch, cfg)
+    if spec.experts is not None:
+        _add_expert_keys(writer, spec, cfg)
     if gemma:
         if cfg.get("final_logit_softcapping"):
             writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
@@ -271,6 +329,77 @@ def _add_arch_keys(writer, arch: str, cfg: dict) -> None:
             raise EdgeLLMError("SmolLM3 whose rope-less layers are not every fourth: llama.cpp fixes that pattern")
     elif arch == "olmo2" and cfg.get("sliding_window"):
         raise EdgeLLMError("OLMo 3 (olmo2 with sliding_window) is not supported")
+
+
+def phi3_rope(writer, cfg: dict, rope: dict) -> list[tuple[str, np.ndarray]]:
+    """Phi-3's keys and longrope factor tensors, as convert_hf_to_gguf.py's Phi3MiniModel writes them."""
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    rope_dims = int(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)) * n_embd) // n_head
+    max_ctx = cfg.get("max_position_embeddings", 4096)
+    orig_ctx = cfg.get("original_max_position_embeddings", rope.get("original_max_position_embeddings", max_ctx))
+    writer.add_rope_scaling_orig_ctx_len(orig_ctx)
+    writer.add_rope_dimension_count(rope_dims)
+    writer.add_sliding_window(cfg.get("sliding_window") or 0)  # 0 marks Phi-4's files; llama.cpp ignores it
+    long_factors, short_factors = rope.get("long_factor"), rope.get("short_factor")
+    if not long_factors:
+        return []
+    rope_type, scale = str(rope.get("rope_type") or "").lower(), max_ctx / orig_ctx
+    if rope_type in ("su", "longrope"):
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(orig_ctx)) if scale > 1.0 else 1.0
+    elif rope_type == "yarn":
+        attn_factor = 0.1 * math.log(scale) + 1.0 if scale > 1.0 else 1.0
+    else:
+        raise EdgeLLMError(f"Phi-3 RoPE scaling type {rope_type!r} is not supported (longrope, su, yarn are)")
+    if short_factors is None or len(long_factors) != len(short_factors) or 2 * len(long_factors) != rope_dims:
+        raise EdgeLLMError(f"Phi-3 longrope needs long and short factors of {rope_dims // 2} values each")
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    return [("rope_factors_long.weight", np.asarray(long_factors, np.float32)),
+            ("rope_factors_short.weight", np.asarray(short_factors, np.float32))]
+def _add_expert_keys(writer, spec: ArchSpec, cfg: dict) -> None:
+    """expert_count, expert_used_count (and qwen3moe's expert_feed_forward_length), as llama.cpp's converter; the
+    settings its graph cannot run are refused."""
+    n_expert, n_used = (cfg[k] for k in spec.experts.config_keys)
+    writer.add_expert_count(n_expert)
+    writer.add_expert_used_count(n_used)
+    if spec.gguf_arch == "qwen3moe":
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+            raise EdgeLLMError("Qwen3-MoE with dense layers (decoder_sparse_step, mlp_only_layers) is not supported")
+        if not cfg.get("norm_topk_prob", True):
+            raise EdgeLLMError("Qwen3-MoE with norm_topk_prob false: llama.cpp always renormalises the weights")
+    if cfg.get("shared_expert_intermediate_size"):
+        raise EdgeLLMError("shared experts are not supported")
+
+
+def _expert_plan(spec: ArchSpec, cfg: dict, checkpoint: dict, pieces: dict, out_type: str) -> dict:
+    """llama.cpp's stacked expert tensors: name -> (loader, shape, type), from expert_tensor's pieces."""
+    n_expert = cfg[spec.experts.config_keys[0]]
+    plan = {}
+    for gguf_name, parts in sorted(pieces.items()):
+        if parts[0][0] is None:  # already stacked: [n_expert, n_out, n_in], gate_up split in halves
+            (_, half, hf_name), = parts
+            shape = checkpoint[hf_name].tensors[hf_name][1]
+            rows = shape[1] // 2 if half is not None else shape[1]
+
+            def load(hf_name=hf_name, half=half, rows=rows):
+                w = checkpoint[hf_name].load_f32(hf_name)
+                return w if half is None else w[:, half * rows:(half + 1) * rows]
+            shape = (shape[0], rows, shape[2])
+        else:
+            by_index = {index: hf_name for index, _, hf_name in parts}
+            if sorted(by_index) != list(range(n_expert)):
+                raise EdgeLLMError(f"{gguf_name}: the checkpoint has experts {sorted(by_index)}, config.json "
+                                   f"{n_expert}")
+            names = [by_index[e] for e in range(n_expert)]
+            shape = (n_expert,) + tuple(checkpoint[names[0]].tensors[names[0]][1])
+
+            def load(names=names):
+                return np.stack([checkpoint[n].load_f32(n) for n in names])
+        if shape[0] != n_expert:
+            raise EdgeLLMError(f"{gguf_name}: {shape[0]} experts in the checkpoint, {n_expert} in config.json")
+        plan[gguf_name] = (lambda load=load: np.ascontiguousarray(load(), np.float32), shape,
+                           _output_type(gguf_name, shape, out_type))
+    return plan
 
 
 def llama3_rope_factors(cfg: dict, rope: dict) -> np.ndarray:
@@ -437,8 +566,9 @@ DIRECT_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7}  # output type -> LLA
 def _output_type(gguf_name: str, shape: tuple, ftype: str) -> str:
     """convert_hf_to_gguf.py's choice: 1-D tensors, norms and biases in F32, the rest in the file type
     (Q8_0 falls back to F16 when a row does not split into 32-value blocks)."""
-    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
-        return "F32"
+    if len(shape) <= 1 or gguf_name.endswith(("_norm.weight", "ffn_gate_inp.weight")) or \
+            not gguf_name.endswith(".weight"):
+        return "F32"  # (the experts' router too, as llama.cpp's converter keeps it)
     if ftype == "Q8_0" and shape[-1] % 32:
         return "F16"
     return ftype
@@ -489,7 +619,13 @@ def convert_checkpoint(hf_dir, out_path, out_type: str = "F16", pre_tokenizer: s
         plan = {}
         for name, values in extra:
             plan[name] = (lambda v=values: v, values.shape, "F32")
+        expert_pieces = {}  # stacked expert tensor -> [(expert index, gate/up half, HF name), ...]
         for hf_name in sorted(checkpoint):
+            found = expert_tensor(spec, hf_name)
+            if found is not None:
+                for gguf_name, index, half in found:
+                    expert_pieces.setdefault(gguf_name, []).append((index, half, hf_name))
+                continue
             gguf_name = gguf_tensor_name(spec, hf_name)
             if gguf_name is None:
                 continue
@@ -507,6 +643,7 @@ def convert_checkpoint(hf_dir, out_path, out_type: str = "F16", pre_tokenizer: s
                     w = w + np.float32(1.0)
                 return np.ascontiguousarray(w, dtype=np.float32)
             plan[gguf_name] = (load, shape, _output_type(gguf_name, shape, out_type))
+        plan.update(_expert_plan(spec, cfg, checkpoint, expert_pieces, out_type) if spec.experts else {})
         if "token_embd.weight" not in plan:
             raise EdgeLLMError(f"{hf_dir}: the checkpoint has no embedding table (model.embed_tokens.weight)")
 

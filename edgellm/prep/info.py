@@ -14,7 +14,7 @@ from edgellm.engine.kvcache import KVCache, ring_capacity
 from edgellm.engine.kvtypes import KV_TYPES, kv_type as parse_kv_type, row_bytes
 from edgellm.engine.models import ALIASES, ARCHITECTURES, get_architecture
 from edgellm.engine.models.base import DEFAULT_N_BATCH
-from edgellm.engine.validate import fit_context
+from edgellm.engine.validate import fit_context, weight_residency
 from edgellm.errors import EdgeLLMError
 from edgellm.quant import threading_layer
 from edgellm.quant.formats import FORMATS
@@ -104,6 +104,8 @@ def _metadata_lines(md: dict, arch: str) -> list[str]:
         ("layers", get(f"{arch}.block_count")),
         ("heads / kv heads", f"{get(f'{arch}.attention.head_count')} / {get(f'{arch}.attention.head_count_kv')}"),
         ("feed-forward", get(f"{arch}.feed_forward_length")),
+        ("experts", f"{get(f'{arch}.expert_used_count')} of {get(f'{arch}.expert_count')} per token"
+         if f"{arch}.expert_count" in md else "-"),
         ("rope base", get(f"{arch}.rope.freq_base")),
         ("sliding window", get(f"{arch}.attention.sliding_window")),
         ("tokenizer", f"{get('tokenizer.ggml.model')} (pre: {get('tokenizer.ggml.pre')})"),
@@ -138,7 +140,10 @@ def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None
             row[2] += t.nbytes
         n_params = sum(r[1] for r in by_type.values())
         total = sum(r[2] for r in by_type.values())
-        lines += ["", f"tensors: {len(f.tensors)}, {_fmt_count(n_params)} parameters, {total / MiB:.1f} MiB",
+        residency = weight_residency(f)
+        active = f" ({_fmt_count(residency.active_params)} active per token)" \
+            if residency.active_params != n_params else ""
+        lines += ["", f"tensors: {len(f.tensors)}, {_fmt_count(n_params)} parameters{active}, {total / MiB:.1f} MiB",
                   f"  {'type':<8} {'tensors':>7} {'elements':>10} {'MiB':>9} {'share':>6} {'bits/weight':>11}"]
         for ggml_type, (count, elements, nbytes) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
             lines.append(f"  {ggml_type:<8} {count:>7} {_fmt_count(elements):>10} {nbytes / MiB:>9.2f} "
@@ -147,6 +152,9 @@ def describe(model=None, n_ctx: int | None = None, models_dir=None, kv_type=None
         plan = memory_plan(f, n_ctx, kv_type)
         lines += ["", f"memory plan at n_ctx = {plan.n_ctx}, kv_type {plan.kv_type}:",
                   f"  weights                  {plan.weights_bytes / MiB:9.1f} MiB  (memory-mapped from the file)"]
+        if residency.resident_bytes != residency.total_bytes:
+            lines.append(f"    read by every token    {residency.resident_bytes / MiB:9.1f} MiB  (shared tensors and "
+                         "the experts' share a token uses; the rest is paged in as tokens pick experts)")
         for k in plan.layer_kinds:
             lines.append(f"  KV {k.name:<21} {k.total_bytes / MiB:9.1f} MiB  ({k.n_layers} layers x {k.slots} "
                          f"positions x {k.bytes_per_token_per_layer} bytes per position per layer)")

@@ -9,7 +9,7 @@ import re
 from starlette.responses import JSONResponse
 
 from edgellm.errors import (Cancelled, DeviceError, EdgeLLMError, GGUFError, MemoryBudgetError, ModelBusyError,
-                            ModelError, NumericalError, PromptError)
+                            ModelError, NumericalError, PromptError, ServerClosing)
 
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait: a slot frees within a generation
 
@@ -50,6 +50,8 @@ def error_from_exception(e: Exception, fields) -> HTTPError:
     starts with, when it does), the model's (500), or a busy model (503)."""
     if isinstance(e, HTTPError):
         return e
+    if isinstance(e, ServerClosing):
+        return HTTPError(503, str(e), code="server_shutting_down", kind="server_error")
     if isinstance(e, ModelBusyError):
         return busy(f"the model is busy: {e}")
     if _is_model_fault(e):

@@ -1,9 +1,8 @@
 """Per-request limits, checked before a request takes a slot: the context (prompt plus max_tokens must fit unless
 the request opts into shifting), a server-wide cap on max_tokens, OpenAI's bounds on logprobs, and a wall-clock
-limit on the generation."""
+limit on the generation (counted by the scheduler: edgellm/generation/scheduler.py)."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from .errors import HTTPError
@@ -57,21 +56,3 @@ def fit_max_tokens(n_prompt: int, max_tokens: int | None, n_ctx: int, limits: Re
                              "shorten the prompt, or send \"context_shift\": true to let old tokens go",
                         param="max_tokens", code="context_length_exceeded")
     return max_tokens
-
-
-class GenerationClock:
-    """The wall-clock limit of one generation, as a stopping criterion: counted from `started`, or from what
-    since() returns (the server: when the scheduler takes the request from its queue; time in the queue is bounded
-    by the queue, not by this), checked after each token."""
-
-    def __init__(self, limit_s: float, since=None):
-        self.limit_s = limit_s
-        self.started = None
-        self.since = since  # where given, () -> the start time (None until started), read at each check
-        self.expired = False
-
-    def __call__(self, input_ids, logits) -> bool:
-        started = self.since() if self.since is not None else self.started
-        if started is not None and time.monotonic() - started > self.limit_s:
-            self.expired = True
-        return self.expired

@@ -35,10 +35,13 @@ def build_cuda_model(gguf_file, n_ctx: int | None = None, n_batch: int | None = 
         raise ModelError(f"architecture {arch.name!r} has no CUDA forward pass yet; "
                          f"supported on CUDA: {', '.join(sorted(CUDA_MODELS))}")
     config = arch.config_class.from_gguf(gguf_file)
+    if getattr(config, "experts", None) is not None and config.experts.n_expert:
+        raise ModelError(f"{arch.name} files with experts (a mixture of experts) have no CUDA forward pass yet; "
+                         "they run on the CPU")
     scaling = config.rope_scaling
-    if scaling.ext_factor or scaling.attn_factor != 1.0:  # the device rope has neither YaRN's blend nor mscale
-        raise ModelError(f"rope scaling {scaling.kind!r} (attn_factor {scaling.attn_factor}) is CPU-only; "
-                         "the CUDA path computes plain and linear rope")
+    if scaling.ext_factor:  # the device rope has no YaRN blend
+        raise ModelError(f"rope scaling {scaling.kind!r} is CPU-only; the CUDA path computes plain and linear rope "
+                         "(with per-pair factors and an attn_factor)")
     try:
         return CUDA_MODELS[arch.name](gguf_file, config, n_ctx or config.n_ctx_train, n_batch or DEFAULT_N_BATCH)
     except _cuda_driver_errors() as err:  # e.g. the GPU is taken, or ran out of memory mid-upload

@@ -1,4 +1,5 @@
-"""Decoder models on the GPU: the same forward passes as edgellm/engine/models/llama.py and gemma3.py, with every
+"""Decoder models on the GPU: the same forward passes as edgellm/engine/models/llama.py (and the llama-like qwen2,
+qwen3, smollm3, granite), olmo2.py and gemma3.py, with every
 weight, activation and the KV cache in device memory. Per batch the token ids and positions go up and the
 requested logits come back; nothing else crosses the bus.
 
@@ -21,8 +22,12 @@ from edgellm.engine.cuda.device import simulator_enabled
 from edgellm.engine.cuda.kvcache import DeviceKVCache, kv_cache_nbytes
 from edgellm.engine.cuda.op_kernels import ACT_GELU_TANH, ACT_SILU, MAX_HEAD_DIM
 from edgellm.errors import MemoryBudgetError, ModelError
+from edgellm.quant.formats import format_by_name
+from edgellm.engine.models import gemma2 as cpu_gemma2
 from edgellm.engine.models import gemma3 as cpu_gemma3
 from edgellm.engine.models import llama as cpu_llama
+from edgellm.engine.models import olmo2 as cpu_olmo2
+from edgellm.engine.models import phi3 as cpu_phi3
 from edgellm.engine.models.base import DEFAULT_N_BATCH, DecoderModel
 from edgellm.engine.models.loading import VECTOR_TYPES, layer_weights
 
@@ -125,6 +130,13 @@ class CudaDecoderModel(DecoderModel):
         it, so only rows of an identically split prompt are reused."""
         return (np.asarray(offsets, np.int64) << 32) | n
 
+    def layer_buffers(self) -> DeviceBuffers:
+        """The activations every architecture here uses: the residual, a normed copy, q, k, v, attention, gate, up."""
+        c = self.config
+        return DeviceBuffers(self.n_batch, x=(c.n_embd,), xn=(c.n_embd,), q=(c.n_head, c.head_dim),
+                             k=(c.n_head_kv, c.head_dim), v=(c.n_head_kv, c.head_dim), attn=(c.n_head, c.head_dim),
+                             gate=(c.n_ff,), up=(c.n_ff,))
+
     def activation_nbytes(self) -> int:
         c = self.config
         per_token = 2 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff
@@ -150,12 +162,15 @@ class CudaDecoderModel(DecoderModel):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Llama family (llama, mistral, qwen2, qwen3): see edgellm/engine/models/llama.py for the math
+# Llama family (llama, mistral, qwen2, qwen3; smollm3's rope-less layers; granite's multipliers): see
+# edgellm/engine/models/llama.py, smollm3.py and granite.py for the math
 
 
 class CudaLlamaModel(CudaDecoderModel):
+    TENSOR_SPECS = staticmethod(cpu_llama.tensor_specs)
+
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_llama.tensor_specs(config))
+        super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
@@ -163,21 +178,36 @@ class CudaLlamaModel(CudaDecoderModel):
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         factors = w["rope_freqs.weight"]  # llama3 per-pair frequency factors, when present
         factors = None if factors is None else factors.copy_to_host()
-        self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
-                                                             factors))
+        inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
+                                                        factors))
+        # smollm3's rope-less layers rotate by angle 0 (cos 1, sin 0), which leaves q and k as they are
+        no_rope = cuda.to_device(np.zeros(config.n_rot // 2, np.float64))
+        uses_rope = getattr(config, "uses_rope", lambda il: True)
+        self.layer_inv_freq = [inv_freq if uses_rope(il) else no_rope for il in range(config.n_layer)]
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
+        # granite's multipliers (0: none, as llama.cpp)
+        self.embd_scale = float(getattr(config, "embedding_scale", 0.0) or 1.0)
+        self.residual_scale = float(getattr(config, "residual_scale", 0.0))
+        logit_scale = getattr(config, "logit_scale", 0.0)
+        self.logit_mul = np.float32(1.0) / np.float32(logit_scale) if logit_scale else None
         self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
-        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
-                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
-                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
-                                     gate=(config.n_ff,), up=(config.n_ff,))
+        self.buffers = self.layer_buffers()
+
+    def _residual(self, matrix, x_in, s):
+        """x += W x_in, or x += residual_scale * (W x_in) where the model has the multiplier."""
+        if self.residual_scale:
+            matrix.matmul(x_in, s.xn)
+            dev.add_scaled(s.x, s.xn, self.residual_scale)
+        else:
+            matrix.matmul(x_in, s.x, accumulate=True)
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
         s = self.buffers.for_tokens(len(tokens))
         ids, pos = self.upload_batch(tokens, positions)
         end_pos = int(positions[-1]) + 1
-        self.token_embd.get_rows(ids, s.x)
-        for layer, kv in zip(self.layers, self.cache.layers):
+        self.token_embd.get_rows(ids, s.x, scale=self.embd_scale)
+        for layer, kv, inv_freq in zip(self.layers, self.cache.layers, self.layer_inv_freq):
             # attention block
             dev.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             layer.attn_q.matmul(s.xn, s.q_flat)
@@ -189,40 +219,128 @@ class CudaLlamaModel(CudaDecoderModel):
                 dev.add_bias(s.v_flat, layer.attn_v_bias)
             q_norm = layer.attn_q_norm if cfg.qk_norm else self.unit_norm
             k_norm = layer.attn_k_norm if cfg.qk_norm else self.unit_norm
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
-                                   eps, kv)
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, cfg.qk_norm,
+                                   eps, kv, self.rope_mscale)
             dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
-            layer.attn_output.matmul(s.attn_flat, s.x, accumulate=True)
+            self._residual(layer.attn_output, s.attn_flat, s)
             # feed-forward block
             dev.rms_norm(s.x, layer.ffn_norm, eps, s.xn)
             layer.ffn_gate.matmul(s.xn, s.gate)
             layer.ffn_up.matmul(s.xn, s.up)
             dev.gated_activation(s.gate, s.up, ACT_SILU)
-            layer.ffn_down.matmul(s.gate, s.x, accumulate=True)
+            self._residual(layer.ffn_down, s.gate, s)
+        if logits_out is not None:
+            self.logits_head(s.x, s.xn, logits_out)
+            if self.logit_mul is not None:
+                logits_out *= self.logit_mul
+
+
+class CudaPhi3Model(CudaLlamaModel):
+    """Phi-3: the llama pass on q, k, v and gate, up split out of the fused matrices by rows (gate first), rope with
+    longrope's factors for this context and its attn_factor on cos and sin; see edgellm/engine/models/phi3.py."""
+    TENSOR_SPECS = staticmethod(cpu_phi3.tensor_specs)
+
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch)
+        q_dim, kv_dim = config.n_head * config.head_dim, config.n_head_kv * config.head_dim
+        for il, layer in enumerate(self.layers):
+            if config.fused_qkv:
+                layer.attn_q, layer.attn_k, layer.attn_v = split_rows(
+                    gguf_file.tensors[f"blk.{il}.attn_qkv.weight"], (q_dim, kv_dim, kv_dim))
+                layer.attn_qkv = self.weights[f"blk.{il}.attn_qkv.weight"] = None  # the fused copy is freed
+            layer.ffn_gate, layer.ffn_up = split_rows(gguf_file.tensors[f"blk.{il}.ffn_up.weight"],
+                                                      (config.n_ff, config.n_ff))
+            self.weights[f"blk.{il}.ffn_up.weight"] = None
+        factors = cpu_phi3.longrope_factors(gguf_file, config, self.n_ctx)
+        if factors is not None:
+            inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
+                                                            factors))
+            self.layer_inv_freq = [inv_freq] * config.n_layer
+
+
+def split_rows(tensor, counts) -> list:
+    """Device matrices of consecutive row ranges of a fused GGUF matrix, uploaded from the file's bytes."""
+    n_in = tensor.shape[1]
+    row_bytes = format_by_name(tensor.ggml_type).row_bytes(n_in)
+    parts, r = [], 0
+    for n in counts:
+        parts.append(dev.DeviceMatrix(tensor.data[r * row_bytes:(r + n) * row_bytes], tensor.ggml_type, (n, n_in),
+                                      tensor.name))
+        r += n
+    return parts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# OLMo 2: see edgellm/engine/models/olmo2.py for the math
+
+
+class CudaOlmo2Model(CudaDecoderModel):
+    def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
+        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_olmo2.tensor_specs(config))
+        w = self.weights
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        self.output = w["output.weight"]
+        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale))
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # the per-head norm unused
+        self.buffers = self.layer_buffers()
+
+    def forward_batch(self, tokens, positions, logits_out):
+        cfg, eps = self.config, self.config.norm_eps
+        s = self.buffers.for_tokens(len(tokens))
+        ids, pos = self.upload_batch(tokens, positions)
+        end_pos = int(positions[-1]) + 1
+        self.token_embd.get_rows(ids, s.x)
+        for layer, kv in zip(self.layers, self.cache.layers):
+            # attention block: no norm before it; q and k normed over their whole projections, then roped
+            layer.attn_q.matmul(s.x, s.q_flat)
+            layer.attn_k.matmul(s.x, s.k_flat)
+            layer.attn_v.matmul(s.x, s.v_flat)
+            dev.rms_norm(s.q_flat, layer.attn_q_norm, eps, s.q_flat)
+            dev.rms_norm(s.k_flat, layer.attn_k_norm, eps, s.k_flat)
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, self.inv_freq, cfg.rope_neox, self.unit_norm, self.unit_norm,
+                                   False, eps, kv, self.rope_mscale)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            layer.attn_output.matmul(s.attn_flat, s.xn)
+            dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
+            # feed-forward block: no norm before it either, a norm after
+            layer.ffn_gate.matmul(s.x, s.gate)
+            layer.ffn_up.matmul(s.x, s.up)
+            dev.gated_activation(s.gate, s.up, ACT_SILU)
+            layer.ffn_down.matmul(s.gate, s.xn)
+            dev.rms_norm(s.xn, layer.post_ffw_norm, eps, s.x, accumulate=True)
         if logits_out is not None:
             self.logits_head(s.x, s.xn, logits_out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Gemma 3: see edgellm/engine/models/gemma3.py for the math
+# Gemma 3, and Gemma 2 (no QK norms, capped scores and logits): see edgellm/engine/models/gemma3.py and gemma2.py
 
 
 class CudaGemma3Model(CudaDecoderModel):
+    TENSOR_SPECS = staticmethod(cpu_gemma3.tensor_specs)
+    LOCAL_ROPE_SCALED = True  # the sliding layers' rope takes the file's rope scaling (its attn_factor) too
+
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
-        super().__init__(gguf_file, config, n_ctx, n_batch, cpu_gemma3.tensor_specs(config))
+        super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
         w = self.weights
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
-        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied if absent
+        output = w.get("output.weight")
+        self.output = self.token_embd if output is None else output  # tied if absent (always, for Gemma 2)
+        self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
+        self.local_mscale = float(cpu_ops.rope_mscale_ref(1.0, config.rope_scaling)) if self.LOCAL_ROPE_SCALED else 1.0
+        self.attn_softcap = float(getattr(config, "attn_softcap", 0.0))
+        self.final_softcap = float(getattr(config, "final_softcap", 0.0))
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
         self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         self.inv_freq_local = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base_local))
         self.inv_freq_global = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base,
                                                                     config.rope_freq_scale))
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
-        self.buffers = DeviceBuffers(self.n_batch, x=(config.n_embd,), xn=(config.n_embd,),
-                                     q=(config.n_head, config.head_dim), k=(config.n_head_kv, config.head_dim),
-                                     v=(config.n_head_kv, config.head_dim), attn=(config.n_head, config.head_dim),
-                                     gate=(config.n_ff,), up=(config.n_ff,))
+        self.buffers = self.layer_buffers()
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
@@ -237,9 +355,13 @@ class CudaGemma3Model(CudaDecoderModel):
             layer.attn_q.matmul(s.xn, s.q_flat)
             layer.attn_k.matmul(s.xn, s.k_flat)
             layer.attn_v.matmul(s.xn, s.v_flat)
-            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, layer.attn_q_norm, layer.attn_k_norm, True,
-                                   eps, kv)
-            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn)
+            qk_norm = getattr(layer, "attn_q_norm", None) is not None
+            q_norm, k_norm = (layer.attn_q_norm, layer.attn_k_norm) if qk_norm else (self.unit_norm, self.unit_norm)
+            mscale = self.local_mscale if kv.window else self.rope_mscale
+            dev.qk_norm_rope_store(s.q, s.k, s.v, pos, inv_freq, cfg.rope_neox, q_norm, k_norm, qk_norm, eps, kv,
+                                   mscale)
+            dev.attention(s.q, kv, min(kv.slot_pos.shape[0], end_pos), pos, cfg.attn_scale * cfg.q_scale, s.attn,
+                          self.attn_softcap)
             layer.attn_output.matmul(s.attn_flat, s.xn)
             dev.rms_norm(s.xn, layer.post_attention_norm, eps, s.x, accumulate=True)
             # feed-forward block
@@ -251,7 +373,16 @@ class CudaGemma3Model(CudaDecoderModel):
             dev.rms_norm(s.xn, layer.post_ffw_norm, eps, s.x, accumulate=True)
         if logits_out is not None:
             self.logits_head(s.x, s.xn, logits_out)
+            if self.final_softcap:
+                cpu_ops.softcap(logits_out, self.final_softcap)
+
+
+class CudaGemma2Model(CudaGemma3Model):
+    TENSOR_SPECS = staticmethod(cpu_gemma2.tensor_specs)
+    LOCAL_ROPE_SCALED = False
 
 
 # Architecture (after the CPU registry's aliases) -> device model class.
-CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "gemma3": CudaGemma3Model}
+CUDA_MODELS = {"llama": CudaLlamaModel, "qwen2": CudaLlamaModel, "qwen3": CudaLlamaModel, "smollm3": CudaLlamaModel,
+               "granite": CudaLlamaModel, "olmo2": CudaOlmo2Model, "phi3": CudaPhi3Model, "gemma2": CudaGemma2Model,
+               "gemma3": CudaGemma3Model}

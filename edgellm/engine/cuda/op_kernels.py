@@ -102,8 +102,9 @@ def rms_norm_kernel(x, weight, eps, out, accumulate):
 
 @cuda.jit(cache=True)
 def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps,
-                              k_cache, v_cache, slot_pos):
-    """q: [T, H, hd]; k, v: [T, H_kv, hd] (q, k rotated in place); inv_freq: [n_rot/2] f64;
+                              k_cache, v_cache, slot_pos, mscale):
+    """q: [T, H, hd]; k, v: [T, H_kv, hd] (q, k rotated in place); inv_freq: [n_rot/2] f64; mscale: the factor on
+    cos and sin (rope.scaling.attn_factor, e.g. phi3's longrope; 1 otherwise);
     q_norm, k_norm: [hd] (read only when use_norm); k_cache, v_cache: [H_kv, capacity, hd]; slot_pos: [capacity].
     Grid (T, H + H_kv): block (t, g) handles query head g, or kv head g - H."""
     t = cuda.blockIdx.x
@@ -135,8 +136,8 @@ def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm
             a = 2 * i
             b = 2 * i + 1
         angle = np.float64(p) * inv_freq[i]
-        c = np.float32(math.cos(angle))
-        s = np.float32(math.sin(angle))
+        c = np.float32(math.cos(angle)) * mscale
+        s = np.float32(math.sin(angle)) * mscale
         x0 = vec[a]
         x1 = vec[b]
         vec[a] = x0 * c - x1 * s
@@ -160,9 +161,10 @@ def qk_norm_rope_store_kernel(q, k, v, positions, inv_freq, neox, q_norm, k_norm
 
 
 @cuda.jit(cache=True)
-def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window, scale, out):
+def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window, scale, out, softcap):
     """q, out: [T, H, hd]; k_cache, v_cache: [H_kv, capacity, hd]; slot_pos: [capacity]; slots [0, n_slots) are
-    scanned; window 0 = full attention. Grid (T, H), block ATTN_THREADS."""
+    scanned; window 0 = full attention; softcap > 0 caps each score as cap * tanh(score / cap) (Gemma 2). Grid
+    (T, H), block ATTN_THREADS."""
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -192,6 +194,8 @@ def attention_kernel(q, k_cache, v_cache, slot_pos, n_slots, q_positions, window
                 for d in range(head_dim):
                     dot += q_shared[d] * k_cache[kv, j, d]
                 score = dot * scale
+                if softcap > np.float32(0.0):
+                    score = softcap * math.tanh(score * (np.float32(1.0) / softcap))
         tile_max = block_max(scratch, tid, score)
         if tile_max > NO_SCORE:  # the same in every thread: some slot of the tile is visible
             new_max = max(running_max, tile_max)
@@ -242,6 +246,16 @@ def add_bias_kernel(x, bias):
     n = x.shape[1]
     for idx in range(cuda.grid(1), x.shape[0] * n, cuda.gridsize(1)):
         x[idx // n, idx % n] += bias[idx % n]
+
+
+@cuda.jit(cache=True)
+def add_scaled_kernel(x, y, alpha):
+    """x: [T, n] += y * alpha (Granite's residual multiplier: the product rounded to float32, then the sum, as the
+    CPU path's two ops). Threads stride over the elements."""
+    n = x.shape[1]
+    for idx in range(cuda.grid(1), x.shape[0] * n, cuda.gridsize(1)):
+        scaled = y[idx // n, idx % n] * alpha
+        x[idx // n, idx % n] += scaled
 
 
 def elementwise_grid(n_elements: int):

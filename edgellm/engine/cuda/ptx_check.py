@@ -29,11 +29,12 @@ KERNEL_SIGNATURES = {
     "rms_norm_kernel": f"void({ARRAY_F32_2D}, float32[::1], float32, {ARRAY_F32_2D}, boolean)",
     "qk_norm_rope_store_kernel": (f"void({ARRAY_F32_3D}, {ARRAY_F32_3D}, {ARRAY_F32_3D}, int32[::1], float64[::1], "
                                   f"boolean, float32[::1], float32[::1], boolean, float32, {ARRAY_F32_3D}, "
-                                  f"{ARRAY_F32_3D}, int32[::1])"),
+                                  f"{ARRAY_F32_3D}, int32[::1], float32)"),
     "attention_kernel": (f"void({ARRAY_F32_3D}, {ARRAY_F32_3D}, {ARRAY_F32_3D}, int32[::1], int64, int32[::1], "
-                         f"int64, float32, {ARRAY_F32_3D})"),
+                         f"int64, float32, {ARRAY_F32_3D}, float32)"),
     "gated_activation_kernel": f"void({ARRAY_F32_2D}, {ARRAY_F32_2D}, int64)",
     "add_bias_kernel": f"void({ARRAY_F32_2D}, float32[::1])",
+    "add_scaled_kernel": f"void({ARRAY_F32_2D}, {ARRAY_F32_2D}, float32)",
 }
 # Kernels allowed to use float64: the rope angle is computed in float64 like edgellm.engine.ops.rope_tables.
 FLOAT64_ALLOWED = {"qk_norm_rope_store_kernel"}

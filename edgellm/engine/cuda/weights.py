@@ -85,19 +85,19 @@ def rms_norm(x, weight, eps, out, accumulate: bool = False):
     ops.rms_norm_kernel[x.shape[0], ops.NORM_THREADS](x, weight, np.float32(eps), out, accumulate)
 
 
-def qk_norm_rope_store(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps, kv):
+def qk_norm_rope_store(q, k, v, positions, inv_freq, neox, q_norm, k_norm, use_norm, eps, kv, mscale=1.0):
     """Per-head norm of q and k (when use_norm; else q_norm, k_norm are any float32 vectors, unread), rotary
-    embedding, then k and v into kv's slots for their positions."""
+    embedding (cos and sin times mscale), then k and v into kv's slots for their positions."""
     grid = (q.shape[0], q.shape[1] + k.shape[1])
     ops.qk_norm_rope_store_kernel[grid, ops.HEAD_THREADS](
         q, k, v, positions, inv_freq, bool(neox), q_norm, k_norm, bool(use_norm), np.float32(eps),
-        kv.k, kv.v, kv.slot_pos_device)
+        kv.k, kv.v, kv.slot_pos_device, np.float32(mscale))
 
 
-def attention(q, kv, n_slots, positions, scale, out):
+def attention(q, kv, n_slots, positions, scale, out, softcap: float = 0.0):
     grid = (q.shape[0], q.shape[1])
     ops.attention_kernel[grid, ops.ATTN_THREADS](q, kv.k, kv.v, kv.slot_pos_device, int(n_slots), positions,
-                                                 int(kv.window), np.float32(scale), out)
+                                                 int(kv.window), np.float32(scale), out, np.float32(softcap))
 
 
 def gated_activation(gate, up, kind: int):
@@ -108,3 +108,8 @@ def gated_activation(gate, up, kind: int):
 def add_bias(x, bias):
     grid, block = ops.elementwise_grid(x.shape[0] * x.shape[1])
     ops.add_bias_kernel[grid, block](x, bias)
+
+
+def add_scaled(x, y, alpha: float):
+    grid, block = ops.elementwise_grid(x.shape[0] * x.shape[1])
+    ops.add_scaled_kernel[grid, block](x, y, np.float32(alpha))

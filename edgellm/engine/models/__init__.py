@@ -14,6 +14,7 @@ from edgellm.engine.models.olmo2 import Olmo2Config, Olmo2Model
 from edgellm.engine.models.phi3 import Phi3Config, Phi3Model
 from edgellm.engine.models.qwen2 import Qwen2Config, Qwen2Model
 from edgellm.engine.models.qwen3 import Qwen3Config, Qwen3Model
+from edgellm.engine.models.qwen3moe import Qwen3MoeConfig, Qwen3MoeModel
 from edgellm.engine.models.smollm3 import SmolLM3Config, SmolLM3Model
 
 
@@ -34,6 +35,7 @@ ARCHITECTURES = {
     "granite": Architecture("granite", GraniteConfig, GraniteModel),
     "olmo2": Architecture("olmo2", Olmo2Config, Olmo2Model),
     "smollm3": Architecture("smollm3", SmolLM3Config, SmolLM3Model),
+    "qwen3moe": Architecture("qwen3moe", Qwen3MoeConfig, Qwen3MoeModel),
 }
 
 # GGUF architecture names whose forward pass is one of the above, unchanged.

@@ -66,8 +66,9 @@ class Batch:
         self.sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
         self.pool = self.seqs = None
         pool = groups[0][2].pool
+        # (rows of one sequence must take the per-group path: each row attends before the next one stores its keys)
         if len(groups) == len(tokens) > 1 and pool is not None and all(c.pool is pool for _, _, c in groups) \
-                and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
+                and len({id(c) for _, _, c in groups}) == len(groups) and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
             self.pool, self.seqs = pool, np.array([c.pool_index for _, _, c in groups], np.int32)
 
     @property
@@ -218,6 +219,38 @@ class DecoderModel:
         groups = tuple((i, i + 1, cache) for i in range(n)) if n > 1 else None
         self.forward_batch(tokens, self._all_positions[start:start + n], logits, groups=groups)
         cache.n_past = start + n
+        return logits
+
+    def forward_verify_multi(self, token_lists, caches) -> np.ndarray:
+        """forward_multi where sequence i feeds token_lists[i] (its next token, then any drafted ones) onto caches[i]:
+        every row is its own group of one, in decode order, so each row's logits equal a decode step's bit for bit
+        (forward_verify for several sequences, the weights read once for all). Returns [sum of lengths, n_vocab],
+        sequence after sequence. A sequence of several rows must fit without a context shift; one of one row
+        shifts as forward_multi's do. At most n_batch rows in all."""
+        counts = [len(t) for t in token_lists]
+        n = sum(counts)
+        if not self.SUPPORTS_MULTI or len(caches) != len(counts) or not 0 < n <= self.n_batch or min(counts) < 1 \
+                or len({id(c) for c in caches}) != len(caches):
+            raise ModelError(f"forward_verify_multi needs 1 to n_batch ({self.n_batch}) rows, at least one per "
+                             f"distinct cache; got {counts} rows for {len(caches)} caches")
+        tokens = np.ascontiguousarray(np.concatenate([np.asarray(t).reshape(-1) for t in token_lists]), np.int32)
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
+                             f"vocabulary [0, {self.n_vocab})")
+        positions, groups, row = np.empty(n, np.int32), [], 0
+        for k, cache in zip(counts, caches):
+            if cache.n_past + k > cache.n_ctx:
+                if k > 1 or not self.context_shift:
+                    raise ModelError(f"{k} rows do not fit after {cache.n_past} of {cache.n_ctx} cached positions")
+                self._shift_context(cache, 1)
+            positions[row:row + k] = np.arange(cache.n_past, cache.n_past + k)
+            groups += [(row + i, row + i + 1, cache) for i in range(k)]
+            row += k
+        logits = np.empty((n, self.n_vocab), np.float32)
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        self.forward_batch(tokens, positions, logits, groups=tuple(groups))
+        for k, cache in zip(counts, caches):
+            cache.n_past += k
         return logits
 
     def truncate(self, n_past: int) -> None:

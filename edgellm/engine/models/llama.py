@@ -15,8 +15,9 @@ from edgellm.engine import ops
 from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel, TokenBuffers
 from edgellm.engine.models.config import ModelConfig
-from edgellm.engine.models.loading import matrix, vector
+from edgellm.engine.models.loading import experts, matrix, vector
 from edgellm.engine.models.linear import project_gate_up, project_qkv
+from edgellm.engine.models.moe import DENSE, ExpertBuffers, ExpertConfig, expert_ffn, read_expert_keys
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,11 @@ class LlamaConfig(ModelConfig):
     qkv_bias: bool  # qwen2
     qk_norm: bool  # qwen3
     sliding_window: int  # every layer attends over this many positions (Mistral 7B v0.1); 0 = global
+    experts: ExpertConfig  # a mixture-of-experts feed-forward (Mixtral's llama files, qwen3moe); DENSE: none
 
     QKV_BIAS = False
     QK_NORM = False
+    REQUIRES_EXPERTS = False  # qwen3moe: a file without expert_count is refused
     # llama and mistral files may carry attention.sliding_window (Mistral 7B v0.1: 4096), which the model was
     # trained with; it is honoured. llama.cpp ignores the key, so past the window its logits are full attention's.
     # Qwen's converters never write it (their configs keep use_sliding_window off).
@@ -37,8 +40,9 @@ class LlamaConfig(ModelConfig):
         window = keys("attention.sliding_window", default=0) if cls.READS_SLIDING_WINDOW else 0
         if window < 0:
             raise ModelError(f"{keys.arch}.attention.sliding_window must not be negative, got {window}")
-        return {**super().read_keys(keys), "qkv_bias": cls.QKV_BIAS, "qk_norm": cls.QK_NORM,
-                "sliding_window": window}
+        shared = super().read_keys(keys)
+        return {**shared, "qkv_bias": cls.QKV_BIAS, "qk_norm": cls.QK_NORM, "sliding_window": window,
+                "experts": read_expert_keys(keys, shared["n_ff"], required=cls.REQUIRES_EXPERTS)}
 
     def layer_windows(self) -> tuple:
         return (self.sliding_window,) * self.n_layer
@@ -61,15 +65,27 @@ def tensor_specs(cfg: LlamaConfig):
             matrix(blk + "attn_v.weight", (kv_dim, d)),
             matrix(blk + "attn_output.weight", (d, q_dim)),
             vector(blk + "ffn_norm.weight", d),
-            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
         ]
+        specs += ffn_specs(cfg, blk)
         for name, length in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
             specs.append(vector(blk + name + ".bias", length, optional=not cfg.qkv_bias))
         specs += [vector(blk + "attn_q_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
                   vector(blk + "attn_k_norm.weight", cfg.head_dim, optional=not cfg.qk_norm)]
     return specs
+
+
+def ffn_specs(cfg, blk: str):
+    """The feed-forward's tensors: dense gate, up and down, or the router and the experts' stacks."""
+    d, n_expert = cfg.n_embd, getattr(cfg, "experts", DENSE).n_expert
+    if n_expert:
+        f = cfg.experts.n_ff
+        return [matrix(blk + "ffn_gate_inp.weight", (n_expert, d)),
+                experts(blk + "ffn_gate_exps.weight", (n_expert, f, d)),
+                experts(blk + "ffn_up_exps.weight", (n_expert, f, d)),
+                experts(blk + "ffn_down_exps.weight", (n_expert, d, f))]
+    return [matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
+            matrix(blk + "ffn_down.weight", (d, cfg.n_ff))]
 
 
 class BlockBuffers(TokenBuffers):
@@ -88,8 +104,9 @@ class BlockBuffers(TokenBuffers):
         self.k_heads = self.k.reshape(T, cfg.n_head_kv, hd)
         self.v_heads = self.v.reshape(T, cfg.n_head_kv, hd)
         self.attn_heads = self.attn.reshape(T, cfg.n_head, hd)
-        self.gate = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
-        self.up = np.zeros((T, cfg.n_ff), f32)  # [T, n_ff]
+        n_ff = 0 if getattr(cfg, "experts", DENSE).n_expert else cfg.n_ff  # experts have buffers of their own
+        self.gate = np.zeros((T, n_ff), f32)  # [T, n_ff]
+        self.up = np.zeros((T, n_ff), f32)  # [T, n_ff]
 
 
 class LlamaBuffers(BlockBuffers):
@@ -110,6 +127,11 @@ class LlamaModel(DecoderModel):
                              config.rope_scaling)
         self.make_cache()
         self.buffers = LlamaBuffers(config, self.n_batch)
+        self.expert_buffers = None
+        if getattr(config, "experts", DENSE).n_expert:  # (configs that share this class may have no experts field)
+            if type(self).forward_pass is not LlamaModel.forward_pass:
+                raise ModelError(f"{config.architecture} files with experts are not supported")
+            self.expert_buffers = ExpertBuffers(config.experts, config.n_embd, self.n_batch)
 
     def layer_rope(self, il: int):
         return self.rope.inv_freq, self.config.rope_neox
@@ -126,9 +148,16 @@ class LlamaModel(DecoderModel):
             self.attend(il, layer, s, b, rope)
             layer.attn_output.matmul(s.attn, s.xn, sizes)
             ops.add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn)  # the residual add, then m = norm(x)
-            # feed-forward block: x += W_down · (silu(W_gate m) * W_up m)
-            project_gate_up(layer, s.xn, s.gate, s.up, sizes)
-            ops.silu_mul(s.gate, s.up)
-            layer.ffn_down.matmul(s.gate, s.xn, sizes)
+            # feed-forward block: x += W_down · (silu(W_gate m) * W_up m), or the experts' weighted sum
+            self.feed_forward(layer, s, sizes)
             s.x += s.xn
         self.logits_head(s, b)
+
+    def feed_forward(self, layer, s, sizes):
+        """s.xn <- the feed-forward of s.xn: dense, or the chosen experts' (moe.expert_ffn)."""
+        if self.expert_buffers is not None:
+            expert_ffn(layer, s.xn, s.xn, self.config.experts, self.expert_buffers, sizes)
+            return
+        project_gate_up(layer, s.xn, s.gate, s.up, sizes)
+        ops.silu_mul(s.gate, s.up)
+        layer.ffn_down.matmul(s.gate, s.xn, sizes)

@@ -9,6 +9,7 @@ from edgellm.quant.formats import format_by_name
 
 from edgellm.errors import ModelError
 from edgellm.engine.models.linear import make_linear
+from edgellm.engine.models.moe import ExpertMatrices
 
 _REQUIRED = object()
 
@@ -52,10 +53,15 @@ class TensorSpec:
     shape: tuple  # numpy order, outermost first: a matrix is (n_out, n_in)
     is_matrix: bool  # matrices go through a linear map (any quant format); vectors become float32 arrays
     optional: bool = False
+    experts: bool = False  # a [n_expert, n_out, n_in] stack of matrices (moe.ExpertMatrices)
 
 
 def matrix(name, shape, optional=False):
     return TensorSpec(name, tuple(int(s) for s in shape), True, optional)
+
+
+def experts(name, shape, optional=False):
+    return TensorSpec(name, tuple(int(s) for s in shape), True, optional, experts=True)
 
 
 def vector(name, length, optional=False):
@@ -110,7 +116,7 @@ def load_tensors(gguf_file, specs) -> dict:
             loaded[spec.name] = None
         elif spec.is_matrix:
             try:
-                loaded[spec.name] = make_linear(tensor)
+                loaded[spec.name] = ExpertMatrices(tensor) if spec.experts else make_linear(tensor)
             except (NotImplementedError, KeyError, ValueError) as err:
                 raise ModelError(f"tensor {spec.name!r}: cannot use type {tensor.ggml_type} ({err})") from err
         else:

@@ -1,0 +1,137 @@
+"""Speculative decoding in the server's scheduler, per sequence inside continuous batching: with prompt lookup or a
+draft model, requests decoded together give plain greedy decoding's tokens and logprobs, token for token, with
+stop strings and max_tokens; drafts are made, accepted and rejected (so the rollback runs); and through the openai
+client against SmolLM2 served with prompt lookup, concurrent greedy chats equal the same chats without it."""
+import threading
+
+import pytest
+from hardening_tiny import tiny_spec, write_loadable_tiny_model
+
+import edgellm
+from edgellm.errors import SamplingError
+from edgellm.generation.options import parse_options
+from edgellm.generation.results import Completion
+from edgellm.generation.scheduler import Scheduler
+
+# text that repeats itself, so prompt lookup finds drafts (and a random tiny model's loops repeat it too)
+REPEATING = "hello world hello world STOP or hello world or hello he ll world hello world hello"
+TINY_REQUESTS = [  # (prompt, options): run together, each must equal its plain greedy run
+    (REPEATING, {"max_tokens": 40}),
+    (REPEATING + " world", {"max_tokens": 33, "logprobs": 2}),
+    ("hello he ll", {"max_tokens": 25, "stop": ["or hello"]}),
+    (REPEATING * 2, {"max_tokens": 30}),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("server_spec")
+    target = write_loadable_tiny_model(d / "target.gguf", tiny_spec(seed=5, weight_type="Q8_0"))
+    draft = write_loadable_tiny_model(d / "draft.gguf", tiny_spec(seed=5, weight_type="Q4_0"))  # mostly agrees
+    return edgellm.load(str(target), n_ctx=256, n_threads=1, draft_model=str(draft), speculative=None)
+
+
+def run_together(model, speculative):
+    scheduler = Scheduler(model, 3, seq_ctx=256, speculative=speculative)
+    if speculative == "draft":  # the tiny models agree on everything: every third drafted token is made wrong,
+        for slot in scheduler.slots:  # so that rejections (and the draft cache's rollback) happen too
+            slot.drafter.propose = wrong_every_third(slot.drafter.propose, model.n_vocab)
+    try:
+        requests = [scheduler.submit(model.prompt_ids(p), parse_options("t", {**o, "temperature": 0}, {}))
+                    for p, o in TINY_REQUESTS]
+        out = []
+        for r in requests:
+            out += [e for e in r.events() if isinstance(e, Completion)]
+        return out, scheduler.stats
+    finally:
+        scheduler.close()
+
+
+def wrong_every_third(propose, n_vocab):
+    count = [0]
+
+    def wrapped(history, k):
+        tokens, qs = propose(history, k)
+        for i in range(len(tokens)):
+            count[0] += 1
+            if count[0] % 3 == 0:
+                tokens[i] = (tokens[i] + 1) % n_vocab
+        return tokens, qs
+    return wrapped
+
+
+@pytest.mark.parametrize("mode", ["lookup", "draft"])
+def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode):
+    plain = [tiny_pair.complete(p, speculative=None, **o) for p, o in TINY_REQUESTS]
+    batched, plain_stats = run_together(tiny_pair, None)
+    spec, stats = run_together(tiny_pair, mode)
+    assert [c.tokens for c in batched] == [c.tokens for c in plain]
+    for a, b in zip(plain, spec):
+        assert b.tokens == a.tokens and b.text == a.text and b.finish_reason == a.finish_reason
+        assert [i.logprob for i in b.token_info] == [i.logprob for i in a.token_info]
+        assert [i.top_logprobs for i in b.token_info] == [i.top_logprobs for i in a.token_info]
+        assert b.speculative == mode
+    drafted, accepted = sum(c.draft_tokens for c in spec), sum(c.accepted_tokens for c in spec)
+    assert accepted > 0 and drafted > accepted  # drafts were kept, and some rolled back
+    assert (stats["draft_tokens"], stats["accepted_tokens"]) == (drafted, accepted)
+    # fewer forward passes than without: accepted drafts came in the same pass
+    assert stats["decode_steps"] < plain_stats["decode_steps"]
+
+
+def test_speculative_options_are_checked(tiny_pair):
+    with pytest.raises(SamplingError):
+        Scheduler(tiny_pair, 1, speculative="beam")
+    with pytest.raises(ValueError):
+        Scheduler(tiny_pair, 1, speculative="lookup", draft_max=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SmolLM2 through the openai client
+# ---------------------------------------------------------------------------------------------------------------
+
+PASSAGE = ("Paris is the capital of France. Berlin is the capital of Germany. Madrid is the capital of Spain. "
+           "Rome is the capital of Italy. Lisbon is the capital of Portugal.")
+CHATS = [
+    dict(messages=[{"role": "user", "content": "Copy this text exactly: " + PASSAGE}], max_tokens=40),
+    dict(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=16),
+    dict(messages=[{"role": "user", "content": "Repeat after me: the sea, the sky, the sea, the sky."}],
+         max_tokens=24),
+]
+
+
+def test_served_with_prompt_lookup_equals_plain(smollm2_path):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    openai = pytest.importorskip("openai")
+    from edgellm.server import BackgroundServer, create_app
+    model = edgellm.load(smollm2_path, n_ctx=512)
+    alone = [model.create_chat_completion(temperature=0, speculative=None, **kw) for kw in CHATS]
+    results, errors = {}, []
+
+    def one(i, kw, stream):
+        try:
+            c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0, timeout=300)
+            if stream:
+                chunks = list(c.chat.completions.create(model="m", temperature=0, stream=True,
+                                                        stream_options={"include_usage": True}, **kw))
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+                results[i] = (text, chunks[-1].usage)
+            else:
+                r = c.chat.completions.create(model="m", temperature=0, **kw)
+                results[i] = (r.choices[0].message.content, r.usage)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with BackgroundServer(create_app(model, model_name="m", parallel=2, speculative="lookup")) as srv:
+        threads = [threading.Thread(target=one, args=(i, kw, i == 2)) for i, kw in enumerate(CHATS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    assert not errors, errors
+    for i, expected in enumerate(alone):
+        text, usage = results[i]
+        assert text == expected["choices"][0]["message"]["content"], i
+        assert usage.completion_tokens == expected["usage"]["completion_tokens"]
+    details = results[0][1].completion_tokens_details
+    assert details is not None and details.accepted_prediction_tokens > 0  # the copied passage was drafted
