@@ -265,7 +265,7 @@ class Model:
         try:
             self._set_cached([], [])
             self.model.reset()
-            kinds = self._kinds(prefix.fresh_batches(arr.size, self._step()))
+            kinds = self._kinds(prefix.fresh_batches(arr.size, self._step(arr.size)))
             try:
                 out = self.model.forward(arr, all_logits=True)
             except Cancelled:
@@ -295,9 +295,10 @@ class Model:
         finally:
             self._release()
 
-    def _step(self) -> int:
+    def _step(self, n_tokens: int) -> int:
+        """The batch length forward() gives a prompt of n_tokens run from an empty cache."""
         step = getattr(self.model, "prompt_step", None)
-        return step() if step is not None else getattr(self.model, "n_batch", 512)
+        return step(None, n_tokens) if step is not None else getattr(self.model, "n_batch", 512)
 
     def _kinds(self, batches) -> list[int]:
         from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
@@ -310,7 +311,7 @@ class Model:
         """Bring the cache to hold exactly `ids`, reusing the cached rows a fresh run would compute alike
         (edgellm.engine.prefix); return the last logits row, bit for bit a fresh run's."""
         from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
-        step = self._step()
+        step = self._step(len(ids))
         row_kinds = getattr(self.model, "row_kinds", DecoderModel.row_kinds)
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
             common, batches = 0, prefix.fresh_batches(len(ids), step)

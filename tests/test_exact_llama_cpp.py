@@ -5,8 +5,8 @@ on two texts is llama-perplexity's. Each model with a tests/fixtures/exact_<mode
 
 CI checks a fixed subset of the prompts: on Gemma a spread of the prompts longer than its 512-token sliding
 window up to the longest (they cross the 512-token batch too, and the longest wrap the window's ring), on both
-models a spread of the rest at 2 threads and a smaller spread at 1 thread, and perplexity on the first chunks of
-each text. The full set (every prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two
+models a spread of the rest at 2 threads and a smaller spread at 1 thread, perplexity on the first chunks of each
+text, and the chunks recorded row by row (Gemma's chunk 7 of ppl_text.txt) scored alone. The full set (every prompt at 2 threads and 1, perplexity on the whole texts) takes too long on two
 cores for CI: it runs with EDGELLM_EXACT_FULL=1, and tools/check_llama_exact.py reports how many rows of it are exact.
 
 Where this holds: x86-64 Linux with AVX2 and FMA (glibc's libm), the CPU paths llama.cpp's recording ran on and
@@ -28,11 +28,11 @@ from conftest import FIXTURES, GEMMA, SMOLLM2
 
 import edgellm
 import edgellm.engine.gguf
-from edgellm.prep.perplexity import perplexity
+from edgellm.prep.perplexity import _bos_policy, perplexity
 from exact_host import EXACT_HOST, EXACT_HOST_REASON
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from check_llama_exact import Recording, build, check_prompt, fixture_path  # noqa: E402
+from check_llama_exact import Recording, build, check_prompt, differing, fixture_path, row_hashes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not EXACT_HOST, reason=EXACT_HOST_REASON)
 
@@ -170,6 +170,12 @@ def ppl_models():
     return {}
 
 
+def _ppl_model(name, n_ctx, ppl_models, request):
+    if name not in ppl_models:
+        ppl_models[name] = edgellm.load(_model_path(name, request), n_ctx=n_ctx, n_threads=2)
+    return ppl_models[name]
+
+
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.skipif(not FULL, reason=FULL_REASON))],
                          ids=["first-chunks", "whole-text"])
 @pytest.mark.parametrize("text", PPL_TEXTS)
@@ -181,9 +187,7 @@ def test_perplexity_is_llama_cpp(name, text, full, recordings, ppl_models, reque
     if text not in recordings[name].perplexity:
         pytest.skip(f"{name}: llama.cpp's perplexity on {text} is not recorded (record_llama_exact.py --ppl-text)")
     want = recordings[name].perplexity[text]
-    if name not in ppl_models:
-        ppl_models[name] = edgellm.load(_model_path(name, request), n_ctx=want["n_ctx"], n_threads=2)
-    model = ppl_models[name]
+    model = _ppl_model(name, want["n_ctx"], ppl_models, request)
     with open(FIXTURES / text, encoding="utf-8") as f:
         tokens = model.tokenize(f.read())
     assert len(tokens) == want["tokens"], f"{name}: {text} is {len(tokens)} tokens here, {want['tokens']} in llama.cpp"
@@ -193,3 +197,35 @@ def test_perplexity_is_llama_cpp(name, text, full, recordings, ppl_models, reque
     assert got.n_chunks == n_chunks
     assert f"{got.ppl:.4f}" == f"{expected:.4f}", f"{name} {text}: PPL {got.ppl:.6f}, llama.cpp {expected:.6f}"
     assert abs(got.ppl - expected) <= PPL_REL_TOL * expected, f"{name} {text}: PPL {got.ppl!r}, llama.cpp {expected!r}"
+
+
+@pytest.mark.parametrize("text", PPL_TEXTS)
+@pytest.mark.parametrize("name", RECORDED)
+def test_perplexity_chunk_is_llama_cpp_bits(name, text, recordings, ppl_models, request):
+    """The chunks recorded row by row, each scored alone as llama-perplexity scores it (BOS first, its n_ctx tokens
+    in one batch on an n_ctx context): every row of its logits is llama.cpp's and its NLL sum is llama.cpp's.
+    Gemma's chunk 7 of ppl_text.txt is one where a context-filling prompt cut into 508 + 4 tokens (other kernels for
+    the last rows) gives row 508 other bits than llama.cpp's single batch; the first chunks do not show it."""
+    rec = recordings[name]
+    chunks = rec.ppl_rows(text)
+    if not chunks:
+        pytest.skip(f"{name}: no chunk of {text} recorded row by row (record_llama_exact.py --ppl-rows)")
+    want = rec.perplexity[text]
+    n_ctx = want["n_ctx"]
+    model = _ppl_model(name, n_ctx, ppl_models, request)
+    with open(FIXTURES / text, encoding="utf-8") as f:
+        tokens = np.asarray(model.tokenize(f.read()), np.int32)
+    add_bos, bos_id = _bos_policy(model)
+    for c, hashes in chunks.items():
+        ids = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
+        if add_bos:
+            ids[0] = bos_id
+        logits = model.logits(ids)
+        bad = differing(row_hashes(logits), hashes)
+        assert not bad, f"{name} {text} chunk {c}: {len(bad)} of {n_ctx} rows differ from llama.cpp's, first {bad[0]}"
+        rows = logits[n_ctx // 2:n_ctx - 1].astype(np.float64)
+        top = rows.max(axis=1)
+        lse = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+        nll = float((lse - rows[np.arange(len(rows)), ids[n_ctx // 2 + 1:]]).sum())
+        assert abs(nll - want["chunk_nll"][c]) <= PPL_REL_TOL * abs(want["chunk_nll"][c]), \
+            f"{name} {text} chunk {c}: NLL {nll!r}, llama.cpp {want['chunk_nll'][c]!r}"

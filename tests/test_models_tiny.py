@@ -127,6 +127,28 @@ def test_llama_batches_split_across_n_batch(tmp_path, exact_linear):
     assert nmse(model.forward(tokens)[0], fast[-1]) < DECODE_VS_BATCH_NMSE
 
 
+def test_a_prompt_that_fits_the_context_runs_in_n_batch_batches(tmp_path):
+    """With context shift on (the default), a prompt that fits the context goes in n_batch batches, as llama.cpp
+    runs it; only one that will shift is cut to n_ctx - n_keep. The batch picks a row's kernels (Q6_K's tiled
+    matmul from 8 rows), so a context-filling prompt cut 12 + 4 gave its last rows other bits."""
+    spec = TinySpec(weight_type="Q6_K", n_embd=256, n_ff=256)
+    tokens = tokens_for(spec, 16)
+    with open_tiny(tmp_path, spec) as f:
+        model = build_model(f, n_ctx=16, n_threads=2, n_batch=16, kv_type="f32")
+        assert model.context_shift and model.n_keep > 0
+        batches = []
+        run = model.forward_batch
+        model.forward_batch = lambda t, *a, **k: (batches.append(len(t)), run(t, *a, **k))[1]
+        full = model.forward(tokens, all_logits=True)
+        assert batches == [16]
+        model.reset()
+        batches.clear()
+        model.forward(tokens_for(spec, 20))  # past the context: batches that fit beside the kept positions
+        assert batches == [16 - model.n_keep, 4 + model.n_keep]
+        roomy = build_model(f, n_ctx=64, n_threads=2, n_batch=16, kv_type="f32")
+        assert np.array_equal(full, roomy.forward(tokens, all_logits=True))
+
+
 # --- qwen2, qwen3, gemma3 -----------------------------------------------------------------------------------
 
 def test_qwen2_with_qkv_biases(tmp_path, exact_linear):

@@ -46,6 +46,12 @@ class Recording:
     def __len__(self):
         return len(self.prompt_ids)
 
+    def ppl_rows(self, text):
+        """{chunk: [sha256 of each row of its logits]} for the perplexity chunks of `text` recorded row by row."""
+        rows = self.data.get("ppl_row_sha256")
+        spans = self.perplexity.get(text, {}).get("row_chunks", {})
+        return {int(c): [bytes(h) for h in rows[a:b]] for c, (a, b) in spans.items()}
+
     def sequence(self, i):
         """(tokens of prompt and continuation, prompt length) of the i-th recorded prompt."""
         a, b = self.seq_offsets[i], self.seq_offsets[i + 1]

@@ -16,7 +16,9 @@ its architecture: Gemma's turn markup, as llama.cpp's "gemma" template writes it
 - the top 8 logits of each prompt's last teacher-forced row, for readable failure messages.
 And, for each --ppl-text, the perplexity llama-perplexity computes (chunks of --ppl-ctx tokens evaluated one
 chunk at a time, BOS swapped into each chunk's first position, the second half of each chunk scored), with the
-running estimate after each chunk. Perplexity is computed first, and OUT is rewritten every --checkpoint prompts,
+running estimate after each chunk, each chunk's NLL sum, and for the chunks --ppl-rows names the sha256 of every
+row of their logits (a chunk checked alone in CI). --ppl-only records the perplexity part alone into an existing
+OUT, keeping its prompts. Perplexity is computed first, and OUT is rewritten every --checkpoint prompts,
 so a run cut short still leaves a usable fixture of the prompts it got through (--ids picks and orders them).
 
 The teacher-forced evaluation reuses the decode path's whole 512-token batches of the prompt (identical batches
@@ -121,13 +123,14 @@ def record_prompt(llm, ids, n_gen, eog, n_batch, reuse=True):
     return seq, len(ids), forced_hashes, decode_hashes, top.astype(np.int32), last[top]
 
 
-def perplexity(llm, text, n_ctx):
-    """llama-perplexity's loop, one chunk at a time, in double precision as it scores. Returns the final value and
-    the running estimate after each chunk (what it prints as [1]..,[2]..)."""
+def perplexity(llm, text, n_ctx, row_chunks=()):
+    """llama-perplexity's loop, one chunk at a time, in double precision as it scores. Returns the final value,
+    the running estimate after each chunk (what it prints as [1]..,[2]..), each chunk's NLL sum, the row hashes of
+    the chunks in row_chunks ({chunk: [sha256 of each row]}), the chunk count and the token count."""
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
     add_bos = tokens[:1] == [llm.token_bos()]
     n_chunks = len(tokens) // n_ctx
-    nll, count, running = 0.0, 0, []
+    nll, count, running, chunk_nll, rows = 0.0, 0, [], [], {}
     first = n_ctx // 2
     for c in range(n_chunks):
         chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
@@ -135,7 +138,11 @@ def perplexity(llm, text, n_ctx):
             chunk[0] = llm.token_bos()
         llm.reset()
         llm.eval(chunk)
-        logits = rows_of(llm, 0, n_ctx).astype(np.float64)
+        logits = rows_of(llm, 0, n_ctx)
+        if c in row_chunks:
+            rows[c] = [row_hash(r) for r in logits]
+        logits = logits.astype(np.float64)
+        before = nll
         for pos in range(first, n_ctx - 1):
             row = logits[pos]
             top = row.max()
@@ -144,7 +151,8 @@ def perplexity(llm, text, n_ctx):
             nll += v
             count += 1
         running.append(math.exp(nll / count))
-    return math.exp(nll / count), running, n_chunks, len(tokens)
+        chunk_nll.append(nll - before)
+    return math.exp(nll / count), running, chunk_nll, rows, n_chunks, len(tokens)
 
 
 def main():
@@ -158,6 +166,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ppl-text", action="append", default=[])
     ap.add_argument("--ppl-ctx", type=int, default=512)
+    ap.add_argument("--ppl-rows", action="append", default=[], metavar="TEXT:CHUNK",
+                    help="keep the row hashes of this chunk (0-based) of the --ppl-text named TEXT (its file name)")
+    ap.add_argument("--ppl-only", action="store_true",
+                    help="record perplexity only, into an existing OUT whose prompts are kept")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (for a quick look)")
     ap.add_argument("--ids", default="", help="comma-separated prompt ids to record, in this order (default: all)")
     ap.add_argument("--checkpoint", type=int, default=10, help="write OUT after every N prompts (0: only at the end)")
@@ -175,18 +187,38 @@ def main():
         prompts = prompts[:args.limit]
     settings = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "gen": args.gen, "threads": args.threads,
                 "llama_cpp_python": llama_cpp.__version__}
-    ppl = {}
+    ppl, ppl_rows = {}, []
+    want_rows = {}
+    for spec in args.ppl_rows:
+        text, _, chunk = spec.rpartition(":")
+        want_rows.setdefault(text, set()).add(int(chunk))
     if args.ppl_text:  # llama-perplexity's own context: n_ctx = the chunk length
         llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ppl_ctx, n_batch=args.ppl_ctx,
                               n_ubatch=args.ppl_ctx, n_threads=args.threads, logits_all=True, verbose=False)
         for path in args.ppl_text:
             with open(path, encoding="utf-8") as f:
-                value, running, n_chunks, n_tokens = perplexity(llm, f.read(), args.ppl_ctx)
-            ppl[path.rsplit("/", 1)[-1]] = {"ppl": value, "running": running, "n_ctx": args.ppl_ctx,
-                                            "chunks": n_chunks, "tokens": n_tokens}
+                name = path.rsplit("/", 1)[-1]
+                value, running, chunk_nll, rows, n_chunks, n_tokens = perplexity(
+                    llm, f.read(), args.ppl_ctx, want_rows.get(name, ()))
+            ppl[name] = {"ppl": value, "running": running, "chunk_nll": chunk_nll, "n_ctx": args.ppl_ctx,
+                         "chunks": n_chunks, "tokens": n_tokens, "row_chunks": {}}
+            for c, hashes in sorted(rows.items()):  # rows [start, end) of ppl_row_sha256
+                start = sum(len(h) for h in ppl_rows)
+                ppl[name]["row_chunks"][str(c)] = [start, start + len(hashes)]
+                ppl_rows.append(hashes)
             print(f"perplexity {path}: {value:.4f} ({n_chunks} chunks of {args.ppl_ctx}, {n_tokens} tokens)",
                   flush=True)
         del llm
+    if args.ppl_only:
+        with np.load(args.out) as old:
+            kept = {k: old[k] for k in old.files}
+        kept["perplexity"] = np.asarray(json.dumps(ppl))
+        kept["ppl_row_sha256"] = _hash_array([h for hashes in ppl_rows for h in hashes])
+        tmp = f"{args.out}.tmp.npz"
+        np.savez_compressed(tmp, **kept)
+        os.replace(tmp, args.out)
+        print(f"perplexity of {len(ppl)} texts -> {args.out} (prompts kept)")
+        return
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                           n_threads=args.threads, logits_all=True, verbose=False)
     eog = eog_ids(llama_cpp, llm)
@@ -206,13 +238,17 @@ def main():
         print(f"prompt {p['id']}: {len(ids)} + {len(done[-1][1]) - len(ids)} tokens, {time.time() - t1:.1f} s",
               flush=True)
         if args.checkpoint and (k + 1) % args.checkpoint == 0 and k + 1 < len(prompts):
-            save(args.out, done, settings, ppl)
-    n_forced, n_decode, n_tokens = save(args.out, done, settings, ppl)
+            save(args.out, done, settings, ppl, ppl_rows)
+    n_forced, n_decode, n_tokens = save(args.out, done, settings, ppl, ppl_rows)
     print(f"{len(done)} prompts, {n_forced} teacher-forced rows, {n_decode} decode rows, {n_tokens} tokens, "
           f"{time.time() - t0:.0f} s -> {args.out}")
 
 
-def save(out_path, done, settings, ppl):
+def _hash_array(hashes):
+    return np.frombuffer(b"".join(hashes), np.uint8).reshape(-1, 32)
+
+
+def save(out_path, done, settings, ppl, ppl_rows=()):
     """Write the prompts recorded so far, in prompt id order; returns (forced rows, decode rows, tokens)."""
     done = sorted(done, key=lambda entry: entry[0])
     pids, seqs, prompt_lens, forced, decode, top_ids, top_logits = zip(*done)
@@ -229,6 +265,7 @@ def save(out_path, done, settings, ppl):
         "last_prompt_top_logits": np.stack(top_logits),
         "settings": np.asarray(json.dumps(settings)),
         "perplexity": np.asarray(json.dumps(ppl)),
+        "ppl_row_sha256": _hash_array([h for hashes in ppl_rows for h in hashes]),
     }
     tmp = f"{out_path}.tmp.npz"
     np.savez_compressed(tmp, **out)

@@ -382,19 +382,22 @@ class Scheduler:
     def _plan(self, tokens, kinds, ids) -> int:
         if not tokens:
             return 0
-        return prefix.plan(tokens, kinds, ids, self._step(), self.row_kinds)[0]
+        return prefix.plan(tokens, kinds, ids, self._step(len(ids)), self.row_kinds)[0]
 
-    def _step(self) -> int:
+    def _step(self, n_tokens: int) -> int:
+        """The batch length a prompt of n_tokens gets from an empty slot."""
         fm = self.engine.fm
         step = getattr(fm, "prompt_step", None)
-        return step(self.slots[0].cache) if step is not None and self.engine.reusable else getattr(fm, "n_batch", 512)
+        if step is None or not self.engine.reusable:
+            return getattr(fm, "n_batch", 512)
+        return step(self.slots[0].cache, n_tokens)
 
     def _start(self, request, free) -> None:
         ids = request.ids
         budget = max_new_tokens(request.opts.max_tokens, self.seq_ctx, len(ids),
                                 getattr(self.engine.fm, "context_shift", False))
         seq = SequenceState(self.model, ids, request.opts, budget, request.bias)
-        step = self._step()
+        step = self._step(len(ids))
         fits = len(ids) <= self.seq_ctx and self.engine.reusable
         # the free slot that re-uses most, else the one least recently used
         reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits else 0 for s in free}

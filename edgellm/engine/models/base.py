@@ -171,7 +171,7 @@ class DecoderModel:
             bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
             raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
         n_ctx = cache.n_ctx
-        step = self.prompt_step(cache)
+        step = self.prompt_step(cache, cache.n_past + n_tokens)
         if not self.context_shift:
             if cache.n_past + n_tokens > n_ctx:
                 raise ModelError(f"context full: {cache.n_past} cached + {n_tokens} new tokens > n_ctx "
@@ -257,10 +257,13 @@ class DecoderModel:
         """Forget the cached positions from n_past on (rejected draft rows); nothing is copied."""
         self.cache.truncate(n_past)
 
-    def prompt_step(self, cache=None) -> int:
-        """The tokens per batch forward() splits a prompt into."""
+    def prompt_step(self, cache=None, n_total=None) -> int:
+        """The tokens per batch forward() splits a prompt into, when the cache will hold n_total positions after it
+        (None: any number). A prompt that fits the context never shifts, so it goes in n_batch batches as in
+        llama.cpp: the batch a row lands in picks its kernels (row_kinds), and so its bits."""
         cache = self.cache if cache is None else cache
-        if self.context_shift:  # a batch must fit beside the kept positions once the context has shifted
+        if self.context_shift and (n_total is None or n_total > cache.n_ctx):
+            # a batch must fit beside the kept positions once the context has shifted
             return max(1, min(self.n_batch, cache.n_ctx - self._n_keep(cache)))
         return self.n_batch
 
