@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_tiny_llama_cpp import CASES, PHI3_ORIG_CTX, file_sha256, write_case
+from helpers_tiny_llama_cpp import PHI3_ORIG_CTX, file_sha256, write_case
 from test_rope_scaling_llama_cpp import _agreement
 
 import edgellm.engine.gguf as gguf_reader
@@ -70,10 +70,3 @@ def test_config_and_longrope_choice(tmp_path):
         model = build_model(f, n_ctx=2 * PHI3_ORIG_CTX, n_threads=1)
         assert model.rope.mscale == np.float32(config.rope_scaling.attn_factor)
         np.testing.assert_array_equal(model.rope.factors, long)
-
-
-def test_cuda_path_refuses_phi3(tmp_path):
-    pytest.importorskip("numba.cuda")
-    from edgellm.engine.cuda.models import CUDA_MODELS
-    assert "phi3" not in CUDA_MODELS  # build_cuda_model answers "no CUDA forward pass yet" for it
-    assert CASES["phi3_longrope_long"].arch == "phi3"
