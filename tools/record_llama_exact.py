@@ -173,6 +173,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (for a quick look)")
     ap.add_argument("--ids", default="", help="comma-separated prompt ids to record, in this order (default: all)")
     ap.add_argument("--checkpoint", type=int, default=10, help="write OUT after every N prompts (0: only at the end)")
+    ap.add_argument("--add", action="store_true",
+                    help="keep OUT's recorded prompts (and its perplexity unless --ppl-text is given) and add the others")
     ap.add_argument("--no-reuse", action="store_true",
                     help="evaluate the teacher-forced sequence from an empty cache (slower; the rows are the same)")
     args = ap.parse_args()
@@ -219,10 +221,17 @@ def main():
         os.replace(tmp, args.out)
         print(f"perplexity of {len(ppl)} texts -> {args.out} (prompts kept)")
         return
+    done = []
+    if args.add and os.path.exists(args.out):
+        done, old_ppl, old_rows = load_recorded(args.out)
+        if not args.ppl_text:
+            ppl, ppl_rows = old_ppl, old_rows
+        have = {entry[0] for entry in done}
+        prompts = [p for p in prompts if p["id"] not in have]
+        print(f"{len(done)} prompts kept from {args.out}, {len(prompts)} to record", flush=True)
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                           n_threads=args.threads, logits_all=True, verbose=False)
     eog = eog_ids(llama_cpp, llm)
-    done = []
     t0 = time.time()
     for k, p in enumerate(prompts):
         if p["kind"] == "chat" and "tokenizer.chat_template" not in llm.metadata and not builtin_template(llm):
@@ -246,6 +255,30 @@ def main():
 
 def _hash_array(hashes):
     return np.frombuffer(b"".join(hashes), np.uint8).reshape(-1, 32)
+
+
+def load_recorded(path):
+    """The entries save() wrote, back as (done, perplexity, ppl row hashes) for --add."""
+    with np.load(path) as z:
+        offsets, tokens, plens = z["seq_offsets"], z["seq_tokens"], z["prompt_len"]
+        forced, decode = [bytes(h) for h in z["forced_sha256"]], [bytes(h) for h in z["decode_sha256"]]
+        done, f, d = [], 0, 0
+        for i, pid in enumerate(z["prompt_id"]):
+            seq = tokens[offsets[i]:offsets[i + 1]].tolist()
+            n_dec = len(seq) - int(plens[i])  # one decode row per generated token
+            done.append((int(pid), seq, int(plens[i]), forced[f:f + len(seq)], decode[d:d + n_dec],
+                         z["last_prompt_top_ids"][i], z["last_prompt_top_logits"][i]))
+            f, d = f + len(seq), d + n_dec
+        assert f == len(forced) and d == len(decode), "row counts do not add up"
+        ppl = json.loads(str(z["perplexity"]))
+        flat = [bytes(h) for h in z["ppl_row_sha256"]]
+    rows, start = [], 0
+    for text in ppl.values():  # back into per-chunk lists, in the order save() laid them out
+        for c, (a, b) in sorted(text.get("row_chunks", {}).items(), key=lambda kv: kv[1][0]):
+            rows.append(flat[a:b])
+            start = b
+    assert start == len(flat), "perplexity rows do not add up"
+    return done, ppl, rows
 
 
 def save(out_path, done, settings, ppl, ppl_rows=()):
