@@ -12,7 +12,8 @@ jsonschema = pytest.importorskip("jsonschema")
 
 import edgellm  # noqa: E402
 from edgellm.generation.constrain import (JSON_BOUNDS, ConstraintSpec, LlamaGrammar,  # noqa: E402
-                                          SequenceConstraint, accepts, allowed_ids, bounded_schema, llg_tokenizer, masked_scores,
+                                          SequenceConstraint, accepts, allowed_ids, apply_bitmask, best_allowed,
+                                          best_allowed_ref, bounded_schema, llg_tokenizer, masked_scores,
                                           text_accepted)
 from edgellm.errors import GrammarError  # noqa: E402
 from conftest import FIXTURES, GEMMA, SMOLLM2  # noqa: E402
@@ -236,8 +237,9 @@ def test_closing_path_completes_json_within_max_tokens(smol):
     assert not sc.closing
 
 
-def test_masked_scores_match_the_plain_reference():
-    """Both forms of the mask (a few allowed words, most words) against a per-token reading of the bitmask."""
+def test_mask_kernels_match_the_plain_reference():
+    """apply_bitmask and best_allowed (both of its forms: a few allowed words, most words) against a per-token
+    reading of the bitmask and their numpy references."""
     rng = np.random.default_rng(0)
     for n_vocab, density in ((262_144, 0.001), (262_144, 0.9), (49_152, 0.02), (49_152, 1.0), (100, 0.5)):
         words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
@@ -247,10 +249,18 @@ def test_masked_scores_match_the_plain_reference():
         reference = np.full(n_vocab, -np.inf, dtype=np.float32)
         reference[allowed] = scores[allowed]
         np.testing.assert_array_equal(allowed_ids(words, n_vocab), allowed)
-        out = masked_scores(words, scores)
-        assert out.dtype == np.float32
+        np.testing.assert_array_equal(masked_scores(words, scores), reference)
+        out = np.full(n_vocab, 7.0, dtype=np.float32)
+        assert apply_bitmask(words, scores, out) == allowed.size
         np.testing.assert_array_equal(out, reference)
-    assert masked_scores(np.zeros(4, dtype=np.int32), np.zeros(100, dtype=np.float32)) is None
+        priority = rng.integers(0, 4, n_vocab).astype(np.float64)  # many ties: the lowest id must win
+        order = np.argsort(-priority, kind="stable").astype(np.int32)
+        best = best_allowed(words, priority, order)
+        assert best == best_allowed_ref(words, priority) == allowed[np.argmax(priority[allowed])]
+    empty = np.zeros(4, dtype=np.int32)
+    assert masked_scores(empty, np.zeros(100, dtype=np.float32)) is None
+    assert apply_bitmask(empty, np.zeros(100, dtype=np.float32), np.zeros(100, dtype=np.float32)) == 0
+    assert best_allowed(empty, np.zeros(100), np.arange(100, dtype=np.int32)) == -1
 
 
 def test_default_bounds_apply_only_where_the_schema_is_silent(smol):

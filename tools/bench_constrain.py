@@ -1,11 +1,15 @@
 """What constrained decoding costs: the time token masks add to a decode step, and the time to first token for a
 new schema.
 
-Per model: the unconstrained decode step (ms/token over the same prompt and length), the mask (llguidance's
-mask, applying it to the logits, and advancing the matcher: Timings.mask_s) per constrained token and its share of
-the unconstrained step, and for a new schema the llguidance tokenizer build (once per model), the schema's
-compile and check, the matcher and the first mask. Constrained and unconstrained runs alternate, so a loaded host
-slows both alike. Results go to stdout as markdown, and to --json.
+Per model (the full mode, with forward passes): the decode step unconstrained and constrained (ms/token over the
+same prompt and length, wall and the process's CPU time, which a loaded host disturbs less) and their ratio, the
+mask (llguidance's mask, applying it to the logits, the closing path's checks, advancing the matcher:
+Timings.mask_s) per constrained token and its share of the unconstrained step; for a new schema the llguidance
+tokenizer build (once per model), the schema's compile and check, the matcher and the first mask, and the time
+to first token of a call with a schema never seen before against the same call unconstrained (the prompt cached
+in both). Constrained and unconstrained runs alternate, so a loaded host slows both alike. With --tokens under
+128 the closing path is measured from the first token (its most expensive case). Results go to stdout as
+markdown, and to --json.
 
     nice -n 10 python tools/bench_constrain.py smollm2-135m gemma-3-270m --schemas 8 --tokens 48
     nice -n 10 python tools/bench_constrain.py --masks-only --schemas 55 --tokens 160   # no forward passes
@@ -43,6 +47,15 @@ def time_to_first_mask(m, schema, clock=time.perf_counter) -> dict:
     return {"compile_s": t1 - t0, "matcher_s": t2 - t1, "first_mask_s": t3 - t2}
 
 
+def time_to_first_token(m, prompt, schema) -> tuple[float, float]:
+    """Seconds to the first token of a call with this (new) schema, and of the same call unconstrained."""
+    t0 = time.perf_counter()
+    m.complete(prompt, 1, json_schema=schema)
+    t1 = time.perf_counter()
+    m.complete(prompt, 1)
+    return t1 - t0, time.perf_counter() - t1
+
+
 def bench_model(name: str, schemas: list, n_tokens: int, rounds: int) -> dict:
     m = edgellm.load(name, n_ctx=1024)
     constrain._LLG_TOKENIZERS.pop(m.tokenizer, None)  # a cold build, as the first constrained call of a process
@@ -52,11 +65,13 @@ def bench_model(name: str, schemas: list, n_tokens: int, rounds: int) -> dict:
     prompts = [m.chat_prompt_ids([{"role": "user", "content": f"Give me {e['subject']} as JSON."}])
                for e in schemas]
     m.complete(prompts[0], 4, json_schema=schemas[0]["schema"])  # compiles kernels, warms caches
-    free_steps, masked_steps, mask_per_token, mask_share = [], [], [], []
+    free_steps, masked_steps, free_cpu, masked_cpu, mask_per_token, mask_share = [], [], [], [], [], []
     tokens = 0
     for _ in range(rounds):
         for e, prompt in zip(schemas, prompts):
+            c0 = time.process_time()
             done = m.complete(prompt, n_tokens, json_schema=e["schema"])
+            c1 = time.process_time()
             t = m.timings
             n = t.generated_tokens
             if n < 2:
@@ -65,18 +80,29 @@ def bench_model(name: str, schemas: list, n_tokens: int, rounds: int) -> dict:
             mask = t.mask_s / n
             # the same prompt and number of tokens, unconstrained (eos ignored so it runs as long)
             m.complete(prompt, n, ignore_eos=True)
+            c2 = time.process_time()
             free = m.timings.generate_s / m.timings.generated_tokens
             free_steps.append(free)
             masked_steps.append(masked_step)
+            masked_cpu.append((c1 - c0) / n)  # (the cached prompt's prefill is the same in both)
+            free_cpu.append((c2 - c1) / n)
             mask_per_token.append(mask)
             mask_share.append(mask / free)
             tokens += len(done.tokens)
     ttft = [time_to_first_mask(m, e["schema"]) for e in schemas]
+    fresh = [dict(e["schema"], title=f"fresh {i}") for i, e in enumerate(schemas)]  # never compiled before
+    first = [time_to_first_token(m, prompt, schema) for schema, prompt in zip(fresh, prompts)]
+    ratio = [c / f for c, f in zip(masked_steps, free_steps)]
+    ratio_cpu = [c / f for c, f in zip(masked_cpu, free_cpu)]
     return {
         "model": name, "n_vocab": m.n_vocab, "runs": len(free_steps), "constrained_tokens": tokens,
         "step_ms": _median_ms(free_steps), "constrained_step_ms": _median_ms(masked_steps),
+        "step_ratio_median": statistics.median(ratio),
+        "step_cpu_ms": _median_ms(free_cpu), "constrained_step_cpu_ms": _median_ms(masked_cpu),
+        "step_cpu_ratio_median": statistics.median(ratio_cpu),
         "mask_ms_per_token": _median_ms(mask_per_token),
         "mask_share_median": statistics.median(mask_share), "mask_share_max": max(mask_share),
+        "ttft_new_schema_ms": _median_ms([c for c, _ in first]), "ttft_free_ms": _median_ms([f for _, f in first]),
         "tokenizer_build_s": tokenizer_s,
         "schema_compile_ms": _median_ms([r["compile_s"] for r in ttft]),
         "matcher_ms": _median_ms([r["matcher_s"] for r in ttft]),
@@ -137,13 +163,16 @@ def to_markdown(rows: list) -> str:
                          f"{r['tokenizer_build_s']:.2f} | {r['closing_priority_s']:.2f} | "
                          f"{r['schema_compile_ms']:.1f} | {r['matcher_ms']:.2f} | {r['first_mask_ms']:.2f} |")
         return "\n".join(lines)
-    lines = ["| model | vocab | step ms | constrained step ms | mask ms/token | mask share (median, max) | "
-             "tokenizer build s | schema compile ms | matcher ms | first mask ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| model | vocab | step ms, wall (free, constrained, ratio) | step ms, CPU (free, constrained, ratio) | "
+             "mask ms/token | mask share (median, max) | first token ms (new schema, free) | tokenizer build s | "
+             "schema compile ms | matcher ms | first mask ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['n_vocab']} | {r['step_ms']:.2f} | {r['constrained_step_ms']:.2f} | "
-                     f"{r['mask_ms_per_token']:.3f} | {100 * r['mask_share_median']:.1f}%, "
-                     f"{100 * r['mask_share_max']:.1f}% | {r['tokenizer_build_s']:.2f} | "
+        lines.append(f"| {r['model']} | {r['n_vocab']} | {r['step_ms']:.2f}, {r['constrained_step_ms']:.2f}, "
+                     f"{r['step_ratio_median']:.3f} | {r['step_cpu_ms']:.2f}, {r['constrained_step_cpu_ms']:.2f}, "
+                     f"{r['step_cpu_ratio_median']:.3f} | {r['mask_ms_per_token']:.3f} | "
+                     f"{100 * r['mask_share_median']:.1f}%, {100 * r['mask_share_max']:.1f}% | "
+                     f"{r['ttft_new_schema_ms']:.1f}, {r['ttft_free_ms']:.1f} | {r['tokenizer_build_s']:.2f} | "
                      f"{r['schema_compile_ms']:.1f} | {r['matcher_ms']:.2f} | {r['first_mask_ms']:.2f} |")
     return "\n".join(lines)
 

@@ -5,7 +5,8 @@ Sections: `ConstraintSpec`, a checked grammar built from the user's arguments (b
 schema or grammar fails with GrammarError first); `LlamaGrammar`, llama-cpp-python's grammar object shape; the
 llguidance tokenizer built once per model from the GGUF vocabulary (every token's bytes; control tokens marked
 with a 0xFF prefix so no text can spell them, as llguidance's llama.cpp bridge does); `SequenceConstraint`, one
-sequence's matcher: a token mask applied before the sampler chain, advanced on each sampled token.
+sequence's matcher: a token mask applied before the sampler chain, advanced on each sampled token; the two Numba
+kernels that read llguidance's bitmask (apply_bitmask, best_allowed), each beside its numpy reference.
 
 The mask sets disallowed tokens to -inf before penalties, top-k/p, min-p, temperature and the draw, so every
 sampler and logit_bias keep working on the tokens the grammar allows. When the grammar is complete and nothing
@@ -21,6 +22,7 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from edgellm.errors import GrammarError
 from edgellm.tokenizer.vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED
@@ -338,10 +340,15 @@ def llg_tokenizer(tokenizer):
 
 CLOSING_HORIZON = 128  # tokens left from which the closing path is measured (replies that end sooner pay nothing)
 CLOSING_WATCH = 24  # tokens of slack under which every sampled token is vetted against the closing path
-_CLOSING_PRIORITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> (in string, outside)
+# Tokenizer -> (priority in string, outside, and the token ids in each priority order)
+_CLOSING_PRIORITY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def closing_priority(tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    return _closing_ranks(tokenizer)[:2]
+
+
+def _closing_ranks(tokenizer) -> tuple:
     """How the closing path ranks the tokens a grammar allows, inside a JSON string and outside one. Inside: a
     token that starts with the closing quote. Outside: one that starts with '}' or ']', then one that starts a
     string (the shortest value, or a required key). Then the longest, for fixed patterns. End-of-generation
@@ -363,7 +370,8 @@ def closing_priority(tokenizer) -> tuple[np.ndarray, np.ndarray]:
             outside = np.where(closer, 1e6, np.where(quote, 1e3, 0.0)) + length
             eog = sorted(tokenizer.eog_ids)
             inside[eog] = outside[eog] = -1.0
-            cached = _CLOSING_PRIORITY[tokenizer] = (inside, outside)
+            cached = _CLOSING_PRIORITY[tokenizer] = (  # (a stable sort keeps equal priorities in id order)
+                inside, outside, *(np.argsort(-p, kind="stable").astype(np.int32) for p in (inside, outside)))
         return cached
 
 
@@ -398,19 +406,70 @@ def allowed_ids(words: np.ndarray, n_vocab: int) -> np.ndarray:
 
 
 def masked_scores(words: np.ndarray, scores: np.ndarray) -> np.ndarray | None:
-    """scores with every token the bitmask leaves out at -inf (None: it allows none). Two forms by density:
-    most JSON steps allow a few hundred tokens (only their words are unpacked), free text allows most of them."""
-    n_vocab = scores.shape[-1]
-    nz = np.flatnonzero(words)
-    if nz.size * 8 < words.size:
-        ids = allowed_ids(words, n_vocab)
-        if ids.size == 0:
-            return None
-        out = np.full(scores.shape, -np.inf, dtype=np.float32)
-        out[ids] = scores[ids]
-        return out
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little", count=n_vocab).view(bool)
-    return np.where(bits, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+    """numpy reference of apply_bitmask: scores with every token the bitmask leaves out at -inf (None: none left)."""
+    ids = allowed_ids(words, scores.shape[-1])
+    if ids.size == 0:
+        return None
+    out = np.full(scores.shape, -np.inf, dtype=np.float32)
+    out[ids] = scores[ids]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def apply_bitmask(words, scores, out):
+    """out[i] = scores[i] where bit i of the bitmask is set, else -inf, in one pass (a 262,144-token row costs
+    about as much as copying it); returns how many tokens are allowed."""
+    n = scores.shape[0]
+    allowed = 0
+    for w in range(words.shape[0]):
+        word = np.uint32(words[w])
+        base = w * 32
+        top = min(base + 32, n)
+        if word == 0:  # whole words out or in (most words of a mask), as straight copies
+            out[base:top] = -np.inf
+        elif word == np.uint32(0xFFFFFFFF):
+            out[base:top] = scores[base:top]
+            allowed += top - base
+        else:
+            for i in range(base, top):
+                bit = (word >> np.uint32(i - base)) & np.uint32(1)
+                out[i] = scores[i] if bit else -np.inf
+                allowed += bit
+    return allowed
+
+
+def best_allowed_ref(words: np.ndarray, priority: np.ndarray) -> int:
+    """numpy reference of best_allowed: the allowed token of highest priority, the lowest id among equals."""
+    ids = allowed_ids(words, priority.size)
+    return int(ids[np.argmax(priority[ids])]) if ids.size else -1
+
+
+@njit(cache=True, nogil=True)
+def best_allowed(words, priority, order):
+    """The allowed token of highest priority, the lowest id among equals (-1: none). order lists the tokens by
+    priority, highest first, ties by id: a dense mask (inside a string) finds its token in the first few; a
+    sparse one (after a key, in a number) is read word by word instead."""
+    n_words = words.shape[0]
+    nonzero = 0
+    for w in range(n_words):
+        if words[w] != 0:
+            nonzero += 1
+    if nonzero * 8 >= n_words:
+        for j in range(order.shape[0]):
+            t = order[j]
+            if (np.uint32(words[t >> 5]) >> np.uint32(t & 31)) & np.uint32(1):
+                return t
+        return -1
+    best, best_p = -1, -np.inf
+    for w in range(n_words):
+        word = np.uint32(words[w])
+        if word == 0:
+            continue
+        for b in range(32):
+            t = w * 32 + b
+            if t < priority.shape[0] and (word >> np.uint32(b)) & np.uint32(1) and (best < 0 or priority[t] > best_p):
+                best, best_p = t, priority[t]
+    return best
 
 
 class SequenceConstraint:
@@ -429,6 +488,11 @@ class SequenceConstraint:
         if self.matcher.is_error():
             raise GrammarError(f"the {spec.kind} cannot be enforced: {self.matcher.get_error()}")
         self._words = np.empty((n_vocab + 31) // 32, dtype=np.int32)  # llguidance's bitmask, one bit per token
+        self._scores = np.empty(n_vocab, dtype=np.float32)  # the masked row mask() returns, reused each step
+        # the closing path from the current state (its tokens), and the one from after a token vet() checked:
+        # a path is fixed by the state it starts from, so a state reached along it needs no new measure
+        self._path = None
+        self._path_after = None
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
 
     def _compute(self) -> np.ndarray:
@@ -442,21 +506,24 @@ class SequenceConstraint:
         return allowed_ids(self._compute(), self.n_vocab)
 
     def mask(self, scores: np.ndarray, tokens_left: int | None = None) -> np.ndarray:
-        """A copy of scores with every token the grammar forbids at -inf. With tokens_left (the budget before
-        max_tokens), once completing the grammar needs about all of them, only the closing path's token is left."""
+        """scores with every token the grammar forbids at -inf, in a buffer of this sequence that the next call
+        overwrites. With tokens_left (the budget before max_tokens), once completing the grammar needs about all
+        of them, only the closing path's token is left."""
         t0 = time.perf_counter()
         if tokens_left is not None and not self.closing and self.spec.closable:
             self._plan_closing(tokens_left)
         words = self._compute()
+        out = self._scores
         if self.closing:
             token = self._closing_token(words, self._string_state[0])
-            out = np.full(scores.shape, -np.inf, dtype=np.float32)
+            out.fill(-np.inf)
             if token is not None:
                 out[token] = scores[token]
+            allowed = token is not None
         else:
-            out = masked_scores(words, scores)
+            allowed = apply_bitmask(words, np.ascontiguousarray(scores, dtype=np.float32), out)
         self.mask_s += time.perf_counter() - t0
-        if out is None or (self.closing and token is None):
+        if not allowed:
             raise GrammarError(f"the {self.spec.kind} constraint allows no token here")
         return out
 
@@ -468,14 +535,16 @@ class SequenceConstraint:
     # decoding follows it.
 
     def _closing_token(self, words: np.ndarray, in_string: bool):
-        ids = allowed_ids(words, self.n_vocab)
-        if ids.size == 0:
-            return None
-        return int(ids[np.argmax(closing_priority(self.tokenizer)[0 if in_string else 1][ids])])
+        ranks = _closing_ranks(self.tokenizer)
+        token = best_allowed(words, ranks[0 if in_string else 1], ranks[2 if in_string else 3])
+        return None if token < 0 else int(token)
 
     def closing_length(self, limit: int, after: int | None = None) -> int:
         """Tokens the closing path takes from here (or from after this token) to where the grammar accepts
         (limit + 1: more than limit)."""
+        known = self._path if after is None else self._path[1:] if self._path and self._path[0] == after else None
+        if known is not None:
+            return len(known) if len(known) <= limit else limit + 1
         sim = self.matcher.deep_copy()
         words = np.empty_like(self._words)
         state = self._string_state
@@ -483,13 +552,19 @@ class SequenceConstraint:
             if not sim.consume_token(after):
                 return limit + 1
             state = _json_string_state(self.tokenizer.token_to_bytes(after), *state)
+        path = []
         for n in range(limit + 1):
             if sim.is_accepting() or sim.is_stopped():
+                if after is None:
+                    self._path = path
+                else:
+                    self._path_after = (after, path)
                 return n
             sim.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
             token = None if sim.is_error() else self._closing_token(words, state[0])
             if token is None or not sim.consume_token(token):
                 break
+            path.append(token)
             state = _json_string_state(self.tokenizer.token_to_bytes(token), *state)
         return limit + 1
 
@@ -521,6 +596,13 @@ class SequenceConstraint:
     def advance(self, token: int) -> None:
         t0 = time.perf_counter()
         ok = self.matcher.consume_token(int(token))
+        if self._path and self._path[0] == token:
+            self._path = self._path[1:]
+        elif self._path_after is not None and self._path_after[0] == token:
+            self._path = self._path_after[1]
+        else:
+            self._path = None
+        self._path_after = None
         if self.spec.closable:
             self._string_state = _json_string_state(self.tokenizer.token_to_bytes(int(token)), *self._string_state)
         self.mask_s += time.perf_counter() - t0
