@@ -22,7 +22,7 @@ from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.gemma3 import Gemma3Model
 from edgellm.engine.models.loading import matrix, vector
-from edgellm.engine.softcap_attention import softcap_attention
+from edgellm.engine.ops.attention_softcap import softcap_attention
 
 SWA_PERIOD_DEFAULT = 2  # llama.cpp: load_swa_pattern(ml, 2) for gemma2
 N_LAYER_27B = 46  # llama.cpp scales q by 1/sqrt(n_embd / n_head) instead of the head size for the 27B model
