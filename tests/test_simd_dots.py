@@ -122,7 +122,7 @@ def test_arm_cpu_tables_agree_with_llvm(intrinsic, instruction, table):
         llvm.Target.from_triple("aarch64-unknown-linux-gnu")
     except RuntimeError:
         pytest.skip("this llvmlite has no AArch64 target")
-    cpus = sorted(getattr(simd, table))
+    cpus = sorted(getattr(simd.host, table))
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_CPUS, intrinsic, instruction, *cpus],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
