@@ -3,7 +3,8 @@
   formats.py          the one table of block formats (name, type id, block size, bytes, numpy block dtype)
   registry.py         per format, the code that computes with it (everything dispatches through it)
   reference.py        numpy quantize / dequantize, bit-exact with gguf-py; activation quantization reference
-  simd.py             LLVM vector-IR building blocks the Numba kernels are written in
+  simd/               LLVM vector-IR building blocks the Numba kernels are written in (a module per
+                      lane type, the int8 dots per ISA: see simd/__init__.py)
   kernels_dequant.py  Numba block decoders for every format
   activations.py      Numba activation quantization (Q8_0-style, Q8_K-style)
   dots_block32.py     row dots of the 32-element formats with Q8_0 activations (Q4_0 .. Q8_0)

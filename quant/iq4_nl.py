@@ -24,9 +24,9 @@ from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _ti
                            _tile8_zero)
 from .half_bits import _f16_bits, _put_u16
 from .reference import KVALUES_IQ4NL
-from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, _call_intrinsic, _load, _ptr, _shuffle, _vec, dot_i8x32,
-                   f32x8_add, f32x8_fma_i32, f32x8_hsum, f32x8_splat, f32x8_zero, f32x16_halves, fma32, i8x32_xor,
-                   load_f16, load_f16_pair, load_f32, load_i8x32, prefetch)
+from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32x8_add, f32x8_fma_i32, f32x8_hsum, f32x8_splat,
+                   f32x8_zero, f32x16_halves, fma32, i8x32_xor, load_f16, load_f16_pair, load_f32, load_i8x32, prefetch)
+from .simd.vector_ir import _call_intrinsic, _load, _ptr, _shuffle, _vec
 
 TILE_OFFSET_IQ4_NL = Q8_0_TILE_OFFSET  # the tiles take the values as Q8_0's quants (signed; +128 for 512-bit)
 

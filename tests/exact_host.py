@@ -21,7 +21,7 @@ _MISSING = [] if AARCH64_AS_X86 else [what for what, ok in (
     ("Linux (glibc's libm)", sys.platform == "linux"),
     ("x86-64", platform.machine().lower() in ("x86_64", "amd64")),
     ("AVX2", simd.HAS_AVX2),
-    ("FMA", simd._host_has("fma")),
+    ("FMA", simd.host._host_has("fma")),
 ) if not ok]
 
 EXACT_HOST = not _MISSING

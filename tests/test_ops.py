@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edgellm.engine import ops
+from edgellm.engine.ops import attention_drivers
 
 # float32 kernels vs float64 references: only rounding differs, ~1e-7 relative per value.
 NMSE_F32 = 1e-10
@@ -249,8 +250,8 @@ def test_attention_matches_reference(rng, n_heads, n_kv_heads, head_dim, n_past,
     assert nmse(out, want) < NMSE_ATTENTION
 
 
-@pytest.mark.parametrize("kernels", [(ops._attention_serial, ops._attention_serial_vec),
-                                     (ops._attention_parallel, ops._attention_parallel_vec)])
+@pytest.mark.parametrize("kernels", [(attention_drivers._attention_serial, attention_drivers._attention_serial_vec),
+                                     (attention_drivers._attention_parallel, attention_drivers._attention_parallel_vec)])
 @pytest.mark.parametrize("n_new", [1, 6])  # one query row and several: llama.cpp's two summation orders
 def test_serial_parallel_scalar_and_vector_attention_agree(rng, kernels, n_new):
     """ops.attention picks serial or parallel by the amount of work, and the vector path where the cache type and
@@ -286,7 +287,7 @@ def _f16_ring(rng, S, H_kv, hd, capacity):
 def _scalar_and_vector_attention_agree(q, k_cache, v_cache, slot_pos, rows, scale):
     """The scalar kernel's output, after checking that the serial and parallel vector kernels give its bits."""
     outs = []
-    for kernel in (ops._attention_serial, ops._attention_serial_vec, ops._attention_parallel_vec):
+    for kernel in (attention_drivers._attention_serial, attention_drivers._attention_serial_vec, attention_drivers._attention_parallel_vec):
         out = np.empty_like(q)
         kernel(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, rows, 0, scale, out,
                scores_for(q, slot_pos.shape[0]))
@@ -408,7 +409,7 @@ def test_softcap_matches_reference(rng):
 def test_softcap_attention_matches_reference(rng, n_new, window):
     """Gemma 2's capped scores: cap * tanh(q·k / cap) before the softmax, against the float64 reference; with a
     cap well inside the scores' range, so that a missing cap fails. Without the cap the kernel is ops.attention."""
-    from edgellm.engine.softcap_attention import softcap_attention, softcap_attention_ref
+    from edgellm.engine.ops.attention_softcap import softcap_attention, softcap_attention_ref
     q = (3.0 * rng.standard_normal((n_new, 4, 64))).astype(np.float32)
     k = rng.standard_normal((20, 2, 64)).astype(np.float32)
     v = rng.standard_normal((20, 2, 64)).astype(np.float32)

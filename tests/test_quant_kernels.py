@@ -375,7 +375,7 @@ def test_avx2_without_vnni_gives_the_same_bits(tmp_path):
     _kernels_for_cpu_match(tmp_path, "haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, exact=True)
 
 
-@pytest.mark.skipif(not simd._host_has("avxvnni"), reason="needs a host with AVX-VNNI")
+@pytest.mark.skipif(not simd.host._host_has("avxvnni"), reason="needs a host with AVX-VNNI")
 def test_vnni_without_avx512_gives_the_same_bits(tmp_path):
     """On AVX-VNNI CPUs without AVX-512 (Alder Lake and later clients) the tiles are the 256-bit ones with vpdpbusd,
     where this machine kind may take the 512-bit tiles (simd.HAS_WIDE_TILES): the same lanes, so the same bits.

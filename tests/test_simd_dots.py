@@ -69,7 +69,7 @@ def test_path_selection_is_one_of_the_known_ones():
     assert not (simd.HAS_AVX2 and simd.HAS_DOTPROD)
     assert simd.HAS_DOTPROD or not simd.HAS_I8MM
     if simd.HAS_DOTPROD:
-        assert simd._is_aarch64()
+        assert simd.host._is_aarch64()
 
 
 @pytest.mark.parametrize("cpu, features, want", [
@@ -84,11 +84,11 @@ def test_path_selection_is_one_of_the_known_ones():
 ])
 def test_arm_features_follow_numba_cpu_name_and_features(monkeypatch, cpu, features, want):
     """What an AArch64 host would choose for NUMBA_CPU_NAME / NUMBA_CPU_FEATURES (as the emulated check sets them)."""
-    monkeypatch.setattr(simd.llvm_binding, "get_process_triple", lambda: "aarch64-unknown-linux-gnu")
-    monkeypatch.setattr(simd.numba_config, "CPU_NAME", cpu)
-    monkeypatch.setattr(simd.numba_config, "CPU_FEATURES", features)
-    assert (simd._arm_has("dotprod"), simd._arm_has("i8mm")) == want
-    assert not simd._host_has("avx2")
+    monkeypatch.setattr(simd.host.llvm_binding, "get_process_triple", lambda: "aarch64-unknown-linux-gnu")
+    monkeypatch.setattr(simd.host.numba_config, "CPU_NAME", cpu)
+    monkeypatch.setattr(simd.host.numba_config, "CPU_FEATURES", features)
+    assert (simd.host._arm_has("dotprod"), simd.host._arm_has("i8mm")) == want
+    assert not simd.host._host_has("avx2")
 
 
 _COMPILE_FOR_CPUS = """
@@ -122,7 +122,7 @@ def test_arm_cpu_tables_agree_with_llvm(intrinsic, instruction, table):
         llvm.Target.from_triple("aarch64-unknown-linux-gnu")
     except RuntimeError:
         pytest.skip("this llvmlite has no AArch64 target")
-    cpus = sorted(getattr(simd, table))
+    cpus = sorted(getattr(simd.host, table))
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_CPUS, intrinsic, instruction, *cpus],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -34,7 +34,8 @@ if len(sys.argv) > 1:
     used = {}
     for name, mod in list(sys.modules.items()):
         if name.startswith("edgellm.quant."):
-            n = sum(1 for v in vars(mod).values() if isinstance(v, Dispatcher) and v.overloads)
+            n = sum(1 for v in vars(mod).values()  # its own kernels, not those it imports
+                    if isinstance(v, Dispatcher) and v.overloads and v.py_func.__module__ == name)
             if n:
                 used[name] = n
     print(json.dumps({"after_import": after_import, "after_load": sorted(sys.modules), "used": used}))

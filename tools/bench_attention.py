@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from edgellm.engine import ops
+from edgellm.engine.ops import attention_drivers
 from edgellm.engine.kvcache import KVCache
 
 # (name, query heads, KV heads, head size, window): SmolLM2-135M, and Gemma-3-270M's global and sliding layers
@@ -52,7 +53,7 @@ def main(argv=None):
             call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
                     window, np.float32(hd ** -0.5), out, scratch)
             times = []
-            for kernel in (ops._attention_serial_vec, ops._attention_parallel_vec):
+            for kernel in (attention_drivers._attention_serial_vec, attention_drivers._attention_parallel_vec):
                 kernel(*call)  # compile / load
                 times.append(best_of(lambda: kernel(*call), args.repeat) * 1e6)
             print(f"| {name} | {n_tokens} | {args.depth} | {times[0]:.0f} | {times[1]:.0f} |", flush=True)

@@ -69,7 +69,7 @@ def _timed_ops(prof) -> types.ModuleType:
     proxy.__dict__.update(vars(ops))
     for name, value in vars(ops).items():
         if not name.startswith("_") and callable(value) and not isinstance(value, type) \
-                and getattr(value, "__module__", None) == ops.__name__:
+                and (getattr(value, "__module__", None) or "").startswith(ops.__name__ + "."):
             setattr(proxy, name, prof.timed(name, value))
     return proxy
 

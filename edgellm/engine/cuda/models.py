@@ -106,7 +106,8 @@ class DeviceBuffers:
 
 
 class CudaDecoderModel(DecoderModel):
-    """What both architectures share on the device: uploading, token/position upload, the logits head."""
+    """What every architecture shares on the device: uploading, the embeddings, output and layers' weights, the
+    token/position upload, the logits head."""
 
     SUPPORTS_MULTI = False  # batched decoding (forward_multi) is CPU-only for now
 
@@ -123,6 +124,13 @@ class CudaDecoderModel(DecoderModel):
         self._ids = cuda.device_array(self.n_batch, dtype=np.int32)
         self._positions = cuda.device_array(self.n_batch, dtype=np.int32)
         self._logits = cuda.device_array((1, self.n_vocab), dtype=np.float32)  # grown when more rows are asked
+        w = self.weights
+        self.token_embd = w["token_embd.weight"]
+        self.output_norm = w["output_norm.weight"]
+        output = w.get("output.weight")
+        self.output = self.token_embd if output is None else output  # tied if absent
+        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
+        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
 
     @staticmethod
     def row_kinds(offsets, n):
@@ -141,6 +149,11 @@ class CudaDecoderModel(DecoderModel):
         c = self.config
         per_token = 2 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff
         return 4 * (self.n_batch * per_token + self.n_vocab)
+
+    def start_batch(self, tokens, positions):
+        """The batch's activation views, its token ids and positions uploaded, and the context's end after it."""
+        ids, pos = self.upload_batch(tokens, positions)
+        return self.buffers.for_tokens(len(tokens)), ids, pos, int(positions[-1]) + 1
 
     def upload_batch(self, tokens, positions):
         n = len(tokens)
@@ -171,12 +184,7 @@ class CudaLlamaModel(CudaDecoderModel):
 
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
         super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
-        w = self.weights
-        self.token_embd = w["token_embd.weight"]
-        self.output_norm = w["output_norm.weight"]
-        self.output = w["output.weight"] if w["output.weight"] is not None else self.token_embd  # tied if absent
-        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
-        factors = w["rope_freqs.weight"]  # llama3 per-pair frequency factors, when present
+        factors = self.weights["rope_freqs.weight"]  # llama3 per-pair frequency factors, when present
         factors = None if factors is None else factors.copy_to_host()
         inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale,
                                                         factors))
@@ -190,7 +198,6 @@ class CudaLlamaModel(CudaDecoderModel):
         self.residual_scale = float(getattr(config, "residual_scale", 0.0))
         logit_scale = getattr(config, "logit_scale", 0.0)
         self.logit_mul = np.float32(1.0) / np.float32(logit_scale) if logit_scale else None
-        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
         self.buffers = self.layer_buffers()
 
     def _residual(self, matrix, x_in, s):
@@ -203,9 +210,7 @@ class CudaLlamaModel(CudaDecoderModel):
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
-        s = self.buffers.for_tokens(len(tokens))
-        ids, pos = self.upload_batch(tokens, positions)
-        end_pos = int(positions[-1]) + 1
+        s, ids, pos, end_pos = self.start_batch(tokens, positions)
         self.token_embd.get_rows(ids, s.x, scale=self.embd_scale)
         for layer, kv, inv_freq in zip(self.layers, self.cache.layers, self.layer_inv_freq):
             # attention block
@@ -277,21 +282,13 @@ def split_rows(tensor, counts) -> list:
 class CudaOlmo2Model(CudaDecoderModel):
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
         super().__init__(gguf_file, config, n_ctx, n_batch, cpu_olmo2.tensor_specs(config))
-        w = self.weights
-        self.token_embd = w["token_embd.weight"]
-        self.output_norm = w["output_norm.weight"]
-        self.output = w["output.weight"]
-        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         self.inv_freq = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base, config.rope_freq_scale))
         self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
-        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # the per-head norm unused
         self.buffers = self.layer_buffers()
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
-        s = self.buffers.for_tokens(len(tokens))
-        ids, pos = self.upload_batch(tokens, positions)
-        end_pos = int(positions[-1]) + 1
+        s, ids, pos, end_pos = self.start_batch(tokens, positions)
         self.token_embd.get_rows(ids, s.x)
         for layer, kv in zip(self.layers, self.cache.layers):
             # attention block: no norm before it; q and k normed over their whole projections, then roped
@@ -325,17 +322,10 @@ class CudaGemma3Model(CudaDecoderModel):
 
     def __init__(self, gguf_file, config, n_ctx: int, n_batch: int = DEFAULT_N_BATCH):
         super().__init__(gguf_file, config, n_ctx, n_batch, self.TENSOR_SPECS(config))
-        w = self.weights
-        self.token_embd = w["token_embd.weight"]
-        self.output_norm = w["output_norm.weight"]
-        output = w.get("output.weight")
-        self.output = self.token_embd if output is None else output  # tied if absent (always, for Gemma 2)
         self.rope_mscale = float(cpu_ops.rope_mscale_ref(config.rope_freq_scale, config.rope_scaling))
         self.local_mscale = float(cpu_ops.rope_mscale_ref(1.0, config.rope_scaling)) if self.LOCAL_ROPE_SCALED else 1.0
         self.attn_softcap = float(getattr(config, "attn_softcap", 0.0))
         self.final_softcap = float(getattr(config, "final_softcap", 0.0))
-        self.unit_norm = cuda.to_device(np.ones(config.head_dim, dtype=np.float32))  # stands in when no qk norm
-        self.layers = [layer_weights(w, il) for il in range(config.n_layer)]
         self.inv_freq_local = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base_local))
         self.inv_freq_global = cuda.to_device(cpu_ops.rope_inv_freq(config.n_rot, config.rope_base,
                                                                     config.rope_freq_scale))
@@ -344,9 +334,7 @@ class CudaGemma3Model(CudaDecoderModel):
 
     def forward_batch(self, tokens, positions, logits_out):
         cfg, eps = self.config, self.config.norm_eps
-        s = self.buffers.for_tokens(len(tokens))
-        ids, pos = self.upload_batch(tokens, positions)
-        end_pos = int(positions[-1]) + 1
+        s, ids, pos, end_pos = self.start_batch(tokens, positions)
         self.token_embd.get_rows(ids, s.x, scale=self.embd_scale)
         for layer, kv in zip(self.layers, self.cache.layers):
             inv_freq = self.inv_freq_local if kv.window else self.inv_freq_global

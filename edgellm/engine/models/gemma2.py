@@ -20,9 +20,9 @@ from edgellm.errors import ModelError
 from edgellm.engine import ops
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch
 from edgellm.engine.models.config import ModelConfig
-from edgellm.engine.models.gemma3 import Gemma3Model
+from edgellm.engine.models.gemma3 import Gemma3Model, sandwich_block_specs
 from edgellm.engine.models.loading import matrix, vector
-from edgellm.engine.softcap_attention import softcap_attention
+from edgellm.engine.ops.attention_softcap import softcap_attention
 
 SWA_PERIOD_DEFAULT = 2  # llama.cpp: load_swa_pattern(ml, 2) for gemma2
 N_LAYER_27B = 46  # llama.cpp scales q by 1/sqrt(n_embd / n_head) instead of the head size for the 27B model
@@ -69,23 +69,9 @@ class Gemma2Config(ModelConfig):
 
 
 def tensor_specs(cfg: Gemma2Config):
-    d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-    specs = [matrix("token_embd.weight", (cfg.n_vocab, d)), vector("output_norm.weight", d)]
+    specs = [matrix("token_embd.weight", (cfg.n_vocab, cfg.n_embd)), vector("output_norm.weight", cfg.n_embd)]
     for il in range(cfg.n_layer):
-        blk = f"blk.{il}."
-        specs += [
-            vector(blk + "attn_norm.weight", d),
-            matrix(blk + "attn_q.weight", (q_dim, d)),
-            matrix(blk + "attn_k.weight", (kv_dim, d)),
-            matrix(blk + "attn_v.weight", (kv_dim, d)),
-            matrix(blk + "attn_output.weight", (d, q_dim)),
-            vector(blk + "post_attention_norm.weight", d),
-            vector(blk + "ffn_norm.weight", d),
-            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
-            vector(blk + "post_ffw_norm.weight", d),
-        ]
+        specs += sandwich_block_specs(cfg, f"blk.{il}.")
     return specs
 
 

@@ -20,7 +20,7 @@ from edgellm.engine import ops
 from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
 from edgellm.engine.models.config import ModelConfig
-from edgellm.engine.models.llama import BlockBuffers
+from edgellm.engine.models.llama import BlockBuffers, attention_specs, ffn_specs
 from edgellm.engine.models.linear import project_gate_up, project_qkv
 from edgellm.engine.models.loading import matrix, vector
 
@@ -65,27 +65,23 @@ class Gemma3Config(ModelConfig):
 
 
 def tensor_specs(cfg: Gemma3Config):
-    d, q_dim, kv_dim, hd = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.head_dim
+    d, hd = cfg.n_embd, cfg.head_dim
     specs = [matrix("token_embd.weight", (cfg.n_vocab, d)), vector("output_norm.weight", d),
              matrix("output.weight", (cfg.n_vocab, d), optional=True)]
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
-        specs += [
-            vector(blk + "attn_norm.weight", d),
-            matrix(blk + "attn_q.weight", (q_dim, d)),
-            matrix(blk + "attn_k.weight", (kv_dim, d)),
-            matrix(blk + "attn_v.weight", (kv_dim, d)),
-            vector(blk + "attn_q_norm.weight", hd),
-            vector(blk + "attn_k_norm.weight", hd),
-            matrix(blk + "attn_output.weight", (d, q_dim)),
-            vector(blk + "post_attention_norm.weight", d),
-            vector(blk + "ffn_norm.weight", d),
-            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
-            vector(blk + "post_ffw_norm.weight", d),
-        ]
+        specs += [vector(blk + "attn_q_norm.weight", hd), vector(blk + "attn_k_norm.weight", hd)]
+        specs += sandwich_block_specs(cfg, blk)
     return specs
+
+
+def sandwich_block_specs(cfg, blk: str):
+    """A Gemma block's tensors but its QK norms: attention and dense feed-forward, each with a norm before and
+    after."""
+    d = cfg.n_embd
+    return [vector(blk + "attn_norm.weight", d), *attention_specs(cfg, blk),
+            vector(blk + "post_attention_norm.weight", d),
+            vector(blk + "ffn_norm.weight", d), *ffn_specs(cfg, blk), vector(blk + "post_ffw_norm.weight", d)]
 
 
 class Gemma3Buffers(BlockBuffers):

@@ -58,20 +58,22 @@ def tensor_specs(cfg: LlamaConfig):
     ]
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
-        specs += [
-            vector(blk + "attn_norm.weight", d),
-            matrix(blk + "attn_q.weight", (q_dim, d)),
-            matrix(blk + "attn_k.weight", (kv_dim, d)),
-            matrix(blk + "attn_v.weight", (kv_dim, d)),
-            matrix(blk + "attn_output.weight", (d, q_dim)),
-            vector(blk + "ffn_norm.weight", d),
-        ]
-        specs += ffn_specs(cfg, blk)
+        specs += [vector(blk + "attn_norm.weight", d), *attention_specs(cfg, blk), vector(blk + "ffn_norm.weight", d),
+                  *ffn_specs(cfg, blk)]
         for name, length in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
             specs.append(vector(blk + name + ".bias", length, optional=not cfg.qkv_bias))
         specs += [vector(blk + "attn_q_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
                   vector(blk + "attn_k_norm.weight", cfg.head_dim, optional=not cfg.qk_norm)]
     return specs
+
+
+def attention_specs(cfg, blk: str):
+    """The attention's projections: q, k, v and output."""
+    d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    return [matrix(blk + "attn_q.weight", (q_dim, d)),
+            matrix(blk + "attn_k.weight", (kv_dim, d)),
+            matrix(blk + "attn_v.weight", (kv_dim, d)),
+            matrix(blk + "attn_output.weight", (d, q_dim))]
 
 
 def ffn_specs(cfg, blk: str):

@@ -17,7 +17,7 @@ from edgellm.engine import ops
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.linear import project_gate_up, project_qkv
-from edgellm.engine.models.llama import LlamaModel
+from edgellm.engine.models.llama import LlamaModel, attention_specs, ffn_specs
 from edgellm.engine.models.loading import NONE, matrix, vector
 
 
@@ -41,19 +41,9 @@ def tensor_specs(cfg: Olmo2Config):
              matrix("output.weight", (cfg.n_vocab, d))]  # llama.cpp requires it: OLMo 2 is never tied
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
-        specs += [
-            matrix(blk + "attn_q.weight", (q_dim, d)),
-            matrix(blk + "attn_k.weight", (kv_dim, d)),
-            matrix(blk + "attn_v.weight", (kv_dim, d)),
-            vector(blk + "attn_q_norm.weight", q_dim),
-            vector(blk + "attn_k_norm.weight", kv_dim),
-            matrix(blk + "attn_output.weight", (d, q_dim)),
-            vector(blk + "post_attention_norm.weight", d),
-            matrix(blk + "ffn_gate.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_up.weight", (cfg.n_ff, d)),
-            matrix(blk + "ffn_down.weight", (d, cfg.n_ff)),
-            vector(blk + "post_ffw_norm.weight", d),
-        ]
+        specs += [vector(blk + "attn_q_norm.weight", q_dim), vector(blk + "attn_k_norm.weight", kv_dim),
+                  *attention_specs(cfg, blk), vector(blk + "post_attention_norm.weight", d),
+                  *ffn_specs(cfg, blk), vector(blk + "post_ffw_norm.weight", d)]
     return specs
 
 

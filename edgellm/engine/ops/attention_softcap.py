@@ -2,9 +2,9 @@
 
 llama.cpp (flash attention off) computes the scores as one f32 matrix, then three ops over it: scale by 1/cap
 (1/cap rounded to float32 first), tanhf, scale by cap; then its softmax, which multiplies by the layer's kq_scale
-(1 for Gemma 2: its q is scaled before attention). Everything else is ops.attention's arithmetic, in the same
-order: the q·k sums in llama.cpp's lanes, the exp, the float64 sum of 8-slot partial sums and the weighted values.
-This is the scalar path only (ops' 8-wide path gives the same bits, so one path is enough for correctness).
+(1 for Gemma 2: its q is scaled before attention). Everything else is attention_scalar's arithmetic, in the
+same order: the q·k sums in llama.cpp's lanes, the exp, the float64 sum of 8-slot partial sums and the weighted values.
+This is the scalar path only (the 8-wide paths give the same bits, so one path is enough for correctness).
 """
 
 import math
@@ -15,8 +15,10 @@ from numba import njit, prange
 from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from edgellm.engine.kvtypes import like_cache
-from edgellm.engine.ops import (ATTENTION_PARALLEL_MIN_WORK, LANES_BATCH, LANES_SINGLE, NO_SCALES, _check_scratch,
-                                _exp_run, _reduce_lanes, _score, _visible_from, _weigh_run, attention_scratch)
+from edgellm.engine.ops.attention_drivers import ATTENTION_PARALLEL_MIN_WORK, _check_scratch, attention_scratch
+from edgellm.engine.ops.attention_scalar import (LANES_BATCH, LANES_SINGLE, _exp_run, _reduce_lanes, _score,
+                                                 _visible_from, _weigh_run)
+from edgellm.engine.ops.cache_write import NO_SCALES
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -38,7 +40,7 @@ def _capped_score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p,
 @njit(cache=True, error_model="numpy", inline="always")
 def _attend_capped(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, inv_cap, cap, t, h, kv, out,
                    work, single):
-    """out[t, h]: ops._attend with capped scores (the same scratch layout)."""
+    """out[t, h]: attention_scalar._attend with capped scores (the same scratch layout)."""
     capacity = slot_pos.shape[0]
     head_dim = q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH

@@ -1,0 +1,167 @@
+"""attention() and attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
+parallel), the work items (a head's query row, or ROWS rows of it) and the numpy reference.
+"""
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from edgellm.engine.ops.attention_rows import ROWS, _attend_rows_vec
+from edgellm.engine.ops.attention_scalar import LANES_BATCH, LANES_SINGLE, _attend
+from edgellm.engine.ops.attention_vec import _attend_vec
+from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, item, out, work):
+    """Work item `item` of the vector kernels: one query row of one head for a single token, else up to ROWS rows of
+    one head (rows in blocks of ROWS; the last partial block, and a block whose slots do not fit the ring together,
+    row by row)."""
+    n_tokens, n_heads = q.shape[0], q.shape[1]
+    group = n_heads // k_cache.shape[0]
+    if n_tokens == 1:
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[0], window, scale, 0, item, item // group, out, work,
+                    True)
+        return
+    blk, h = item // n_heads, item % n_heads
+    t0 = blk * ROWS
+    if t0 + ROWS <= n_tokens and _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h,
+                                                  h // group, out, work):
+        return
+    for t in range(t0, min(n_tokens, t0 + ROWS)):
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, scale, t, h, h // group, out, work, False)
+
+
+@njit(cache=True, error_model="numpy")
+def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
+    for th in range(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
+                h // group, out, scratch[0], single)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                        scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_cache.shape[0]
+    single = n_tokens == 1
+    for th in prange(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale), t, h,
+                h // group, out, scratch[numba.get_thread_id()], single)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _vec_items(n_tokens, n_heads):
+    return n_heads if n_tokens == 1 else (n_tokens + ROWS - 1) // ROWS * n_heads
+
+
+@njit(cache=True, error_model="numpy")
+def _attention_serial_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                          scratch):
+    for item in range(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out, scratch[0])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
+                            scratch):
+    for item in prange(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out,
+                         scratch[numba.get_thread_id()])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_rows_vec(q, k_all, v_all, sp_all, seqs, q_positions, window, scale, out, scratch):
+    n_tokens, n_heads, _ = q.shape
+    group = n_heads // k_all.shape[1]
+    for th in prange(n_tokens * n_heads):
+        t, h = th // n_heads, th % n_heads
+        s = seqs[t]
+        _attend_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t, h, h // group,
+                    out, scratch[numba.get_thread_id()], True)
+
+
+def attention_rows_supported(stacked, head_dim) -> bool:
+    return stacked.k.dtype != np.int8 and head_dim % LANES_SINGLE == 0
+
+
+def attention_rows(q, stacked, seqs, q_positions, scale, out, scratch):
+    """attention() for T independent sequences of one query each (batched decoding): row t attends over sequence
+    seqs[t] of `stacked` (a KVPool layer) and gets exactly the bits attention() gives that row alone.
+    f16/f32 caches with head_dim a multiple of 32 (attention_rows_supported); out must be C-contiguous."""
+    n_tokens, _, head_dim = q.shape
+    _check_rows(seqs, q_positions, stacked, n_tokens)
+    _check_scratch(scratch, stacked.slot_pos.shape[1], head_dim)
+    if not attention_rows_supported(stacked, head_dim) or not out.flags.c_contiguous:
+        raise ValueError("attention_rows needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
+    _attention_rows_vec(q, stacked.k, stacked.v, stacked.slot_pos, seqs, q_positions, stacked.window, scale, out,
+                        scratch)
+
+
+# Below this many multiply-adds the work is shorter than waking the worker threads.
+ATTENTION_PARALLEL_MIN_WORK = 1 << 17
+
+
+def attention_scratch_width(capacity: int, head_dim: int) -> int:
+    one_row = capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
+    return max(one_row, ROWS * (capacity + (LANES_BATCH + 1) * head_dim) + 8)
+
+
+def _check_scratch(scratch, capacity: int, head_dim: int) -> None:
+    need = attention_scratch_width(capacity, head_dim)
+    if scratch.ndim != 2 or scratch.shape[0] < numba.config.NUMBA_NUM_THREADS or scratch.shape[1] < need:
+        raise ValueError(f"attention scratch {scratch.shape} is smaller than {(numba.config.NUMBA_NUM_THREADS, need)}")
+
+
+def attention_scratch(capacity: int, head_dim: int) -> np.ndarray:
+    """The per-thread scratch attention() needs for a cache of this capacity: [threads, width] float32."""
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, attention_scratch_width(capacity, head_dim)), np.float32)
+
+
+def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scratch=None, k_scale=NO_SCALES,
+              v_scale=NO_SCALES):
+    """q: [T, H, head_dim]; k_cache, v_cache: [H_kv, capacity, head_dim]; slot_pos: [capacity] positions;
+    q_positions: [T] (their keys already stored); window: 0 for full attention;
+    out: [T, H, head_dim]; scratch: attention_scratch(capacity, head_dim) or larger (allocated when None).
+    Grouped-query: query head h reads kv head h // (H / H_kv). k_scale, v_scale: a q8_0 cache's scales.
+    The cache's values are read in their stored type (edgellm.engine.kvtypes)."""
+    n_tokens, n_heads, head_dim = q.shape
+    capacity = slot_pos.shape[0]
+    if scratch is None:
+        scratch = attention_scratch(capacity, head_dim)
+    else:
+        _check_scratch(scratch, capacity, head_dim)
+    span = min(capacity, window if window > 0 else int(q_positions[-1]) + 1)
+    parallel = n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK
+    if k_cache.dtype != np.int8 and head_dim % LANES_SINGLE == 0 and out.flags.c_contiguous:
+        kernel = _attention_parallel_vec if parallel else _attention_serial_vec
+    else:
+        kernel = _attention_parallel if parallel else _attention_serial
+    kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch)
+
+
+def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands=False):
+    """q: [T, H, hd]; k, v: [S, H_kv, hd] with positions k_positions [S]. Dense scores + mask + softmax, float64.
+    f16_operands: round q and the softmax weights to float16 first, as llama.cpp (and ops.attention) do with an
+    f16 cache."""
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k.astype(np.float64), group, axis=1)
+    v = np.repeat(v.astype(np.float64), group, axis=1)
+    if f16_operands:
+        q = q.astype(np.float16)
+    scores = np.einsum("thd,shd->hts", q.astype(np.float64), k) * scale
+    distance = q_positions[:, None] - k_positions[None, :]
+    visible = distance >= 0
+    if window > 0:
+        visible &= distance < window
+    scores = np.where(visible[None], scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if f16_operands:
+        probs = probs.astype(np.float16).astype(np.float64)
+    return np.einsum("hts,shd->thd", probs, v).astype(np.float32)

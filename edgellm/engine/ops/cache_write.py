@@ -1,0 +1,101 @@
+"""From the q/k/v projections to the KV cache: biases, per-head q/k norms, rope, q's scale and the cache store in one
+call (finish_qkv), for one sequence or for one token of each of several (finish_qkv_rows).
+
+Position p lives in slot p % capacity (a full-context layer's capacity is n_ctx, so the slot is the position; a
+sliding-window layer's is a ring), and every slot records the position it holds (-1: empty).
+"""
+
+import numpy as np
+from numba import njit
+
+from edgellm.engine.kvtypes import store_row
+from edgellm.engine.ops.norms import rms_scale
+from edgellm.engine.ops.rope import apply_rope
+
+NO_SCALES = np.zeros((0, 0, 0), np.float32)  # the scales argument of an f32 or f16 cache
+
+
+@njit(cache=True, inline="always")
+def _kv_store(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
+    capacity = slot_pos.shape[0]
+    for t in range(positions.shape[0]):
+        slot = positions[t] % capacity
+        slot_pos[slot] = positions[t]
+        for h in range(k_new.shape[1]):
+            store_row(k_new[t, h], k_cache, k_scale, h, slot)
+            store_row(v_new[t, h], v_cache, v_scale, h, slot)
+
+
+def kv_store(k_new, v_new, positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES):
+    """k_new, v_new: [T, H_kv, head_dim] float32; k_cache, v_cache: [H_kv, capacity, head_dim] of any KV type
+    (edgellm.engine.kvtypes) with its scales; slot_pos: [capacity]. Position p goes to slot p % capacity."""
+    _kv_store(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _rms_norm_heads(x, weight, eps):
+    """In place over the last axis of x: [T, H, hd], weight: [hd]."""
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            scale = rms_scale(x[t, h], eps)
+            for i in range(x.shape[2]):
+                x[t, h, i] = x[t, h, i] * scale * weight[i]
+
+
+@njit(cache=True, error_model="numpy")
+def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
+    if q_bias.size:
+        q_flat, k_flat, v_flat = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
+        for t in range(q.shape[0]):  # element loops: an array `+=` compiles Numba's shape-error formatting (3 s)
+            for i in range(q_bias.size):
+                q_flat[t, i] += q_bias[i]
+            for i in range(k_bias.size):
+                k_flat[t, i] += k_bias[i]
+                v_flat[t, i] += v_bias[i]
+    if q_norm.size:
+        _rms_norm_heads(q, q_norm, eps)
+        _rms_norm_heads(k, k_norm, eps)
+    apply_rope(q, cos, sin, neox)
+    apply_rope(k, cos, sin, neox)
+    if q_scale != np.float32(1.0):  # in float32 before attention rounds q to f16, as llama.cpp's Gemma graph
+        for t in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                for i in range(q.shape[2]):
+                    q[t, h, i] = q[t, h, i] * q_scale
+    _kv_store(k, v, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
+
+
+def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES, q_scale=1.0):
+    """Everything between the q/k/v projections and attention, in one call:
+    add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
+    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step.
+    q_scale: a factor on q after rope, for graphs that scale q rather than the scores (Gemma)."""
+    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
+
+
+@njit(cache=True, error_model="numpy")
+def _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                     positions, seqs, k_all, v_all, ks_all, vs_all, sp_all):
+    for t in range(q.shape[0]):
+        s = seqs[t]
+        _finish_qkv(q[t:t + 1], k[t:t + 1], v[t:t + 1], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos[t:t + 1],
+                    sin[t:t + 1], neox, q_scale, positions[t:t + 1], k_all[s], v_all[s], ks_all[s], vs_all[s], sp_all[s])
+
+
+def finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs, stacked,
+                    q_scale=1.0):
+    """finish_qkv for T independent sequences of one token each: row t goes to sequence seqs[t] of `stacked`
+    (a KVPool layer: arrays with a leading sequence axis). Row t gets exactly finish_qkv's arithmetic alone."""
+    _check_rows(seqs, positions, stacked, q.shape[0])
+    _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                     positions, seqs, stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos)
+
+
+def _check_rows(seqs, positions, stacked, n_rows):
+    if seqs.dtype != np.int32 or seqs.shape != (n_rows,) or positions.shape != (n_rows,):
+        raise ValueError(f"seqs and positions must be int32 arrays of the {n_rows} rows")
+    if n_rows and (int(seqs.min()) < 0 or int(seqs.max()) >= stacked.k.shape[0]):
+        raise ValueError(f"sequence index out of range [0, {stacked.k.shape[0]})")

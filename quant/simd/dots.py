@@ -1,0 +1,115 @@
+"""Integer dot products: 32 int8 x 32 int8 -> I32x8 partial sums, lane m = elements 4m..4m+3, optionally scaled per
+pair of elements and added to starting lanes. The lanes come from the host's instructions (simd.dot_x86: AVX2 or
+AVX-VNNI; simd.dot_aarch64: sdot or NEON) or, elsewhere, generic widening ops computing the same integers.
+"""
+
+from numba import types
+from numba.extending import intrinsic
+
+from .dot_aarch64 import aarch64_dot_lanes
+from .dot_x86 import avx2_dot_lanes
+from .host import HAS_AVX2, HAS_DOTPROD, IS_AARCH64
+from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _load, _ptr, _shuffle, _splat, _vec
+
+
+def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
+    """<8 x i32> lane m = base[m] + sum over e in 4m..4m+3 of w[e] * x[e] * scale(e), scale from the <16 x i16>
+    pair_scales (one per pair of elements; None means 1), base an <8 x i32> (None means 0)."""
+    if HAS_AVX2:
+        return avx2_dot_lanes(builder, w, x, signed, pair_scales, base)
+    if HAS_DOTPROD or IS_AARCH64:
+        return aarch64_dot_lanes(builder, w, x, pair_scales, base)
+    wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
+    p = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
+    pairs = builder.add(_shuffle(builder, p, p, range(0, 32, 2)), _shuffle(builder, p, p, range(1, 32, 2)))
+    if pair_scales is not None:
+        pairs = builder.mul(pairs, builder.sext(pair_scales, _vec(_I32, 16)))
+    even = _shuffle(builder, pairs, pairs, range(0, 16, 2))
+    lanes = builder.add(even, _shuffle(builder, pairs, pairs, range(1, 16, 2)))
+    return lanes if base is None else builder.add(base, lanes)
+
+
+def _half_scales(builder, lo, hi):
+    """<16 x i16>: lo for the pairs of elements 0..15, hi for 16..31."""
+    lo, hi = _splat(builder, builder.trunc(lo, _I16), 16), _splat(builder, builder.trunc(hi, _I16), 16)
+    return _shuffle(builder, lo, hi, list(range(8)) + list(range(24, 32)))
+
+
+def _make_dot(name, signed, scaled, doc):
+    if scaled:
+        def typer(typingctx, w, x, scale_lo, scale_hi):
+            if w is not I8x32 or x is not I8x32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                return _dot_lanes(builder, args[0], args[1], signed, _half_scales(builder, args[2], args[3]))
+            return I32x8(w, x, types.int32, types.int32), codegen
+    else:
+        def typer(typingctx, w, x):
+            if w is not I8x32 or x is not I8x32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                return _dot_lanes(builder, args[0], args[1], signed)
+            return I32x8(w, x), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+@intrinsic
+def dot_u8x32_plus(typingctx, w, x, buf, offset):
+    """The 8 int32 at buf[offset] (an element offset: bytes for an int8 buffer, lanes for an int32 one) plus the
+    lanes of w . x, w 0..127 (vpdpbusd's accumulator where HAS_VNNI). A format whose quants carry an offset
+    (q = u - c) takes u unsigned and starts each lane at -c x the sum of its four activations: the same integers as
+    the signed dot, without flipping the activations' signs per dot."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(offset, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I32, 8))
+        return _dot_lanes(builder, args[0], args[1], False, base=base)
+    return I32x8(w, x, buf, offset), codegen
+
+
+dot_i8x32 = _make_dot("dot_i8x32", True, False, "Lanes of w . x, w any signed bytes (x within +-127).")
+dot_u8x32 = _make_dot("dot_u8x32", False, False, "Lanes of w . x, w known to be 0..127 (saves the sign flip).")
+dot_i8x32_2scales = _make_dot("dot_i8x32_2scales", True, True,
+                              "Lanes of w . x with elements 0..15 times scale_lo and 16..31 times scale_hi "
+                              "(int16-range scales).")
+dot_u8x32_2scales = _make_dot("dot_u8x32_2scales", False, True, "dot_i8x32_2scales for w in 0..127.")
+
+
+
+@intrinsic
+def dot_u8x32_byte_scale(typingctx, w, x, word, g):
+    """Lanes of w . x (w 0..127) times byte g of the 64-bit `word` (g a compile-time constant 0..7): one scale for
+    all 32 elements, taken from eight packed in a word (a K-quant super-block's sub-block scales). On AVX2 the
+    scales are moved to a vector once and each call broadcasts its own (vpbroadcastw / vpshufb), instead of
+    extracting it in a general register and moving it over for every call."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(g, types.IntegerLiteral) or not 0 <= g.literal_value < 8:
+        return None
+    lane = g.literal_value
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[2], sig.args[2], types.uint64)
+        scales = builder.zext(builder.bitcast(word, _vec(_I8, 8)), _vec(_I16, 8))
+        return _dot_lanes(builder, args[0], args[1], False, _shuffle(builder, scales, scales, [lane] * 16))
+    return I32x8(w, x, word, g), codegen
+
+
+@intrinsic
+def dot_u8x32_scale_pair(typingctx, w, x, buf, offset, g):
+    """Lanes of w . x (w 0..127) with elements 0..15 times the signed byte buf[offset + 2g] and 16..31 times
+    buf[offset + 2g + 1] (g a compile-time constant 0..7): dot_u8x32_2scales for a block's sixteen int8 scales,
+    which are loaded and widened once for all g (a Q6_K super-block's) instead of one scalar at a time."""
+    if w is not I8x32 or x is not I8x32 or not isinstance(g, types.IntegerLiteral) or not 0 <= g.literal_value < 8:
+        return None
+    lane = g.literal_value
+
+    def codegen(context, builder, sig, args):
+        scales = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 16))
+        scales = builder.sext(scales, _vec(_I16, 16))
+        pair_scales = _shuffle(builder, scales, scales, [2 * lane] * 8 + [2 * lane + 1] * 8)
+        return _dot_lanes(builder, args[0], args[1], False, pair_scales)
+    return I32x8(w, x, buf, offset, g), codegen
+

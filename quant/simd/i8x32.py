@@ -1,0 +1,140 @@
+"""I8x32: decoding a block's quants into 32 signed bytes: loads and stores, nibble and bit unpacking, half
+duplication and byte-wise arithmetic.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .vector_ir import I8x32, _I1, _I8, _I32, _as_i8x32, _cast_ptr, _load, _ptr, _shuffle, _splat, _vec
+
+
+@intrinsic
+def load_i8x32(typingctx, buf, offset):
+    """32 bytes at buf[offset] as signed bytes."""
+    def codegen(context, builder, sig, args):
+        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 32))
+    return I8x32(buf, offset), codegen
+
+
+@intrinsic
+def store_i8x32(typingctx, buf, offset, v):
+    """Write the 32 bytes of v to buf[offset:offset + 32] (an int8 or uint8 buffer)."""
+    if v is not I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=1)
+        return context.get_dummy_value()
+    return types.none(buf, offset, v), codegen
+
+
+@intrinsic
+def store_pair64(typingctx, dst, d_offset, src, a_offset, b_offset):
+    """dst[d_offset:d_offset + 64] <- [a 0-15 | b 0-15 | a 16-31 | b 16-31] for the 32 bytes a at src[a_offset] and
+    b at src[b_offset] (an eight-token tile's pair layout, dots_block32._pack_tiles8)."""
+    def codegen(context, builder, sig, args):
+        a = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32))
+        b = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[4]), _vec(_I8, 32))
+        v = _shuffle(builder, a, b, list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64)))
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(v, _cast_ptr(builder, ptr, v.type), align=1)
+        return context.get_dummy_value()
+    return types.none(dst, d_offset, src, a_offset, b_offset), codegen
+
+
+@intrinsic
+def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult):
+    """dst[d_offset + k] <- mult x (src[s_offset + 4k] + ... + src[s_offset + 4k + 3]) for k = 0..7: the int32 lane
+    sums of 32 signed bytes (dst an int32 array, element offset; mult an int32, the products within int32)."""
+    def codegen(context, builder, sig, args):
+        i32x32 = _vec(_I32, 32)
+        v = builder.sext(_load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32)), i32x32)
+        parts = [_shuffle(builder, v, v, range(e, 32, 4)) for e in range(4)]
+        total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+        total = builder.mul(total, _splat(builder, args[4], 8))
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(total, _cast_ptr(builder, ptr, total.type), align=4)
+        return context.get_dummy_value()
+    return types.none(dst, d_offset, src, s_offset, types.int32), codegen
+
+
+@intrinsic
+def load_nibbles_lo_hi(typingctx, buf, offset):
+    """16 bytes at buf[offset] -> 32 values 0..15: low nibbles first, then high nibbles (Q4_0/Q4_1/Q5_x)."""
+    def codegen(context, builder, sig, args):
+        q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+        lo = builder.and_(q, ir.Constant(_vec(_I8, 16), [0x0F] * 16))
+        hi = builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))
+        return _shuffle(builder, lo, hi, range(32))
+    return I8x32(buf, offset), codegen
+
+
+@intrinsic
+def load_nibbles_lo_hi_bcast(typingctx, buf, offset):
+    """load_nibbles_lo_hi's values, built another way: the 16 bytes in both halves of the vector, the upper half's
+    32-bit words shifted right by 4, then the bytes masked (on AVX2 vbroadcasti128, vpsrlvd, vpand: three
+    instructions against four). Faster where the vector is used whole (the two-row Q4_1 dot); the eight-token tiles,
+    which split it into halves again, compile better from load_nibbles_lo_hi (measured: pp512 10% slower)."""
+    def codegen(context, builder, sig, args):
+        return _nibbles_broadcast(context, builder, sig, args, 2)
+    return I8x32(buf, offset), codegen
+
+
+def _nibbles_broadcast(context, builder, sig, args, copies):
+    """The 16 bytes at args[0][args[1]] in each of `copies` 128-bit lanes, the upper half of the lanes' 32-bit words
+    shifted right by 4, the bytes masked to their low nibble: low nibbles (x copies / 2), then high nibbles."""
+    q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+    n = 4 * copies  # 32-bit words
+    words = builder.bitcast(_shuffle(builder, q, q, list(range(16)) * copies), _vec(_I32, n))
+    words = builder.lshr(words, ir.Constant(_vec(_I32, n), [0] * (n // 2) + [4] * (n // 2)))
+    return builder.and_(builder.bitcast(words, _vec(_I8, 4 * n)), ir.Constant(_vec(_I8, 4 * n), [0x0F] * (4 * n)))
+
+
+@intrinsic
+def load_bits32(typingctx, buf, offset):
+    """The little-endian uint32 at buf[offset] -> 32 values 0/1, value j is bit j (Q5_0/Q5_1 qh)."""
+    def codegen(context, builder, sig, args):
+        word = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I32)
+        return builder.zext(builder.bitcast(word, _vec(_I1, 32)), _vec(_I8, 32))
+    return I8x32(buf, offset), codegen
+
+
+def _i8x32_halves(name, first, doc):
+    def typer(typingctx, v):
+        if v is not I8x32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _shuffle(builder, args[0], args[0], list(range(first, first + 16)) * 2)
+        return I8x32(v), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+i8x32_dup_lo = _i8x32_halves("i8x32_dup_lo", 0, "Bytes 0..15 of v, twice (the low half in both 128-bit lanes).")
+i8x32_dup_hi = _i8x32_halves("i8x32_dup_hi", 16, "Bytes 16..31 of v, twice (the high half in both 128-bit lanes).")
+
+
+def _i8x32_binary(op_name):
+    def typer(typingctx, a, b):
+        if a is not I8x32 or not (b is I8x32 or isinstance(b, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            lhs = args[0]
+            rhs = _as_i8x32(context, builder, sig.args[1], args[1])
+            return getattr(builder, op_name)(lhs, rhs)
+        return I8x32(a, b), codegen
+    typer.__name__ = f"i8x32_{op_name}"
+    return intrinsic(typer)
+
+
+i8x32_and = _i8x32_binary("and_")   # a & b            (b: I8x32 or an integer, splatted)
+i8x32_or = _i8x32_binary("or_")     # a | b
+i8x32_xor = _i8x32_binary("xor")    # a ^ b
+i8x32_add = _i8x32_binary("add")    # a + b, wrapping
+i8x32_sub = _i8x32_binary("sub")    # a - b, wrapping
+i8x32_shr = _i8x32_binary("lshr")   # logical a >> b, per byte
+i8x32_shl = _i8x32_binary("shl")    # a << b, per byte
