@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fuzz_gguf_cases import load_seeds, make_case, write_case  # noqa: E402
+from fuzz_gguf_cases import Seed, load_seeds, make_case, write_case  # noqa: E402
 
 from edgellm.engine import gguf  # noqa: E402
 from edgellm.errors import GGUFError, TokenizerError  # noqa: E402
