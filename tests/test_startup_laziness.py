@@ -30,11 +30,13 @@ if len(sys.argv) > 1:
     from numba.core.dispatcher import Dispatcher
     m = edgellm.load(sys.argv[1], n_threads=1, n_ctx=64)
     m.model.forward(np.array([1], np.int32))
-    # kernels that were compiled or loaded from the cache, by module
+    # kernels that were compiled or loaded from the cache, by the module that defines them (a module's namespace
+    # also holds the kernels it imports: iq4_nl's tiles come from dots_block32)
     used = {}
     for name, mod in list(sys.modules.items()):
         if name.startswith("edgellm.quant."):
-            n = sum(1 for v in vars(mod).values() if isinstance(v, Dispatcher) and v.overloads)
+            n = sum(1 for v in vars(mod).values()
+                    if isinstance(v, Dispatcher) and v.overloads and v.py_func.__module__ == name)
             if n:
                 used[name] = n
     print(json.dumps({"after_import": after_import, "after_load": sorted(sys.modules), "used": used}))
