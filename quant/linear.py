@@ -93,6 +93,9 @@ class QuantLinear:
         self.kernels = kernels_for(self.format)
         self._kernel = self.kernels.matmul_kernel_for(self.n_out)
         self.rows8 = self._kernel is not self.kernels.matmul_kernel()  # llama.cpp's repacked arithmetic (registry)
+        # One matrix through the two-or-three-matrix driver (the other two without columns), with the same bits:
+        # a model then compiles one parallel driver per format, not two (a first run's compilation is mostly these).
+        self._kernel3 = None if self.rows8 else self.kernels.matmul3_kernel()
         activation = self.kernels.activation
         self._scratch_key = None if activation == FLOAT else (activation, self.n_in)
         self._x_shape, self._out_shape = (self.n_in,), (self.n_out,)
@@ -149,6 +152,11 @@ class QuantLinear:
             self._run(x, out, sizes)
 
     def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
+        if self._kernel3 is not None:
+            w = self.data
+            self._kernel3(w, w, w, self.row_bytes, x, *_scratch_for(self._scratch_key).reserve(x.shape[0]), out,
+                          _NO_COLUMNS, _NO_COLUMNS)
+            return
         if self.kernels.row_kinds is None:
             self._kernel(self.data, self.row_bytes, x, *_scratch_for(self._scratch_key).reserve(x.shape[0]), out)
             return
@@ -191,7 +199,7 @@ class QuantLinear:
         self._dequantize_rows()(self.data, self.row_bytes, ids.astype(np.int64, copy=False), out)
 
 
-_NO_COLUMNS = np.empty((0, 0), np.float32)  # a two-matrix group's third output: no row blocks to compute
+_NO_COLUMNS = np.empty((0, 0), np.float32)  # an output with no row blocks to compute (of a group of two, a lone matrix)
 
 
 class QuantGroup:

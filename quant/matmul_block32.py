@@ -9,6 +9,7 @@ dots they call and the activation layouts are in quant.dots_block32.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
@@ -24,7 +25,7 @@ from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_
 # --- Q4_0 ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -51,8 +52,8 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
 @njit(parallel=True, cache=True)
 def matmul_q4_0(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 8)
-    for rb in prange(_row_blocks(out)):
-        _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_q4_0(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 
 
 @njit(parallel=True, cache=True)
@@ -63,7 +64,7 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q4_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
+            _row_block_q4_0(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
         elif k < b0 + b1:
             _row_block_q4_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:
@@ -73,7 +74,7 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 # --- Q4_1 ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -101,8 +102,8 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
 def matmul_q4_1(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
-    for rb in prange(_row_blocks(out)):
-        _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_q4_1(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out)
 
 
 @njit(parallel=True, cache=True)
@@ -114,7 +115,7 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q4_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out0)
+            _row_block_q4_1(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out0)
         elif k < b0 + b1:
             _row_block_q4_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out1)
         else:
@@ -124,7 +125,7 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 # --- Q5_0 ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -152,8 +153,8 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
 def matmul_q5_0(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 16)
     lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])
-    for rb in prange(_row_blocks(out)):
-        _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_q5_0(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out)
 
 
 @njit(parallel=True, cache=True)
@@ -165,7 +166,7 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q5_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out0)
+            _row_block_q5_0(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out0)
         elif k < b0 + b1:
             _row_block_q5_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out1)
         else:
@@ -175,7 +176,7 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 # --- Q5_1 ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -203,8 +204,8 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
 def matmul_q5_1(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, 0)
     pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)
-    for rb in prange(_row_blocks(out)):
-        _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_q5_1(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out)
 
 
 @njit(parallel=True, cache=True)
@@ -216,7 +217,7 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q5_1(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out0)
+            _row_block_q5_1(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out0)
         elif k < b0 + b1:
             _row_block_q5_1(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out1)
         else:
@@ -226,7 +227,7 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 # --- Q8_0 ----------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -253,8 +254,8 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, Q8_0_TILE_OFFSET)
-    for rb in prange(_row_blocks(out)):
-        _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_q8_0(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 
 
 @njit(parallel=True, cache=True)
@@ -265,7 +266,7 @@ def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_q8_0(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
+            _row_block_q8_0(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
         elif k < b0 + b1:
             _row_block_q8_0(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:
@@ -275,7 +276,7 @@ def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 # --- IQ4_NL --------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -302,8 +303,8 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 @njit(parallel=True, cache=True)
 def matmul_iq4_nl(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, TILE_OFFSET_IQ4_NL)
-    for rb in prange(_row_blocks(out)):
-        _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_iq4_nl(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
 
 
 @njit(parallel=True, cache=True)
@@ -314,7 +315,7 @@ def matmul3_iq4_nl(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_iq4_nl(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
+            _row_block_iq4_nl(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
         elif k < b0 + b1:
             _row_block_iq4_nl(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:

@@ -30,7 +30,8 @@ if len(sys.argv) > 1:
     from numba.core.dispatcher import Dispatcher
     m = edgellm.load(sys.argv[1], n_threads=1, n_ctx=64)
     m.model.forward(np.array([1], np.int32))
-    # kernels that were compiled or loaded from the cache, by module
+    # kernels that were compiled or loaded from the cache, by the module that defines them (a module's namespace
+    # also holds the kernels it imports: iq4_nl's tiles come from dots_block32)
     used = {}
     for name, mod in list(sys.modules.items()):
         if name.startswith("edgellm.quant."):

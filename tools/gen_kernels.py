@@ -89,7 +89,7 @@ def dequantize_rows() -> str:
 
 ROW_BLOCK_HEAD = Template('''
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row_block_$fmt(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
     at a time."""
@@ -130,8 +130,8 @@ MATMUL = Template('''
 def matmul_$fmt(w, row_bytes, x, xq, xd, xs, out):
     nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, $offset)
     $setup
-    for rb in prange(_row_blocks(out)):
-        _row_block_$fmt(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_$fmt(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out)
 
 
 @njit(parallel=True, cache=True)
@@ -143,7 +143,7 @@ def matmul3_$fmt(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
     b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
     for k in prange(b0 + b1 + b2):
         if k < b0:
-            _row_block_$fmt(w0, row_bytes, k, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out0)
+            _row_block_$fmt(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out0)
         elif k < b0 + b1:
             _row_block_$fmt(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out1)
         else:
@@ -172,7 +172,7 @@ def matmul_block32() -> str:
            "of ROW_BLOCK rows x every token (eight-token tiles, four-token tiles, then single tokens two rows at a\n"
            "time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The contract, the\n"
            "dots they call and the activation layouts are in quant.dots_block32.")
-    head = ("from numba import njit, prange\n"
+    head = ("import numpy as np\nfrom numba import njit, prange\n"
             "from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)\n\n")
     return _module(doc, head + _imports(imports) + "".join(body))
 

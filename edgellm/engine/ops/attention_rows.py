@@ -125,7 +125,7 @@ def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
                 _store4(acc, r0 + 3 * step, u0, u1, u2, u3)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work):
     """_attend_vec (several-row order) for query rows t0 .. t0 + ROWS - 1 of head h together. Returns False, having
     done nothing, where their visible slots do not fit in the ring together (the caller then takes them one by one).

@@ -206,7 +206,7 @@ def _run_bounds(r, first, last, capacity):
     return first, capacity if first >= last else last
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _row_weights(row, first, last, n_runs, top, e8, v_cache):
     """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them."""
     capacity = row.shape[0]
@@ -220,7 +220,7 @@ def _row_weights(row, first, last, n_runs, top, e8, v_cache):
         _weights_run_vec(row, a, b, inv, v_cache)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _sum_batch_lanes(work, ra, o, head_dim, out):
     """out[o:o + head_dim] <- the sum of a row's LANES_BATCH lane rows (from work[ra]) in _attend_vec's order."""
     for c in range(0, head_dim, 8):
@@ -232,7 +232,7 @@ def _sum_batch_lanes(work, ra, o, head_dim, out):
         store_f32x8(out, o + c, sum8)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy")
 def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single):
     """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors. work: as _attend's."""
     capacity = slot_pos.shape[0]
