@@ -42,7 +42,7 @@ RECORDED = [name for name in (SMOLLM2, GEMMA) if fixture_path(name).exists()]
 
 WINDOW = 512  # Gemma's sliding window (and llama.cpp's batch): CI checks Gemma prompts longer than it
 SPREAD = {2: 20, 1: 6}  # prompts of at most WINDOW tokens checked in CI per model, by thread count
-LONG_SPREAD = 6  # Gemma prompts longer than WINDOW checked in CI at 2 threads, spread over their lengths
+LONG_SPREAD = 4  # Gemma prompts longer than WINDOW checked in CI at 2 threads, spread over their lengths (to 2,133)
 PPL_TEXTS = ("ppl_text.txt", "ppl_text_psf_license.txt")
 PPL_CI_CHUNKS = 1  # chunks of each text CI scores; the full texts run with EDGELLM_EXACT_FULL=1
 # llama-perplexity accumulates the same float64 log-likelihoods in another order (per thread, as rows finish),
