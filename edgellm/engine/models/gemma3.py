@@ -70,16 +70,16 @@ def tensor_specs(cfg: Gemma3Config):
              matrix("output.weight", (cfg.n_vocab, d), optional=True)]
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
-        specs += [vector(blk + "attn_q_norm.weight", hd), vector(blk + "attn_k_norm.weight", hd)]
-        specs += sandwich_block_specs(cfg, blk)
+        specs += sandwich_block_specs(cfg, blk, [vector(blk + "attn_q_norm.weight", hd),
+                                                 vector(blk + "attn_k_norm.weight", hd)])
     return specs
 
 
-def sandwich_block_specs(cfg, blk: str):
-    """A Gemma block's tensors but its QK norms: attention and dense feed-forward, each with a norm before and
+def sandwich_block_specs(cfg, blk: str, qk_norms=()):
+    """A Gemma block's tensors: attention (with any QK norms) and dense feed-forward, each with a norm before and
     after."""
     d = cfg.n_embd
-    return [vector(blk + "attn_norm.weight", d), *attention_specs(cfg, blk),
+    return [vector(blk + "attn_norm.weight", d), *attention_specs(cfg, blk, qk_norms),
             vector(blk + "post_attention_norm.weight", d),
             vector(blk + "ffn_norm.weight", d), *ffn_specs(cfg, blk), vector(blk + "post_ffw_norm.weight", d)]
 

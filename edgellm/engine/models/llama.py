@@ -67,12 +67,14 @@ def tensor_specs(cfg: LlamaConfig):
     return specs
 
 
-def attention_specs(cfg, blk: str):
-    """The attention's projections: q, k, v and output."""
+def attention_specs(cfg, blk: str, qk_norms=()):
+    """The attention's projections: q, k, v, then any QK norms, then output (the order the writers lay them out
+    in, which the tiny files' recorded hashes fix)."""
     d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     return [matrix(blk + "attn_q.weight", (q_dim, d)),
             matrix(blk + "attn_k.weight", (kv_dim, d)),
             matrix(blk + "attn_v.weight", (kv_dim, d)),
+            *qk_norms,
             matrix(blk + "attn_output.weight", (d, q_dim))]
 
 

@@ -41,8 +41,8 @@ def tensor_specs(cfg: Olmo2Config):
              matrix("output.weight", (cfg.n_vocab, d))]  # llama.cpp requires it: OLMo 2 is never tied
     for il in range(cfg.n_layer):
         blk = f"blk.{il}."
-        specs += [vector(blk + "attn_q_norm.weight", q_dim), vector(blk + "attn_k_norm.weight", kv_dim),
-                  *attention_specs(cfg, blk), vector(blk + "post_attention_norm.weight", d),
+        norms = [vector(blk + "attn_q_norm.weight", q_dim), vector(blk + "attn_k_norm.weight", kv_dim)]
+        specs += [*attention_specs(cfg, blk, norms), vector(blk + "post_attention_norm.weight", d),
                   *ffn_specs(cfg, blk), vector(blk + "post_ffw_norm.weight", d)]
     return specs
 
