@@ -172,11 +172,9 @@ def _row_blocks(out):
 # serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
 # prefetches each row PREFETCH_BYTES ahead. The four- and eight-token kernels (vec_dot4, tile8) hint their one row
 # the same way: a small batch (batched decoding, T = 4..16) streams each weight once, and without the hint the
-# stream's latency added to the tiles' compute (SmolLM2's matrices at T = 8: 19.6 -> 13.5 ms, T = 4: 17.8 -> 9.8).
-# Distance, measured on each machine kind with 2 threads: on the AVX2 kind Q8_0 did best at 512-1024 bytes and Q4_1
-# at 1024-2048; on the AVX-512 kind 1024 left decode slow and 3072-6144 were alike (SmolLM2's matrices for one
-# token, alternating processes: 6.9-7.4 ms at 1024, 5.0-5.7 at 3072, 4.7-5.4 at 6144; tg64 169 -> 198 t/s).
-PREFETCH_BYTES = 3072
+# stream's latency added to the tiles' compute. The distance that does best differs by machine kind (AVX2 hosts
+# want it short, AVX-512 ones long: docs/kernels.md has the measurements).
+PREFETCH_BYTES = 3072 if HAS_WIDE_TILES else 1024
 
 
 @njit(cache=True)
