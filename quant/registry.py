@@ -197,6 +197,7 @@ RECORDS: tuple[FormatKernels, ...] = (
              cuda=False),
     FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
                   matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs", row_kinds=ROWS_TILED8),
+    _block32("MXFP4", DRIVER_PLAIN, "TILE_OFFSET_MXFP4", dots="mxfp4", block="mxfp4", quantizer="mxfp4", cuda=False),
 )
 
 
