@@ -8,9 +8,15 @@ activations goes into 8 exact int32 lanes, and each block's lanes are added by o
 one of two float accumulators (even blocks, odd blocks); the two are added lane by lane and the lanes summed
 (f32x8_hsum's order); an odd last block is a scalar step after that, one FMA.
 
+Matrices of a multiple of 8 rows llama.cpp's AVX2 backend repacks at load (mxfp4_8x8) and multiplies with
+ggml_gemv_mxfp4_8x8_q8_0 (one token) and ggml_gemm_mxfp4_8x8_q8_0 (four), which give each (row, token) the same bits:
+per block the exact integer dot, then acc = fma(float(dot), d_x * 2^(e - 128), acc), one float32 chain over the
+blocks in order (Q4_0's repacked arithmetic, quant.q4_0_rows8). matmul_mxfp4_rows8 computes that, rows8_reference
+is its numpy model.
+
 Here: block_mxfp4, the dequantizer; the four row dots quant.matmul_block32 drives (quant.dots_block32 states their
-contract), so every (row, token) gives the same bits whichever computes it; quantize_block_mxfp4, llama.cpp's
-quantize_row_mxfp4_ref with the operations of quant.reference.quantize_mxfp4.
+contract), so every (row, token) gives the same bits whichever computes it; matmul_mxfp4_rows8; quantize_block_mxfp4,
+llama.cpp's quantize_row_mxfp4_ref with the operations of quant.reference.quantize_mxfp4.
 """
 
 from __future__ import annotations
@@ -19,15 +25,16 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit
+from numba import njit, prange
 from numba.extending import intrinsic
+from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _tile8_pairs, _tile8_sums_256,
-                           _tile8_zero)
+from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _quantize_tokens, _tile8_pairs,
+                           _tile8_sums_256, _tile8_zero)
 from .iq4_nl import _tile8_added  # (the two accumulator tiles added lane by lane: table-independent)
-from .reference import KVALUES_MXFP4
+from .reference import KVALUES_MXFP4, e8m0_to_f32_half
 from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32_from_bits, f32x8_add, f32x8_fma_i32, f32x8_hsum,
-                   f32x8_splat, f32x8_zero, fma32, i8x32_xor, load_f32, load_i8x32, prefetch)
+                   f32x8_splat, f32x8_zero, fma32, i32x8_hsum, i8x32_xor, load_f32, load_i8x32, prefetch)
 from .simd.vector_ir import _call_intrinsic, _load, _ptr, _shuffle, _vec
 
 TILE_OFFSET_MXFP4 = Q8_0_TILE_OFFSET  # the tiles take the values as Q8_0's quants (signed; +128 for 512-bit)
@@ -201,6 +208,38 @@ def tile8_mxfp4(w, o, nb, xp, xo, xt, so, xl):
                 _tile_tail(w, o, xp, xo_b, xt, so_b, 4, r[4]), _tile_tail(w, o, xp, xo_b, xt, so_b, 5, r[5]),
                 _tile_tail(w, o, xp, xo_b, xt, so_b, 6, r[6]), _tile_tail(w, o, xp, xo_b, xt, so_b, 7, r[7]))
     return r
+
+
+@njit(parallel=True, cache=True)
+def matmul_mxfp4_rows8(w, row_bytes, x, xq, xd, xs, out):
+    """quant.matmul_block32's contract, for a matrix llama.cpp repacks: one float chain per (row, token)."""
+    _quantize_tokens(x, xq, xd, xs)
+    n_tokens, n_in = x.shape
+    nb = n_in // 32
+    for r in prange(out.shape[1]):
+        for t in range(n_tokens):  # the row (nb * 17 bytes) stays in L1 across the tokens
+            o, acc = r * row_bytes, np.float32(0)
+            for b in range(nb):
+                prefetch(w, o + PREFETCH_BYTES)
+                dot = i32x8_hsum(dot_i8x32(load_mxfp4_values(w, o + 1), load_i8x32(xq, t * n_in + 32 * b)))
+                acc = fma32(np.float32(dot), load_f32(xd, t * nb + b) * e8m0_half(w[o]), acc)
+                o += BLOCK_BYTES
+            out[t, r] = acc
+
+
+def rows8_reference(raw, n_out, n_in, xq, xd):
+    """numpy: matmul_mxfp4_rows8's float32 results for one token's Q8_0 activations (xq int8 [n_in], xd float32
+    [n_in / 32]): exact integer dots, one FMA per block (float64 holds the product of the two float32 exactly, and
+    the sum is rounded once to float32, as quant.q4_0_rows8.rows8_reference argues)."""
+    blocks = np.asarray(raw, np.uint8).reshape(n_out, n_in // 32, BLOCK_BYTES)
+    d = e8m0_to_f32_half(blocks[:, :, 0])
+    q = KVALUES_MXFP4[np.concatenate([blocks[:, :, 1:] & 15, blocks[:, :, 1:] >> 4], axis=2)].astype(np.int64)
+    dots = (q * xq.reshape(1, -1, 32).astype(np.int64)).sum(axis=2)
+    out = np.zeros(n_out, np.float32)
+    for b in range(n_in // 32):
+        scale = (np.float32(xd[b]) * d[:, b]).astype(np.float32)
+        out = (dots[:, b].astype(np.float32).astype(np.float64) * scale.astype(np.float64) + out).astype(np.float32)
+    return out
 
 
 # --- quantizer ---------------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """MXFP4: the kernels against a numpy model of llama.cpp's arithmetic and against llama.cpp's own outputs, the
 quantizer against llama.cpp's bytes, and the E8M0 scale over every byte.
 
-llama.cpp's ggml_vec_dot_mxfp4_q8_0 (AVX2) is IQ4_NL's scheme with another table and scale: per block, 8 exact int32
-lanes of the doubled E2M1 values times the int8 activations; one FMA per block with d_x * 2^(e - 128) into one of two
-float accumulators (even blocks, odd blocks); the two added lane by lane and the lanes summed as hsum_float_8; an odd
-last block as a scalar FMA after that. The model below does that with exact rationals and one float32 rounding per
-operation (test_quant_iq4_nl's helpers), depending on nothing in quant's kernels. The generic checks (dequantize vs
+llama.cpp's ggml_vec_dot_mxfp4_q8_0 (AVX2; matrices whose row count is not a multiple of 8) is IQ4_NL's scheme
+with another table and scale: per block, 8 exact int32 lanes of the doubled E2M1 values times the int8 activations;
+one FMA per block with d_x * 2^(e - 128) into one of two float accumulators (even blocks, odd blocks); the two added
+lane by lane and the lanes summed as hsum_float_8; an odd last block as a scalar FMA after that. Matrices of a
+multiple of 8 rows it repacks at load and multiplies with ggml_gemv/gemm_mxfp4_8x8_q8_0: one FMA chain over the
+blocks per (row, token). The models below do that with exact rationals and one float32 rounding per operation
+(test_quant_iq4_nl's helpers), depending on nothing in quant's kernels. The generic checks (dequantize vs
 gguf-py, hand-built block, the Numba dequantizer and quantizer vs the numpy references, matmul rows vs matvec, tiles,
 groups, other CPU kinds) pick MXFP4 up from the registry.
 
@@ -65,11 +67,25 @@ def llama_vec_dot(row, xq, xd):
     return total
 
 
-@pytest.mark.parametrize("n_in", [128, 160])  # an even and an odd number of blocks (the scalar last step)
-def test_matvec_and_matmul_rows_equal_llama_cpp_arithmetic(n_in):
-    n_out, n_tokens = 19, 13  # a row block ending on an odd row; an eight-token tile, a four-token tile, one token
+def llama_rows8_dot(row, xq, xd):
+    """ggml_gemv/gemm_mxfp4_8x8_q8_0's result (a matrix of a multiple of 8 rows, repacked): one chain over the
+    blocks, acc = fma(float(exact block dot), d_x * 2^(e - 128), acc)."""
+    acc = np.float32(0)
+    for b in range(len(xd)):
+        vals, d = block_values(row, b)
+        sumi = int((vals * xq[32 * b:32 * b + 32].astype(np.int64)).sum())
+        acc = fma(np.float32(sumi), np.float32(np.float32(xd[b]) * d), acc)
+    return acc
+
+
+# 19 rows: the vec_dot path (a row block ending on an odd row); 16: the repacked one
+@pytest.mark.parametrize("n_out,n_in", [(19, 128), (19, 160), (16, 160)])  # 4 and 5 blocks (the scalar last step)
+def test_matvec_and_matmul_rows_equal_llama_cpp_arithmetic(n_out, n_in):
+    n_tokens = 13  # an eight-token tile, a four-token tile, one token
     raw = random_matrix_bytes(FMT, n_out, n_in, np.random.default_rng(n_in))
     layer = quant.QuantLinear(raw, "MXFP4", (n_out, n_in))
+    assert layer.rows8 == (n_out % 8 == 0)
+    llama_dot = llama_rows8_dot if layer.rows8 else llama_vec_dot
     x = np.random.default_rng(1).standard_normal((n_tokens, n_in)).astype(np.float32)
     x[3] *= 1e-3  # one token of small activations
     batch = np.empty((n_tokens, n_out), np.float32)
@@ -77,7 +93,7 @@ def test_matvec_and_matmul_rows_equal_llama_cpp_arithmetic(n_in):
     row_bytes = FMT.row_bytes(n_in)
     for t in range(n_tokens):
         xq, xd = activations(x[t])
-        want = np.array([llama_vec_dot(raw[r * row_bytes:(r + 1) * row_bytes], xq, xd) for r in range(n_out)],
+        want = np.array([llama_dot(raw[r * row_bytes:(r + 1) * row_bytes], xq, xd) for r in range(n_out)],
                         np.float32)
         one = np.empty(n_out, np.float32)
         layer.matvec(x[t], one)
@@ -99,11 +115,14 @@ def test_e8m0_half_scale_every_byte():
 
 # --- against llama.cpp's own outputs -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n_in", sorted(LLAMA_CPP["vec_dot_mxfp4_q8_0"], key=int))
-def test_matmul_bits_equal_llama_cpp_vec_dot(n_in):
-    rec = LLAMA_CPP["vec_dot_mxfp4_q8_0"][n_in]
+@pytest.mark.parametrize("kernel,n_in", [(k, n) for k in ("vec_dot_mxfp4_q8_0", "gemv_mxfp4_8x8_q8_0")
+                                          for n in sorted(LLAMA_CPP[k], key=int)])
+def test_matmul_bits_equal_llama_cpp(kernel, n_in):
+    """Rows not in eights: ggml_vec_dot_mxfp4_q8_0's bits; rows in eights: the repacked gemv's (and gemm's)."""
+    rec = LLAMA_CPP[kernel][n_in]
     n_in, n_out, n_tokens = int(n_in), rec["rows"], rec["tokens"]
     layer = quant.QuantLinear(recorded.lcg_mxfp4_matrix(n_out, n_in), "MXFP4", (n_out, n_in))
+    assert layer.rows8 == kernel.startswith("gemv")
     x = recorded.lcg_activations(n_tokens, n_in)
     out = np.empty((n_tokens, n_out), np.float32)
     layer.matmul(x, out)

@@ -8,8 +8,12 @@ What it calls: quantize_mxfp4 (quantize_row_mxfp4_ref underneath) on the determi
 tests/test_quant_mxfp4 (`cos` and `lcg` as in tests/test_quantize_kquants, and `edges`: block maxima one ulp under a
 power of two, where log2f rounds up, and values halfway between two levels, where the first index wins), written
 out again below; quantize_row_q8_0 and ggml_vec_dot_mxfp4_q8_0 (the library's AVX2 path) for every (token, row) of
-an integer-LCG matrix and LCG activations, for an even and an odd number of blocks. It stores the first 16 hex
-digits of each output's sha256 and, for the dot, the first token's bits in clear.
+an integer-LCG matrix and LCG activations, for an even and an odd number of blocks; and for matrices of a multiple of
+8 rows, which llama.cpp repacks at load, ggml_gemv_mxfp4_8x8_q8_0 on the rows interleaved as its repack does (per 8
+rows and block: the 8 scale bytes, then 16 chunks of 8 quant bytes, chunk i from row i % 8, bytes (i // 8) * 8 on),
+checking on the way that ggml_gemm_mxfp4_8x8_q8_0 gives every group of four tokens the same bits (its activations
+interleaved likewise, 4 tokens, as ggml_quantize_mat_q8_0_4x8 lays them out). It stores the first 16 hex digits of
+each output's sha256 and the first token's bits in clear.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "llama_cpp_mxfp4.json"
 BLOCK_BYTES, Q8_0_BYTES = 17, 34
-DOT_SHAPES = {256: (24, 11), 288: (19, 13)}  # n_in: (rows, tokens); 8 and 9 blocks a row
+DOT_SHAPES = {256: (23, 11), 288: (19, 13)}  # n_in: (rows, tokens); 8 and 9 blocks a row, rows not in eights
+GEMV_SHAPES = {256: (24, 11), 288: (16, 9)}  # the repacked path: rows in eights
 KVALUES = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 
 
@@ -92,7 +97,43 @@ def _libs():
     cpu.quantize_row_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     cpu.ggml_vec_dot_mxfp4_q8_0.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                             ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for f in (cpu.ggml_gemv_mxfp4_8x8_q8_0, cpu.ggml_gemm_mxfp4_8x8_q8_0):
+        f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                      ctypes.c_int]
     return base, cpu
+
+
+def _interleave(blocks, n_group, scale_bytes):
+    """[n_group * g, nb, scale_bytes + q] blocks -> per group of n_group and block: the n_group scales, then 8-byte
+    chunks of the quants, chunk i from member i % n_group, bytes (i // n_group) * 8 on."""
+    n, nb, size = blocks.shape
+    q = size - scale_bytes
+    out = np.zeros((n // n_group, nb, n_group * size), np.uint8)
+    for g in range(n // n_group):
+        for m in range(n_group):
+            out[g, :, m * scale_bytes:(m + 1) * scale_bytes] = blocks[g * n_group + m, :, :scale_bytes]
+        for i in range(n_group * q // 8):
+            src = scale_bytes + (i // n_group) * 8
+            dst = n_group * scale_bytes + 8 * i
+            out[g, :, dst:dst + 8] = blocks[g * n_group + i % n_group, :, src:src + 8]
+    return out
+
+
+def _gemv(cpu, n_out, n_in, n_tokens):
+    """ggml_gemv_mxfp4_8x8_q8_0 for each token; asserts that the four-token gemm gives the same bits."""
+    nb = n_in // 32
+    w = _interleave(lcg_mxfp4_matrix(n_out, n_in).reshape(n_out, nb, BLOCK_BYTES), 8, 1)
+    x = lcg_activations(n_tokens, n_in)
+    q8 = np.zeros((n_tokens, nb, Q8_0_BYTES), np.uint8)
+    out = np.zeros((n_tokens, n_out), np.float32)
+    for t in range(n_tokens):
+        cpu.quantize_row_q8_0(_ptr(np.ascontiguousarray(x[t])), _ptr(q8[t]), n_in)
+        cpu.ggml_gemv_mxfp4_8x8_q8_0(n_in, _ptr(out[t]), 0, _ptr(w), _ptr(q8[t]), 1, n_out)
+    for t in range(0, n_tokens - n_tokens % 4, 4):
+        s = np.zeros((4, n_out), np.float32)
+        cpu.ggml_gemm_mxfp4_8x8_q8_0(n_in, _ptr(s), n_out, _ptr(w), _ptr(_interleave(q8[t:t + 4], 4, 2)), 4, n_out)
+        assert np.array_equal(s.view(np.uint32), out[t:t + 4].view(np.uint32)), "gemm and gemv differ"
+    return out
 
 
 def _ptr(a):
@@ -128,8 +169,14 @@ def main():
                 out[t, r] = s[0]
         dots[str(n_in)] = {"rows": n_out, "tokens": n_tokens, "sha256_16": _sha(out),
                            "first_token_bits": [int(v) for v in out[0].view(np.uint32)]}
+    gemv = {}
+    for n_in, (n_out, n_tokens) in GEMV_SHAPES.items():
+        out = _gemv(cpu, n_out, n_in, n_tokens)
+        gemv[str(n_in)] = {"rows": n_out, "tokens": n_tokens, "sha256_16": _sha(out),
+                           "first_token_bits": [int(v) for v in out[0].view(np.uint32)]}
     OUT.write_text(json.dumps({"source": "llama-cpp-python 0.3.36 libggml-base/libggml-cpu via ctypes",
-                               "quantize_mxfp4_sha256_16": quantize, "vec_dot_mxfp4_q8_0": dots}, indent=1) + "\n")
+                               "quantize_mxfp4_sha256_16": quantize, "vec_dot_mxfp4_q8_0": dots,
+                               "gemv_mxfp4_8x8_q8_0": gemv}, indent=1) + "\n")
     print(f"wrote {OUT}")
 
 
