@@ -9,6 +9,7 @@
   activations.py      Numba activation quantization (Q8_0-style, Q8_K-style)
   dots_block32.py     row dots of the 32-element formats with Q8_0 activations (Q4_0 .. Q8_0)
   iq4_nl.py           IQ4_NL's block decoder, row dots and quantizer (a 16-value non-linear table)
+  mxfp4.py            MXFP4's block decoder, row dots and quantizer (E8M0 scale, E2M1 values)
   q4_0_rows8.py       Q4_0 matrices of a multiple of 8 rows in llama.cpp's repacked (q4_0_8x8) arithmetic
   iq4_xs.py           IQ4_XS's block decoder, row dots, matmul and quantizer (IQ4_NL's table, 256-value blocks)
   kernels_kquant.py   the K-quants' pieces (group decoders, the decoded gemm, activation quantization)

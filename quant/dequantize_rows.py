@@ -15,6 +15,7 @@ from .iq4_nl import block_iq4_nl
 from .iq4_xs import block_iq4_xs
 from .kernels_dequant import (block_bf16, block_f16, block_f32, block_q2_k, block_q3_k, block_q4_0, block_q4_1,
                               block_q4_k, block_q5_0, block_q5_1, block_q5_k, block_q6_k, block_q8_0, block_q8_k)
+from .mxfp4 import block_mxfp4
 
 
 
@@ -128,3 +129,10 @@ def dequantize_rows_bf16(w, row_bytes, rows, out):
     for i in prange(rows.shape[0]):
         for b in range(out.shape[1] // 1):
             block_bf16(w, rows[i] * row_bytes + b * 2, out[i], b * 1)
+
+
+@njit(parallel=True, cache=True)
+def dequantize_rows_mxfp4(w, row_bytes, rows, out):
+    for i in prange(rows.shape[0]):
+        for b in range(out.shape[1] // 32):
+            block_mxfp4(w, rows[i] * row_bytes + b * 17, out[i], b * 32)

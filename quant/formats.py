@@ -78,6 +78,8 @@ FORMATS: tuple[BlockFormat, ...] = (
     BlockFormat("IQ4_XS", 23, QK_K, 2 + 2 + QK_K // 64 + QK_K // 2,
                 _dtype(("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", (4,)), ("qs", "u1", (128,))), "k"),
     BlockFormat("BF16", 30, 1, 2, _dtype(("v", "<u2")), "float"),
+    BlockFormat("MXFP4", 39, 32, 1 + 32 // 2,  # e: an E8M0 scale (a power of two), qs: 32 E2M1 nibbles
+                _dtype(("e", "u1"), ("qs", "u1", (16,))), "block32"),
 )
 
 for _fmt in FORMATS:

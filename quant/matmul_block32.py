@@ -20,6 +20,7 @@ from .dots_block32 import (Q8_0_TILE_OFFSET, ROW_BLOCK, TOKEN_TILE, _pack_lane_s
                            vec_dot4_q8_0_q8_0, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0,
                            vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
+from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
 
 
 # --- Q4_0 ----------------------------------------------------------------------------------------------------------
@@ -320,3 +321,52 @@ def matmul3_iq4_nl(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
             _row_block_iq4_nl(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
         else:
             _row_block_iq4_nl(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, xl, out2)
+
+
+# --- MXFP4 ---------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
+    at a time."""
+    n_tokens, n_out = out.shape
+    n_in = nb * 32
+    r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
+    for t in range(0, n8, 8):
+        for r in range(r0, r1):
+            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
+             out[t + 7, r]) = tile8_mxfp4(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_mxfp4_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    for t in range(n4, n_tokens):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+        if (r1 - r0) % 2:
+            r = r1 - 1
+            out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
+@njit(parallel=True, cache=True)
+def matmul_mxfp4(w, row_bytes, x, xq, xd, xs, out):
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, TILE_OFFSET_MXFP4)
+    for rb in prange(_row_blocks(out)):  # (prange's index is unsigned: as int64, one row block for both drivers)
+        _row_block_mxfp4(w, row_bytes, np.int64(rb), nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul3_mxfp4(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
+    """matmul_mxfp4 for two or three matrices of one input width on the same input (for two: w2 repeats w1, out2 has
+    no columns): one activation quantization and one parallel region for all their rows."""
+    nb, n8, n4, xp, xt, xl = _prepare(x, xq, xd, xs, TILE_OFFSET_MXFP4)
+    b0, b1, b2 = _row_blocks(out0), _row_blocks(out1), _row_blocks(out2)
+    for k in prange(b0 + b1 + b2):
+        if k < b0:
+            _row_block_mxfp4(w0, row_bytes, np.int64(k), nb, n8, n4, xq, xd, xs, xp, xt, xl, out0)
+        elif k < b0 + b1:
+            _row_block_mxfp4(w1, row_bytes, k - b0, nb, n8, n4, xq, xd, xs, xp, xt, xl, out1)
+        else:
+            _row_block_mxfp4(w2, row_bytes, k - b0 - b1, nb, n8, n4, xq, xd, xs, xp, xt, xl, out2)

@@ -14,6 +14,7 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 from .formats import QK_K
 from .iq4_nl import quantize_block_iq4_nl
 from .iq4_xs import quantize_block_iq4_xs
+from .mxfp4 import quantize_block_mxfp4
 from .quantize_kernels import (quantize_block_q2_k, quantize_block_q3_k, quantize_block_q4_0, quantize_block_q4_1,
                                quantize_block_q4_k, quantize_block_q5_0, quantize_block_q5_1, quantize_block_q5_k,
                                quantize_block_q6_k, quantize_block_q8_0)
@@ -134,3 +135,12 @@ def quantize_blocks_iq4_xs(x, out):
         scales, mins, ints = np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.int64)
         for b in range(c * CHUNK_256, min(x.shape[0], (c + 1) * CHUNK_256)):
             quantize_block_iq4_xs(x[b], out[b], L, Laux, w, scales, mins, ints)
+
+
+@njit(parallel=True, cache=True)
+def quantize_blocks_mxfp4(x, out):
+    n_chunks = (x.shape[0] + CHUNK_32 - 1) // CHUNK_32
+    for c in prange(n_chunks):
+        q = np.empty(32, np.int64)
+        for b in range(c * CHUNK_32, min(x.shape[0], (c + 1) * CHUNK_32)):
+            quantize_block_mxfp4(x[b], out[b], q)

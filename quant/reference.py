@@ -204,6 +204,22 @@ def dequantize_iq4_nl(b):
     return _f32(b["d"])[:, None] * KVALUES_IQ4NL[_nibbles_lo_then_hi(b["qs"])].astype(np.float32)
 
 
+# MXFP4's 16 E2M1 values, doubled to integers (llama.cpp's kvalues_mxfp4): bit 3 is the sign, so index 8 is -0;
+# the block scale 2^(e - 128) is half the E8M0 value 2^(e - 127), which undoes the doubling.
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def e8m0_to_f32_half(e: np.ndarray) -> np.ndarray:
+    """GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float32 bits, subnormal for e < 2 (exact for every byte)."""
+    e = np.asarray(e, np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(
+        np.float32)
+
+
+def dequantize_mxfp4(b):
+    return e8m0_to_f32_half(b["e"])[:, None] * KVALUES_MXFP4[_nibbles_lo_then_hi(b["qs"])].astype(np.float32)
+
+
 def dequantize_iq4_xs(b):
     """(d * (6-bit scale - 32)) * table[index] per 32-value sub-block ib: scale = 4 bits of scales_l[ib // 2]
     (low nibble for even ib) | bits 2ib, 2ib + 1 of scales_h << 4; indices as IQ4_NL's, 16 bytes a sub-block."""
@@ -403,6 +419,33 @@ def quantize_iq4_nl(x, out):
     scale = _iq4nl_block_scales(x)
     idx = _nearest_iq4nl(_reciprocals(scale)[:, None] * x).astype(np.uint8)
     out["d"], out["qs"] = scale, _pack_lo_then_hi(idx)
+
+
+# MXFP4: llama.cpp's quantize_row_mxfp4_ref. e = floor(log2f(max |x|)) - 2 + 127 (0 for an all-zero block), so the
+# largest magnitude lands in [4, 8) times the half scale d = 2^(e - 128) (the top levels 8 and 12 of the doubled
+# table); each value takes the index of least |kvalues[i] * d - x| over all 16, the first on ties (0 before -0).
+# log2f is modelled as float64 log2 rounded to float32 (correctly rounded), which matters only just below a power
+# of two, where log2f can round up to the integer.
+
+
+def mxfp4_exponents(x):
+    """Each 32-value row's E8M0 byte."""
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore"):
+        lg = np.floor(np.log2(amax.astype(np.float64)).astype(np.float32))
+    return np.where(amax > 0, lg - np.float32(2) + np.float32(127), 0).astype(np.uint8)
+
+
+def _nearest_mxfp4(x, d):
+    """best_index_mxfp4 for every value: argmin keeps the first of equal errors, as the C loop's strict `<` does."""
+    err = np.abs(KVALUES_MXFP4.astype(np.float32)[None, None, :] * d[:, None, None] - x[:, :, None])
+    return err.argmin(axis=2).astype(np.uint8)
+
+
+@_fills_blocks
+def quantize_mxfp4(x, out):
+    e = mxfp4_exponents(x)
+    out["e"], out["qs"] = e, _pack_lo_then_hi(_nearest_mxfp4(x, e8m0_to_f32_half(e)))
 
 
 # IQ4_XS: the same search per 32-value sub-block (quantize_row_iq4_nl_impl with 256-value super-blocks); then the

@@ -26,7 +26,8 @@ A record's fields:
                    work, which compiles much less (decode and short prompts)
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
   rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
-                   backend repacks at load and multiplies in its own order (Q4_0), or None
+                   backend repacks at load and multiplies in its own order (Q4_0, MXFP4), or None; that module also
+                   holds rows8_reference, the numpy model of that order
   cuda             whether edgellm.engine.cuda.quant_kernels has a branch for this type id
 """
 
@@ -123,6 +124,11 @@ class FormatKernels:
         """matmul_kernel, or the rows8 kernel for a matrix of a multiple of 8 rows where the format has one."""
         return _resolve(self.rows8) if self.rows8 and n_out % 8 == 0 else self.matmul_kernel()
 
+    def rows8_reference(self):
+        """numpy: f(raw, n_out, n_in, xq, xd) -> float32 [n_out], the rows8 kernel's results for one token's Q8_0
+        activations (the module of `rows8`)."""
+        return _resolve(self.rows8.partition(":")[0] + ":rows8_reference")
+
     def matmul3_kernel(self):
         """Numba: two or three matrices on one input, or None where the format has no such kernel."""
         return _attr("matmul_block32", f"matmul3_{self.suffix}") if self.activation == Q8_0 else None
@@ -197,6 +203,8 @@ RECORDS: tuple[FormatKernels, ...] = (
              cuda=False),
     FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
                   matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs", row_kinds=ROWS_TILED8),
+    _block32("MXFP4", DRIVER_PLAIN, "TILE_OFFSET_MXFP4", dots="mxfp4", block="mxfp4", quantizer="mxfp4", cuda=False,
+             rows8="mxfp4:matmul_mxfp4_rows8"),
 )
 
 

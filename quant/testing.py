@@ -17,6 +17,8 @@ def random_blocks(fmt: BlockFormat, n_blocks: int, rng: np.random.Generator, sca
             blocks[name] = (rng.standard_normal(n_blocks) * scale).astype(np.float32)
     if fmt.name == "BF16":  # the top half of a finite float32
         blocks["v"] = (rng.standard_normal(n_blocks).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if fmt.name == "MXFP4":  # E8M0 scales 2^(e - 128) within a factor 8 of `scale` either way (0 and 255 are extremes)
+        blocks["e"] = int(np.rint(np.log2(scale))) + 128 + rng.integers(-3, 4, n_blocks)
     return raw
 
 
@@ -90,6 +92,10 @@ def hand_built(fmt_name: str):
         b["scales_h"] = sum(int(v >> 4) << (2 * i) for i, v in enumerate(ls))
         b["qs"] = np.tile(np.arange(16) | (np.arange(15, -1, -1) << 4), 8)
         want = _f32(0.25 * np.repeat(ls - 32, 32) * np.tile(np.concatenate([levels, levels[::-1]]), 8))
+    elif fmt_name == "MXFP4":  # 2^(e - 128) * doubled E2M1 value[nibble]; values 0 .. 12, then -0 .. -12
+        levels = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+        b["e"], b["qs"] = 126, np.arange(16) | (np.arange(15, -1, -1) << 4)  # scale 2^-2
+        want = _f32(0.25 * np.array(levels + levels[::-1]))
     elif fmt_name == "Q2_K":  # (d * (scale & 15)) * q - dmin * (scale >> 4); q = bits 2j.. of qs[h*32 + l]
         b["d"], b["dmin"], b["scales"], b["qs"] = 1.0, 0.5, 0x21, 0b11100100
         q = (j256 % 128) // 32  # every byte holds 0, 1, 2, 3 in its four crumbs

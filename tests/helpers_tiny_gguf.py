@@ -50,7 +50,7 @@ def random_matrix_bytes(rng, shape, ggml_type: str, scale: float = 0.1) -> np.nd
     if ggml_type in QUANTIZABLE_BY_GGUF_PY:
         values = (rng.standard_normal(shape) * scale).astype(np.float32)
         return gguf_quantize(values, GGMLQuantizationType[ggml_type])
-    if ggml_type == "IQ4_XS":  # edgellm's quantizer, whose bytes are llama.cpp's (tests/test_quant_iq4_xs.py)
+    if ggml_type in ("IQ4_XS", "MXFP4"):  # edgellm's quantizers, whose bytes are llama.cpp's (tests/test_quant_<fmt>)
         from edgellm.quant.quantize_kernels import quantize_fast
         return quantize_fast((rng.standard_normal(shape) * scale).astype(np.float32), ggml_type)
     if ggml_type not in K_QUANT_SCALES:

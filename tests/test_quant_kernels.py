@@ -21,7 +21,6 @@ from edgellm.quant.formats import FORMATS
 from edgellm.quant.kernels_float import round_activations
 from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
 from edgellm.quant.simd import f32x4_lane, load_f16, load_f16_pair, load_f16_portable, load_f16x2_rows, prefetch
-from edgellm.quant.q4_0_rows8 import rows8_reference
 from edgellm.quant.testing import hand_built, random_matrix_bytes
 
 FORMAT_IDS = [f.name for f in FORMATS]
@@ -749,8 +748,8 @@ def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
     xq, xd, xs = np.empty(n_in, np.int8), np.empty(n_in // 32, np.float32), np.empty(n_in // 32, np.float32)
     quantize_act_q8_0(x, xq, xd, xs)
     want = _rows_one_at_a_time(kernels_for(name), layer.data, layer.row_bytes, n_out, n_in // 32, xq, xd, xs)
-    if layer.rows8:  # a Q4_0 matrix llama.cpp repacks: its gemv's order (quant.q4_0_rows8), not vec_dot's
-        want = rows8_reference(layer.data, n_out, n_in, xq, xd)
+    if layer.rows8:  # a matrix llama.cpp repacks (Q4_0, MXFP4): its gemv's order (the record's rows8), not vec_dot's
+        want = kernels_for(name).rows8_reference()(layer.data, n_out, n_in, xq, xd)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
