@@ -4,6 +4,7 @@ choice; how the mask composes with stream, stop, logprobs, logit_bias, generate_
 errors a bad schema or grammar gives before any token."""
 import json
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 import edgellm  # noqa: E402
+from edgellm.generation import constrain  # noqa: E402
 from edgellm.generation.constrain import (JSON_BOUNDS, ConstraintSpec, LlamaGrammar,  # noqa: E402
                                           SequenceConstraint, accepts, allowed_ids, apply_bitmask, best_allowed,
                                           best_allowed_ref, bounded_schema, llg_tokenizer, masked_scores,
@@ -235,6 +237,27 @@ def test_closing_path_completes_json_within_max_tokens(smol):
     # a budget below the shortest completion: the model keeps its own choices (nothing is forced in vain)
     text, sc = _looping_reply(smol, by_name["github_commit"], 20)
     assert not sc.closing
+
+
+def test_next_mask_is_computed_on_the_mask_thread_with_the_same_tokens(smol, monkeypatch):
+    """advance() starts the next mask on the mask thread (it overlaps the forward pass); the reply is token for
+    token the one computed inline, closing path included."""
+    schema = {e["name"]: e["schema"] for e in SCHEMAS}["recipe"]
+    threads = []
+    compute = constrain._compute_into
+
+    def recording(matcher, words):
+        threads.append(threading.current_thread().name)
+        compute(matcher, words)
+
+    monkeypatch.setattr(constrain, "_compute_into", recording)
+    monkeypatch.setattr(constrain, "_MASK_THREAD", False)
+    inline, _ = _looping_reply(smol, schema, 60)
+    assert threads == []
+    monkeypatch.setattr(constrain, "_MASK_THREAD", True)
+    threaded, sc = _looping_reply(smol, schema, 60)
+    assert threaded == inline and sc.closing
+    assert len(threads) >= 10 and all(name.startswith("edgellm-mask") for name in threads)
 
 
 def test_mask_kernels_match_the_plain_reference():

@@ -15,6 +15,7 @@ more can follow, generation ends with finish_reason "stop".
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -494,12 +495,34 @@ class SequenceConstraint:
         self._path = None
         self._path_after = None
         self.mask_s = 0.0  # time spent computing and applying masks and advancing the matcher
+        # the next mask, computed on the mask thread while the forward pass runs (advance starts it); the matcher's
+        # stopped/accepting state is read before it starts, since the matcher cannot be used while it computes
+        self._pending = None
+        self._stopped = self._accepting = False
 
     def _compute(self) -> np.ndarray:
-        self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if self._pending is not None:
+            self._settle()
+        else:
+            self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self.matcher.is_error():
             raise GrammarError(f"the {self.spec.kind} constraint failed: {self.matcher.get_error()}")
         return self._words
+
+    def _settle(self) -> None:
+        """Wait for the mask started after the last token (if any): the matcher is free again after it."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except (ValueError, RuntimeError) as e:  # llguidance's own refusal, as the decoding thread would see it
+                raise GrammarError(f"the {self.spec.kind} constraint failed: {e}") from e
+
+    def _start_next_mask(self) -> None:
+        self._stopped, self._accepting = self.matcher.is_stopped(), self.matcher.is_accepting()
+        if self._stopped or self.matcher.is_error() or not _MASK_THREAD:
+            return
+        self._pending = _mask_worker().submit(_compute_into, self.matcher, self._words)
 
     def allowed(self) -> np.ndarray:
         """The token ids the grammar allows next."""
@@ -510,6 +533,7 @@ class SequenceConstraint:
         overwrites. With tokens_left (the budget before max_tokens), once completing the grammar needs about all
         of them, only the closing path's token is left."""
         t0 = time.perf_counter()
+        self._settle()
         if tokens_left is not None and not self.closing and self.spec.closable:
             self._plan_closing(tokens_left)
         words = self._compute()
@@ -545,6 +569,7 @@ class SequenceConstraint:
         known = self._path if after is None else self._path[1:] if self._path and self._path[0] == after else None
         if known is not None:
             return len(known) if len(known) <= limit else limit + 1
+        self._settle()
         sim = self.matcher.deep_copy()
         words = np.empty_like(self._words)
         state = self._string_state
@@ -595,6 +620,7 @@ class SequenceConstraint:
 
     def advance(self, token: int) -> None:
         t0 = time.perf_counter()
+        self._settle()
         ok = self.matcher.consume_token(int(token))
         if self._path and self._path[0] == token:
             self._path = self._path[1:]
@@ -605,6 +631,8 @@ class SequenceConstraint:
         self._path_after = None
         if self.spec.closable:
             self._string_state = _json_string_state(self.tokenizer.token_to_bytes(int(token)), *self._string_state)
+        if ok:
+            self._start_next_mask()
         self.mask_s += time.perf_counter() - t0
         if not ok:
             raise GrammarError(f"the {self.spec.kind} constraint rejected token {token}: {self.matcher.get_error()}")
@@ -612,11 +640,38 @@ class SequenceConstraint:
     @property
     def complete(self) -> bool:
         """Nothing more can follow (only an end-of-generation token would), or the closing path has ended."""
+        if self._pending is not None:  # as read when the mask started
+            return self._stopped or (self.closing and self._accepting)
         return self.matcher.is_stopped() or (self.closing and self.matcher.is_accepting())
 
     @property
     def accepting(self) -> bool:
+        if self._pending is not None:
+            return self._accepting
         return self.matcher.is_accepting()
+
+
+# The next token's mask is computed on one background thread while the forward pass runs: it depends only on the
+# tokens so far. llguidance releases the GIL while it computes, so the mask overlaps the forward's Python and its
+# kernels. EDGELLM_MASK_THREAD=0 computes every mask in the decoding thread instead.
+_MASK_THREAD = os.environ.get("EDGELLM_MASK_THREAD", "1") != "0"
+_WORKER = (None, 0)  # (the thread pool, the process it was started in: a forked child starts its own)
+_WORKER_LOCK = threading.Lock()
+
+
+def _mask_worker():
+    global _WORKER
+    with _WORKER_LOCK:
+        worker, pid = _WORKER
+        if worker is None or pid != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+            worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-mask")
+            _WORKER = (worker, os.getpid())
+        return worker
+
+
+def _compute_into(matcher, words) -> None:
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
 
 
 def accepts(spec: ConstraintSpec, tokenizer, token_ids) -> bool:
