@@ -26,6 +26,7 @@ MODES = ("lookup", "draft")
 LOOKUP_NGRAM_MAX = 4  # the longest suffix searched for; longer matches predict better but occur less often
 LOOKUP_NGRAM_MIN = 2  # single-token matches are mostly chance on open text
 DRAFT_MAX = {"lookup": 12, "draft": 6}  # most tokens drafted per step: a model draft costs a draft forward each
+DRAFT_LIMIT = 64  # the most a caller may ask drafted per step (each drafted row is a verified row of the forward)
 
 
 def check_mode(value, has_draft_model: bool):
@@ -37,6 +38,18 @@ def check_mode(value, has_draft_model: bool):
     if value == "draft" and not has_draft_model:
         raise SamplingError("speculative='draft' needs a draft model: load(..., draft_model=PATH)")
     return value
+
+
+def check_lengths(draft_max, draft_min, names=("draft_max", "draft_min")) -> None:
+    """SamplingError unless draft_max (None: the default) and draft_min are whole numbers with
+    0 <= draft_min <= draft_max <= DRAFT_LIMIT (draft_max 0: no drafting)."""
+    for name, value in zip(names, (draft_max, draft_min)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= DRAFT_LIMIT:
+            raise SamplingError(f"{name} must be an integer from 0 to {DRAFT_LIMIT}, got {value!r}")
+    if draft_max is not None and draft_min is not None and draft_min > draft_max:
+        raise SamplingError(f"{names[1]} ({draft_min}) must not exceed {names[0]} ({draft_max})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,47 +163,71 @@ def check_same_vocabulary(target, draft) -> None:
 class DraftLength:
     """How many tokens to draft next, from two running estimates: alpha, the chance that the target accepts a
     drafted token given it accepted the ones before (accepted / (accepted + rejections) over recent drafts), and
-    beta, what each extra drafted and verified token costs relative to a plain decode step (timed: a verification of T rows
-    costs about 1 + beta (T - 1) steps; on a small model on a CPU the kernels are compute-bound enough that beta
-    is 0.2-0.4, not ~0). A draft of k tokens then yields (1 - alpha^(k+1)) / (1 - alpha) tokens for 1 + beta k
-    steps; the k that maximises the ratio is drafted, and where even the best ratio is below 1 (open-ended text:
-    drafts rejected), drafting pauses, for a pause that doubles while it stays so and resets when a draft is
-    accepted again."""
+    beta, what each extra drafted and verified row costs relative to the same forward without drafts (timed: a
+    forward of n sequences plus E drafted rows costs about 1 + beta E plain steps of n sequences; on a small model
+    on a CPU the kernels are compute-bound enough that beta is 0.2-0.4 at n = 1, not ~0).
+
+    The choice is the batch's: a forward of n sequences gives n tokens plainly; k drafted rows of this sequence
+    add (1 - alpha^(k+1)) / (1 - alpha) - 1 expected tokens for beta k more of the step. The k that maximises the
+    batch's tokens per second, (n + gained) / (n (1 + beta k)), is drafted; at n = 1 that is the single sequence's
+    speed-up. So in a batch a draft must gain more than n beta k tokens: its rows slow every other sequence's step.
+    Where even the best ratio is below 1 (open-ended text: drafts rejected; a big batch) drafting pauses, for a
+    pause that doubles while it stays so and resets when a draft is accepted again. k_min: a shorter draft is not
+    verified (want() asks for at least k_min)."""
 
     DECAY = 0.7  # weight of the past in the running estimates, per draft (or per timed step)
     ALPHA_START, BETA_START = 0.5, 0.3
     PAUSE_FIRST, PAUSE_MAX = 4, 128
 
-    def __init__(self, k_max: int):
-        self.k_max = k_max
+    def __init__(self, k_max: int, k_min: int = 0):
+        self.k_max, self.k_min = k_max, min(k_min, k_max)
         self.accepted, self.rejected = self.ALPHA_START, 1.0 - self.ALPHA_START  # decayed counts
-        self.beta = self.BETA_START
-        self.step_s = None  # running time of a plain decode step
+        self.betas = {}  # sequences in the forward -> running beta at that batch size
+        self.steps = {}  # sequences in the forward -> running time of a plain step
         self.pause, self.paused = self.PAUSE_FIRST, 0
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def best(self) -> tuple[int, float]:
-        """(k, expected speed-up over plain decoding) of the best draft length now."""
-        a, best_k, best_gain = min(self.alpha, 0.999), 0, 1.0
+    @property
+    def beta(self) -> float:
+        return self.row_cost(1)
+
+    @property
+    def step_s(self):
+        return self.steps.get(1)
+
+    def row_cost(self, n_seqs: int = 1) -> float:
+        """beta in a forward of n_seqs sequences: measured there, else the start value with the batch's own rows
+        counted as costing what a drafted one does (n sequences: 1 + BETA_START (n - 1) single steps)."""
+        beta = self.betas.get(n_seqs)
+        return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1)) if beta is None else beta
+
+    def best(self, n_seqs: int = 1) -> tuple[int, float]:
+        """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
+        in a forward of n_seqs sequences."""
+        a, beta, n = min(self.alpha, 0.999), self.row_cost(n_seqs), max(1, n_seqs)
+        best_k, best_gain = 0, 1.0
         for k in range(1, self.k_max + 1):
-            gain = (1 - a ** (k + 1)) / (1 - a) / (1 + self.beta * k)
+            gain = (n - 1 + (1 - a ** (k + 1)) / (1 - a)) / (n * (1 + beta * k))
             if gain > best_gain:
                 best_k, best_gain = k, gain
         return best_k, best_gain
 
-    def want(self) -> int:
-        """Tokens to draft now (0: decode plainly)."""
+    def want(self, n_seqs: int = 1) -> int:
+        """Tokens to draft now (0: decode plainly), in a forward of n_seqs sequences."""
+        if self.k_max <= 0:
+            return 0
         if self.paused > 0:
             self.paused -= 1
-            return 0 if self.paused else 1  # the pause's last step probes with one drafted token
-        k, _ = self.best()
+            return 0 if self.paused else max(1, self.k_min)  # the pause's last step probes with a short draft
+        k, _ = self.best(n_seqs)
         if k == 0:
             self.paused = self.pause
             self.pause = min(self.PAUSE_MAX, 2 * self.pause)
-        return k
+            return 0
+        return max(k, self.k_min)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -201,14 +238,23 @@ class DraftLength:
         if accepted:
             self.pause = self.PAUSE_FIRST
 
-    def timed_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s is None else self.DECAY * self.step_s + (1 - self.DECAY) * seconds
+    def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
+        """A plain forward of n_seqs sequences took `seconds`."""
+        old = self.steps.get(n_seqs)
+        self.steps[n_seqs] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
 
-    def timed_verification(self, rows: int, seconds: float) -> None:
-        if self.step_s is None or rows < 2:
+    def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
+        """A forward of n_seqs sequences and rows - n_seqs drafted rows (theirs and the others') took `seconds`,
+        drafting included. Measured against the plain step of the nearest batch size timed so far."""
+        if not self.steps or rows <= n_seqs:
             return
-        beta = max(0.0, (seconds / self.step_s - 1.0) / (rows - 1))
-        self.beta = self.DECAY * self.beta + (1 - self.DECAY) * beta
+        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
+        # scaled to n_seqs sequences, each row costing what a drafted one does (and between 0 and a whole step)
+        ratio = n_seqs / near
+        plain = self.steps[near] * min(max(1 + self.row_cost(near) * (n_seqs - near), min(1, ratio)), max(1, ratio))
+        beta = max(0.0, (seconds / plain - 1.0) / (rows - n_seqs))
+        old = self.row_cost(n_seqs)
+        self.betas[n_seqs] = self.DECAY * old + (1 - self.DECAY) * beta
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,22 +274,22 @@ class Speculator:
     """Drives one generation's drafts against the target's forward model. draft(): propose and verify; settle():
     after the decode loop has stepped through the rows, drop the rejected ones and update the counts."""
 
-    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None):
+    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None, k_min: int = 0):
         self.mode, self.target, self.drafter = mode, target_forward, drafter
-        self.length = DraftLength(k_max or DRAFT_MAX[mode])
+        self.length = DraftLength(DRAFT_MAX[mode] if k_max is None else k_max, k_min)
         self.drafted = self.accepted = self.verifications = 0
 
-    def propose(self, history, room: int):
-        """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens; None when no
-        draft is worth it now (paused, nothing found, no room)."""
-        k = min(self.length.want(), room)
-        if k <= 0:
+    def propose(self, history, room: int, n_seqs: int = 1):
+        """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens, in a forward of
+        n_seqs sequences; None when no draft is worth it now (paused, nothing found, shorter than k_min, no room)."""
+        k = min(self.length.want(n_seqs), room)
+        if k <= 0 or k < self.length.k_min:
             return None
         if isinstance(self.drafter, PromptLookup):
             tokens, qs = self.drafter.propose(history, k), None
         else:
             tokens, qs = self.drafter.propose(history, k)
-        if not tokens:
+        if not tokens or len(tokens) < self.length.k_min:
             return None
         return tokens, [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
 
