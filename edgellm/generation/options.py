@@ -14,6 +14,7 @@ from typing import Callable
 
 from edgellm.errors import SamplingError
 from edgellm.generation.sampling import SamplingParams, _check_seed
+from edgellm.generation.speculative import check_lengths
 from edgellm.generation.textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
@@ -128,7 +129,6 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
                                  or logprobs < 0):
         raise SamplingError(f"logprobs must be None or an integer >= 0 (the number of alternatives), "
                             f"got {logprobs!r}")
-    from edgellm.generation.speculative import check_lengths
     check_lengths(values.get("draft_max"), values.get("draft_min"))
     ignore_eos = values.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
