@@ -47,7 +47,7 @@ def run_together(model, speculative, extra=None):
     scheduler = Scheduler(model, 3, seq_ctx=256, speculative=speculative)
     if speculative == "draft":  # the tiny models agree on everything: every third drafted token is made wrong,
         for slot in scheduler.slots:  # so that rejections (and the draft cache's rollback) happen too
-            slot.drafter.propose = wrong_every_third(slot.drafter.propose, model.n_vocab)
+            slot.drafter.choose = wrong_every_third(slot.drafter.choose, model.n_vocab)
     try:
         requests = [scheduler.submit(model.prompt_ids(p), parse_options("t", {**o, "temperature": 0, **(extra or {})},
                                                                         {}))
@@ -60,24 +60,27 @@ def run_together(model, speculative, extra=None):
         scheduler.close()
 
 
-def wrong_every_third(propose, n_vocab):
+def wrong_every_third(choose, n_vocab):
     count = [0]
 
-    def wrapped(history, k):
-        tokens, qs = propose(history, k)
-        for i in range(len(tokens)):
-            count[0] += 1
-            if count[0] % 3 == 0:
-                tokens[i] = (tokens[i] + 1) % n_vocab
-        return tokens, qs
+    def wrapped(logits, history, drafted):
+        token, q = choose(logits, history, drafted)
+        count[0] += 1
+        return ((token + 1) % n_vocab if count[0] % 3 == 0 else token), q
     return wrapped
 
 
 @pytest.mark.parametrize("mode", ["lookup", "draft"])
-def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode, cheap_drafts):
+def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode, cheap_drafts, monkeypatch):
     plain = [tiny_pair.complete(p, speculative=None, **o) for p, o in TINY_REQUESTS]
     batched, plain_stats = run_together(tiny_pair, None)
+    draft_fm, together = tiny_pair.draft_model.model, []
+    multi = draft_fm.forward_multi
+    monkeypatch.setattr(draft_fm, "forward_multi", lambda tokens, caches: (together.append(len(tokens)),
+                                                                           multi(tokens, caches))[1])
     spec, stats = run_together(tiny_pair, mode)
+    if mode == "draft":  # the slots' drafts ran through one draft forward per position
+        assert together and max(together) > 1
     assert [c.tokens for c in batched] == [c.tokens for c in plain]
     for a, b in zip(plain, spec):
         assert b.tokens == a.tokens and b.text == a.text and b.finish_reason == a.finish_reason

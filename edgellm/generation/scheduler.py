@@ -16,7 +16,8 @@ that arrives joins at the next turn.
 
 Speculative decoding (`speculative="lookup"` or `"draft"`), per sequence: in the decode step each sequence may add
 the tokens its drafter proposes after its next token (prompt lookup, or a draft model on a KV cache of its own per
-slot), and one forward_verify_multi runs every sequence's rows together, each row with a decode step's arithmetic;
+slot, all slots' draft forwards run as one per drafted position), and one forward_verify_multi runs every
+sequence's rows together, each row with a decode step's arithmetic;
 each sequence then walks its rows through SequenceState.step as plain decoding would, and the rejected rows are
 truncated from its cache. A sequence whose draft was cut by a rejection feeds the target's own token at the next
 step. Each sequence's DraftLength adapts to its acceptance and to what the extra rows cost the step, for the batch:
@@ -483,7 +484,7 @@ class Scheduler:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
         left pending), and any drafted tokens after it; one forward feeds them all."""
         decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
-        stepped, progressed, now = [], False, time.monotonic()
+        stepped, drafting, progressed, now = [], [], False, time.monotonic()
         room = getattr(self.engine.fm, "n_batch", 1) - len(decoding)  # rows left for drafts in this forward
         # the sequences this forward will feed (a draft's rows slow each of their steps: DraftLength weighs that)
         n_seqs = sum(not s.request.cancelled.is_set() and not s.request._full() for s in decoding)
@@ -507,19 +508,42 @@ class Scheduler:
             fed, choices, draft_s = [slot.pending if slot.pending is not None else seq.generated[-1]], [], 0.0
             slot.pending = None
             if slot.spec is not None and room > 0:
-                t0 = time.perf_counter()
                 cache_room = slot.cache.n_ctx - slot.cache.n_past - 1  # verified rows must fit without a shift
-                proposed = slot.spec.propose(seq.history, min(room, cache_room, seq.max_tokens - len(seq.generated)),
-                                             n_seqs)
-                draft_s = time.perf_counter() - t0
-                if proposed is not None:
-                    fed += proposed[0]
-                    choices = proposed[1]
-                    room -= len(choices)
-            stepped.append((slot, fed, choices, draft_s))
+                limit = min(room, cache_room, seq.max_tokens - len(seq.generated))
+                if self.speculative == "draft":  # planned here, drafted below for every slot at once
+                    k = slot.spec.plan(limit, n_seqs)
+                    room -= k
+                    if k:
+                        drafting.append((len(stepped), k))
+                else:
+                    t0 = time.perf_counter()
+                    proposed = slot.spec.propose(seq.history, limit, n_seqs)
+                    draft_s = time.perf_counter() - t0
+                    if proposed is not None:
+                        fed += proposed[0]
+                        choices = proposed[1]
+                        room -= len(choices)
+            stepped.append([slot, fed, choices, draft_s])
+        if drafting:
+            self._draft_together(stepped, drafting)
         if stepped:
             self._feed(stepped)
         return progressed
+
+    def _draft_together(self, stepped, drafting) -> None:
+        """The draft model's proposals for the slots planned to draft, one draft forward per drafted position for all
+        of them; their choices go into stepped (its time counted once, on the first)."""
+        t0 = time.perf_counter()
+        specs = [stepped[j][0].spec for j, _ in drafting]
+        proposals = speculative_mod.draft_together([spec.drafter for spec in specs],
+                                                   [stepped[j][0].seq.history for j, _ in drafting],
+                                                   [k for _, k in drafting])
+        for (j, _), spec, (tokens, qs) in zip(drafting, specs, proposals):
+            proposed = spec.choices(tokens, qs)
+            if proposed is not None:
+                stepped[j][1] += proposed[0]
+                stepped[j][2] = proposed[1]
+        stepped[drafting[0][0]][3] = time.perf_counter() - t0
 
     def _sample(self, slot, row, choice=None, finish: bool = True) -> bool:
         """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);

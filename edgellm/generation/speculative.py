@@ -105,39 +105,70 @@ class DraftModel:
     def propose(self, history, k: int):
         """(tokens, q): q[i] is (ids, probs), the draft's distribution the i-th token was drawn from, or None when
         greedy."""
+        return draft_together([self], [history], [k])[0]
+
+    def room(self, history, k: int) -> int:
+        """k, cut so that the draft's context never shifts (drafting stops instead)."""
         cache = self.forward.cache if self.cache is None else self.cache
-        limit = cache.n_ctx - 1  # never let the draft's context shift: stop drafting instead
-        k = min(k, limit - len(history))
-        if k <= 0:
-            return [], []
-        c = 0
-        n = min(len(self.tokens), len(history))
+        return min(k, cache.n_ctx - 1 - len(history))
+
+    def catch_up(self, history) -> list[int]:
+        """Roll the cache back to its common prefix with history; returns what must be fed for it to hold history."""
+        cache = self.forward.cache if self.cache is None else self.cache
+        c, n = 0, min(len(self.tokens), len(history))
         while c < n and self.tokens[c] == history[c]:
             c += 1
         if c < len(self.tokens):
             cache.truncate(c)
             del self.tokens[c:]
-        logits = self.forward.forward(np.asarray(history[c:], np.int32), cache=self.cache)[-1] \
-            if c < len(history) else None
-        if logits is None:  # (the whole history is cached: never happens, the target's last token is new)
-            return [], []
-        self.tokens = list(history)
-        drafted, qs, context = [], [], list(history)
-        for i in range(k):
-            if self.sampler is None:
-                token, q = int(np.argmax(logits)), None
-            else:
-                ids, probs = self.sampler.candidates(logits, context)
-                cum = np.cumsum(probs)
-                j = int(np.searchsorted(cum, self.sampler._rng.random() * cum[-1], side="right"))
-                token, q = int(ids[min(j, ids.size - 1)]), (ids, probs)
-            drafted.append(token)
-            qs.append(q)
-            context.append(token)
-            if i + 1 < k:
-                logits = self.forward.forward(np.array([token], np.int32), cache=self.cache)[-1]
-                self.tokens.append(token)
-        return drafted, qs
+        return list(history[c:])
+
+    def choose(self, logits, history, drafted):
+        """(token, q) from the draft's logits after history + drafted: greedy (q None), or drawn from its own
+        distribution."""
+        if self.sampler is None:
+            return int(np.argmax(logits)), None
+        ids, probs = self.sampler.candidates(logits, list(history) + drafted)
+        cum = np.cumsum(probs)
+        j = int(np.searchsorted(cum, self.sampler._rng.random() * cum[-1], side="right"))
+        return int(ids[min(j, ids.size - 1)]), (ids, probs)
+
+
+def draft_together(drafters, histories, ks) -> list:
+    """DraftModel.propose for several drafters at once, ks[i] tokens after histories[i]: a catch-up of more than one
+    token (a new prompt, a draft's accepted tail) runs on its own, then each step feeds every drafter's one token in
+    one forward of the draft (forward_multi over their caches: distinct caches of the draft's layout, as a KVPool's),
+    the weights read once for all. Returns [(tokens, qs)] in the drafters' order."""
+    out = [([], []) for _ in drafters]
+    live, feed = [], []  # (index, k) of the drafters still drafting; the token each feeds next
+    for i, (d, history, k) in enumerate(zip(drafters, histories, ks)):
+        todo = d.catch_up(history) if d.room(history, k) > 0 else []
+        if not todo:  # (no room; or the whole history is cached: never, the target's last token is new)
+            continue
+        if len(todo) > 1:
+            d.forward.forward(np.asarray(todo[:-1], np.int32), cache=d.cache)
+        d.tokens = list(history[:-1])
+        live.append((i, d.room(history, k)))
+        feed.append(todo[-1])
+    while live:
+        if len(live) == 1:
+            d = drafters[live[0][0]]
+            rows = d.forward.forward(np.asarray(feed, np.int32), cache=d.cache)
+        else:
+            rows = drafters[live[0][0]].forward.forward_multi(np.asarray(feed, np.int32),
+                                                              [drafters[i].cache for i, _ in live])
+        still, next_feed = [], []
+        for (i, k), token, row in zip(live, feed, rows):  # (rows is the model's buffer: read before the next forward)
+            d = drafters[i]
+            d.tokens.append(token)
+            drafted, q = d.choose(row, histories[i], out[i][0])
+            out[i][0].append(drafted)
+            out[i][1].append(q)
+            if len(out[i][0]) < k:
+                still.append((i, k))
+                next_feed.append(drafted)
+        live, feed = still, next_feed
+    return out
 
 
 def check_same_vocabulary(target, draft) -> None:
@@ -282,13 +313,22 @@ class Speculator:
     def propose(self, history, room: int, n_seqs: int = 1):
         """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens, in a forward of
         n_seqs sequences; None when no draft is worth it now (paused, nothing found, shorter than k_min, no room)."""
-        k = min(self.length.want(n_seqs), room)
-        if k <= 0 or k < self.length.k_min:
+        k = self.plan(room, n_seqs)
+        if k == 0:
             return None
         if isinstance(self.drafter, PromptLookup):
             tokens, qs = self.drafter.propose(history, k), None
         else:
             tokens, qs = self.drafter.propose(history, k)
+        return self.choices(tokens, qs)
+
+    def plan(self, room: int, n_seqs: int = 1) -> int:
+        """How many tokens to draft now, at most room (0: none)."""
+        k = min(self.length.want(n_seqs), room)
+        return k if k > 0 and k >= self.length.k_min else 0
+
+    def choices(self, tokens, qs):
+        """(tokens, choices for SequenceState.step) of a drafter's proposal; None when it is too short to verify."""
         if not tokens or len(tokens) < self.length.k_min:
             return None
         return tokens, [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
