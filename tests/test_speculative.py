@@ -301,12 +301,13 @@ def test_draft_length_weighs_the_batch():
     high = timed(4)
     high.accepted, high.rejected = 0.95, 0.05
     assert high.want(4) >= 2  # copying text: the draft still pays for the batch
-    # a batch size not timed plainly: measured against the nearest one's step, scaled by its rows' cost
+    # a batch size not timed plainly: measured against the nearest one's step, scaled by a row's cost
     scaled = DraftLength(8)
     scaled.timed_step(1.0, 1)
     scaled.timed_verification(6, 1.9 + 0.6, 4)
-    start = DraftLength.BETA_START / (1 + 3 * DraftLength.BETA_START)
-    assert scaled.row_cost(4) == pytest.approx(0.7 * start + 0.3 * (2.5 / 1.9 - 1) / 2, rel=1e-3)
+    assert scaled.plain_s(4) == pytest.approx(1.9) and scaled.row_cost(4) == pytest.approx(0.3 / 1.9, rel=1e-3)
+    scaled.timed_verification(5, 1.0 + 3 * 0.3 + 0.1, 4)  # a cheaper row, seen at 4 sequences: cheaper alone too
+    assert scaled.row_s == pytest.approx(0.7 * 0.3 + 0.3 * 0.1) and scaled.row_cost(1) == pytest.approx(scaled.row_s)
 
 
 def test_draft_length_bounds():

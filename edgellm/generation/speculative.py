@@ -194,9 +194,10 @@ def check_same_vocabulary(target, draft) -> None:
 class DraftLength:
     """How many tokens to draft next, from two running estimates: alpha, the chance that the target accepts a
     drafted token given it accepted the ones before (accepted / (accepted + rejections) over recent drafts), and
-    beta, what each extra drafted and verified row costs relative to the same forward without drafts (timed: a
-    forward of n sequences plus E drafted rows costs about 1 + beta E plain steps of n sequences; on a small model
-    on a CPU the kernels are compute-bound enough that beta is 0.2-0.4 at n = 1, not ~0).
+    beta, what each extra drafted and verified row costs relative to the same forward without drafts (timed: the
+    seconds a row adds, one estimate for every batch size, over the plain step of as many sequences, so a forward
+    of n sequences plus E drafted rows costs about 1 + beta E plain steps of n sequences; on a small model on a CPU
+    the kernels are compute-bound enough that beta is 0.1-0.4 at n = 1, not ~0).
 
     The choice is the batch's: a forward of n sequences gives n tokens plainly; k drafted rows of this sequence
     add (1 - alpha^(k+1)) / (1 - alpha) - 1 expected tokens for beta k more of the step. The k that maximises the
@@ -213,8 +214,8 @@ class DraftLength:
     def __init__(self, k_max: int, k_min: int = 0):
         self.k_max, self.k_min = k_max, min(k_min, k_max)
         self.accepted, self.rejected = self.ALPHA_START, 1.0 - self.ALPHA_START  # decayed counts
-        self.betas = {}  # sequences in the forward -> running beta at that batch size
         self.steps = {}  # sequences in the forward -> running time of a plain step
+        self.row_s = None  # running seconds one extra verified row adds to a forward, whatever its batch
         self.pause, self.paused = self.PAUSE_FIRST, 0
 
     @property
@@ -229,11 +230,24 @@ class DraftLength:
     def step_s(self):
         return self.steps.get(1)
 
+    def plain_s(self, n_seqs: int):
+        """A plain step of n_seqs sequences: timed, else the nearest batch size's, each other sequence's row costing
+        what a drafted one does (at most a whole step more each, at least none); None before any is timed."""
+        if n_seqs in self.steps or not self.steps:
+            return self.steps.get(n_seqs)
+        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
+        s = self.steps[near]
+        row = self.BETA_START * s if self.row_s is None else self.row_s
+        return min(max(s + row * (n_seqs - near), min(s, s * n_seqs / near)), max(s, s * n_seqs / near))
+
     def row_cost(self, n_seqs: int = 1) -> float:
-        """beta in a forward of n_seqs sequences: measured there, else the start value with the batch's own rows
-        counted as costing what a drafted one does (n sequences: 1 + BETA_START (n - 1) single steps)."""
-        beta = self.betas.get(n_seqs)
-        return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1)) if beta is None else beta
+        """beta in a forward of n_seqs sequences: the measured seconds of a row over that forward's plain step; before
+        both are timed, the start value with the batch's own rows costing what a drafted one does (a plain step of
+        n sequences: 1 + BETA_START (n - 1) single steps)."""
+        plain = self.plain_s(n_seqs)
+        if self.row_s is None or not plain:
+            return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1))
+        return self.row_s / plain
 
     def best(self, n_seqs: int = 1) -> tuple[int, float]:
         """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
@@ -276,16 +290,13 @@ class DraftLength:
 
     def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
         """A forward of n_seqs sequences and rows - n_seqs drafted rows (theirs and the others') took `seconds`,
-        drafting included. Measured against the plain step of the nearest batch size timed so far."""
-        if not self.steps or rows <= n_seqs:
+        drafting included: what a row added, against the plain step of as many sequences."""
+        plain = self.plain_s(n_seqs)
+        if plain is None or rows <= n_seqs:
             return
-        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
-        # scaled to n_seqs sequences, each row costing what a drafted one does (and between 0 and a whole step)
-        ratio = n_seqs / near
-        plain = self.steps[near] * min(max(1 + self.row_cost(near) * (n_seqs - near), min(1, ratio)), max(1, ratio))
-        beta = max(0.0, (seconds / plain - 1.0) / (rows - n_seqs))
-        old = self.row_cost(n_seqs)
-        self.betas[n_seqs] = self.DECAY * old + (1 - self.DECAY) * beta
+        row = max(0.0, (seconds - plain) / (rows - n_seqs))
+        old = self.row_cost(n_seqs) * plain if self.row_s is None else self.row_s
+        self.row_s = self.DECAY * old + (1 - self.DECAY) * row
 
 
 # ---------------------------------------------------------------------------------------------------------------
