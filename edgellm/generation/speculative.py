@@ -237,7 +237,7 @@ class DraftLength:
             return self.steps.get(n_seqs)
         near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
         s = self.steps[near]
-        row = self.BETA_START * s if self.row_s is None else self.row_s
+        row = self.BETA_START * s if self.row_s is None else max(0.0, self.row_s)
         return min(max(s + row * (n_seqs - near), min(s, s * n_seqs / near)), max(s, s * n_seqs / near))
 
     def row_cost(self, n_seqs: int = 1) -> float:
@@ -247,7 +247,7 @@ class DraftLength:
         plain = self.plain_s(n_seqs)
         if self.row_s is None or not plain:
             return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1))
-        return self.row_s / plain
+        return max(0.0, self.row_s) / plain
 
     def best(self, n_seqs: int = 1) -> tuple[int, float]:
         """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
@@ -294,7 +294,7 @@ class DraftLength:
         plain = self.plain_s(n_seqs)
         if plain is None or rows <= n_seqs:
             return
-        row = max(0.0, (seconds - plain) / (rows - n_seqs))
+        row = (seconds - plain) / (rows - n_seqs)  # unclipped: a noisy host's errors either way average out
         old = self.row_cost(n_seqs) * plain if self.row_s is None else self.row_s
         self.row_s = self.DECAY * old + (1 - self.DECAY) * row
 
