@@ -687,7 +687,8 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
     bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where it also keeps its entries across restarts.
     lookup / draft_model: speculative decoding for every request, by prompt lookup or by this smaller model of the
     same vocabulary (per sequence, inside the batch: edgellm/generation/scheduler.py); draft_max: the most tokens
-    drafted per step."""
+    drafted per step (a request may set its own, or 0, with llama-server's "speculative.n_max" /
+    "speculative.n_min")."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
     key = resolve_api_key(api_key, api_key_file)
     limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
