@@ -581,7 +581,7 @@ class Model:
         None when off."""
         mode = self.speculative if opts.speculative is MODEL_DEFAULT else opts.speculative
         mode = speculative_mod.check_mode(mode, self.draft_model is not None)
-        if mode is None:
+        if mode is None or opts.draft_max == 0:
             return None
         if not hasattr(self.model, "forward_verify"):
             raise SamplingError(f"speculative decoding needs the CPU backend; {type(self.model).__name__} has no "
@@ -593,7 +593,7 @@ class Model:
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
             drafter = speculative_mod.DraftModel(self.draft_model, sampler)
             drafter.start(seq.history)
-        return speculative_mod.Speculator(mode, self.model, drafter)
+        return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min)
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

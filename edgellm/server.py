@@ -40,6 +40,7 @@ from edgellm.generation.options import parse_options
 from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
+from edgellm.generation.speculative import DRAFT_LIMIT
 from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
 from edgellm.serving.guard import LoadingGate, RequestGuard, resolve_api_key
 from edgellm.serving.limits import RequestLimits, check_logprobs, fit_max_tokens
@@ -98,6 +99,8 @@ SAMPLING_FIELDS = {
     "regex": STRING, "choice": (lambda v: isinstance(v, list), "a list of strings"),
     # edgellm's: let max_tokens run past the context, old tokens shifting out (the prompt must still fit)
     "context_shift": BOOLEAN,
+    # llama-server's per-request speculative decoding (flat keys with a dot): most / fewest tokens drafted per step
+    "speculative.n_max": INTEGER, "speculative.n_min": INTEGER,
 }
 COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string or a list of token ids"),
                      "logprobs": INTEGER, "echo": BOOLEAN, "best_of": INTEGER, "suffix": STRING}
@@ -149,6 +152,30 @@ def check_fields(body: dict, fields: dict, required: tuple) -> None:
     for name in ("n", "best_of"):
         if body.get(name) not in (None, 1):
             raise HTTPError(400, f"'{name}' must be 1: one choice per request", param=name)
+
+
+def speculation_kwargs(kwargs: dict, scheduler: Scheduler) -> None:
+    """llama-server's `speculative.n_max` / `speculative.n_min` as the options draft_max / draft_min, checked: whole
+    numbers, 0 <= n_min <= n_max <= DRAFT_LIMIT (n_max 0 turns drafting off for the request; n_min: shorter drafts
+    are not verified). Refused on a server that does not speculate, unless they ask for none."""
+    n_max, n_min = kwargs.pop("speculative.n_max", None), kwargs.pop("speculative.n_min", None)
+    if n_max is None and n_min is None:
+        return
+    for name, value in (("speculative.n_max", n_max), ("speculative.n_min", n_min)):  # (integers: check_fields)
+        if value is not None and not 0 <= value <= DRAFT_LIMIT:
+            raise HTTPError(400, f"'{name}' must be from 0 to {DRAFT_LIMIT}, got {value}", param=name)
+    most = scheduler.draft_max if n_max is None else n_max
+    if n_min and most is not None and n_min > most:
+        raise HTTPError(400, f"'speculative.n_min' ({n_min}) must not exceed speculative.n_max ({most})",
+                        param="speculative.n_min")
+    if scheduler.speculative is None and (n_max or n_min):
+        raise HTTPError(400, "this server does not do speculative decoding (start it with --lookup or "
+                             "--draft-model): speculative.n_max and speculative.n_min must be 0 or left out",
+                        param="speculative.n_max" if n_max else "speculative.n_min")
+    if n_max is not None:
+        kwargs["draft_max"] = n_max
+    if n_min is not None:
+        kwargs["draft_min"] = n_min
 
 
 def generation_kwargs(body: dict, fields: dict) -> dict:
@@ -434,6 +461,7 @@ class Endpoints:
         watch = Stopwatch()
         kwargs["model"] = self.model_name
         wants_shift = kwargs.pop("context_shift", False)
+        speculation_kwargs(kwargs, self.scheduler)
         check_logprobs(kwargs, chat=fields is CHAT_FIELDS)
         options = {k: v for k, v in kwargs.items()
                    if k not in ("echo", "logprobs", "top_logprobs") + CHAT_PLAN_FIELDS}
@@ -478,7 +506,8 @@ class Endpoints:
             first_token_s = max(0.0, served.submitted - watch.start) + served.first_token_s
         decode_s = None if first_token_s is None else duration - first_token_s
         self.metrics.generation(done.prompt_tokens, done.completion_tokens, ttft_s=first_token_s,
-                                duration_s=duration, decode_s=decode_s)
+                                duration_s=duration, decode_s=decode_s, draft_tokens=done.draft_tokens,
+                                accepted_tokens=done.accepted_tokens)
         self.metrics.prompt_cache(served.reused > 0, served.reused)
 
     async def _metered(self, events, llm, watch: Stopwatch):
@@ -658,7 +687,8 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
     bytes (0: none; None: DEFAULT_CACHE_RAM), cache_dir: where it also keeps its entries across restarts.
     lookup / draft_model: speculative decoding for every request, by prompt lookup or by this smaller model of the
     same vocabulary (per sequence, inside the batch: edgellm/generation/scheduler.py); draft_max: the most tokens
-    drafted per step."""
+    drafted per step (a request may set its own, or 0, with llama-server's "speculative.n_max" /
+    "speculative.n_min")."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
     key = resolve_api_key(api_key, api_key_file)
     limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag

@@ -1,7 +1,10 @@
 """Speculative decoding in the server's scheduler, per sequence inside continuous batching: with prompt lookup or a
 draft model, requests decoded together give plain greedy decoding's tokens and logprobs, token for token, with
-stop strings and max_tokens; drafts are made, accepted and rejected (so the rollback runs); and through the openai
-client against SmolLM2 served with prompt lookup, concurrent greedy chats equal the same chats without it."""
+stop strings and max_tokens; drafts are made, accepted and rejected (so the rollback runs); per-request control
+(draft_max / draft_min, llama-server's speculative.n_max / n_min over HTTP, checked with 400s); the /metrics
+counters of drafted and accepted tokens; the batch-aware draft length (a draft's rows slow every sequence in the
+forward); and through the openai client against SmolLM2 served with prompt lookup, concurrent greedy chats equal
+the same chats without it."""
 import threading
 
 import pytest
@@ -12,6 +15,7 @@ from edgellm.errors import SamplingError
 from edgellm.generation.options import parse_options
 from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import Scheduler
+from edgellm.generation.speculative import DraftLength, Speculator
 
 # text that repeats itself, so prompt lookup finds drafts (and a random tiny model's loops repeat it too)
 REPEATING = "hello world hello world STOP or hello world or hello he ll world hello world hello"
@@ -31,13 +35,22 @@ def tiny_pair(tmp_path_factory):
     return edgellm.load(str(target), n_ctx=256, n_threads=1, draft_model=str(draft), speculative=None)
 
 
-def run_together(model, speculative):
+@pytest.fixture
+def cheap_drafts(monkeypatch):
+    """A fixed, low cost per drafted row instead of timed ones: the tiny models' drafts (and rejections) are then
+    the same on any machine and load."""
+    monkeypatch.setattr(DraftLength, "BETA_START", 0.02)
+    monkeypatch.setattr(DraftLength, "timed_verification", lambda self, rows, seconds, n_seqs=1: None)
+
+
+def run_together(model, speculative, extra=None):
     scheduler = Scheduler(model, 3, seq_ctx=256, speculative=speculative)
     if speculative == "draft":  # the tiny models agree on everything: every third drafted token is made wrong,
         for slot in scheduler.slots:  # so that rejections (and the draft cache's rollback) happen too
-            slot.drafter.propose = wrong_every_third(slot.drafter.propose, model.n_vocab)
+            slot.drafter.choose = wrong_every_third(slot.drafter.choose, model.n_vocab)
     try:
-        requests = [scheduler.submit(model.prompt_ids(p), parse_options("t", {**o, "temperature": 0}, {}))
+        requests = [scheduler.submit(model.prompt_ids(p), parse_options("t", {**o, "temperature": 0, **(extra or {})},
+                                                                        {}))
                     for p, o in TINY_REQUESTS]
         out = []
         for r in requests:
@@ -47,24 +60,27 @@ def run_together(model, speculative):
         scheduler.close()
 
 
-def wrong_every_third(propose, n_vocab):
+def wrong_every_third(choose, n_vocab):
     count = [0]
 
-    def wrapped(history, k):
-        tokens, qs = propose(history, k)
-        for i in range(len(tokens)):
-            count[0] += 1
-            if count[0] % 3 == 0:
-                tokens[i] = (tokens[i] + 1) % n_vocab
-        return tokens, qs
+    def wrapped(logits, history, drafted):
+        token, q = choose(logits, history, drafted)
+        count[0] += 1
+        return ((token + 1) % n_vocab if count[0] % 3 == 0 else token), q
     return wrapped
 
 
 @pytest.mark.parametrize("mode", ["lookup", "draft"])
-def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode):
+def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode, cheap_drafts, monkeypatch):
     plain = [tiny_pair.complete(p, speculative=None, **o) for p, o in TINY_REQUESTS]
     batched, plain_stats = run_together(tiny_pair, None)
+    draft_fm, together = tiny_pair.draft_model.model, []
+    multi = draft_fm.forward_multi
+    monkeypatch.setattr(draft_fm, "forward_multi", lambda tokens, caches: (together.append(len(tokens)),
+                                                                           multi(tokens, caches))[1])
     spec, stats = run_together(tiny_pair, mode)
+    if mode == "draft":  # the slots' drafts ran through one draft forward per position
+        assert together and max(together) > 1
     assert [c.tokens for c in batched] == [c.tokens for c in plain]
     for a, b in zip(plain, spec):
         assert b.tokens == a.tokens and b.text == a.text and b.finish_reason == a.finish_reason
@@ -83,6 +99,70 @@ def test_speculative_options_are_checked(tiny_pair):
         Scheduler(tiny_pair, 1, speculative="beam")
     with pytest.raises(ValueError):
         Scheduler(tiny_pair, 1, speculative="lookup", draft_max=0)
+
+
+def test_per_request_draft_lengths(tiny_pair, monkeypatch, cheap_drafts):
+    plain = [tiny_pair.complete(p, speculative=None, **o) for p, o in TINY_REQUESTS]
+    off, stats = run_together(tiny_pair, "lookup", {"draft_max": 0})
+    assert [c.tokens for c in off] == [c.tokens for c in plain]
+    assert stats["draft_tokens"] == 0 and all(c.speculative is None for c in off)
+    drafts, batch_sizes = [], []
+    record, propose = Speculator.record, Speculator.propose
+    monkeypatch.setattr(Speculator, "record", lambda self, d, a: (drafts.append(d), record(self, d, a))[1])
+    monkeypatch.setattr(Speculator, "propose", lambda self, h, room, n_seqs=1: (
+        batch_sizes.append(n_seqs), propose(self, h, room, n_seqs))[1])
+    few, stats = run_together(tiny_pair, "lookup", {"draft_max": 3, "draft_min": 2})
+    assert [c.tokens for c in few] == [c.tokens for c in plain]
+    assert drafts and all(2 <= d <= 3 for d in drafts)  # a shorter lookup match is not verified
+    assert max(batch_sizes) == 3  # each sequence's draft length is chosen knowing the batch it runs in
+    with pytest.raises(SamplingError):
+        parse_options("t", {"draft_max": 2, "draft_min": 3}, {})
+    with pytest.raises(SamplingError):
+        tiny_pair.generate_batch(["a", "b"], max_tokens=2, draft_max=2)
+
+
+def test_http_speculative_fields_and_metrics(tiny_pair, cheap_drafts):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from prometheus_client import parser
+    from edgellm.server import BackgroundServer, create_app
+    body = {"prompt": REPEATING, "max_tokens": 40, "temperature": 0}
+    plain = tiny_pair.create_completion(REPEATING, max_tokens=40, temperature=0, speculative=None)
+
+    def scrape(srv):
+        text = httpx.get(srv.base_url + "/metrics", timeout=60).text
+        return {s.name: s.value for f in parser.text_string_to_metric_families(text) for s in f.samples}
+
+    with BackgroundServer(create_app(tiny_pair, model_name="m", parallel=2, speculative="lookup")) as srv:
+        def post(extra):
+            return httpx.post(srv.base_url + "/v1/completions", json={**body, **extra}, timeout=120)
+        for bad, param in [({"speculative.n_max": -1}, "speculative.n_max"), ({"speculative.n_max": 65}, None),
+                           ({"speculative.n_max": "4"}, None), ({"speculative.n_min": 1.5}, "speculative.n_min"),
+                           ({"speculative.n_max": 2, "speculative.n_min": 3}, "speculative.n_min"),
+                           ({"speculative.n_min": 13}, "speculative.n_min")]:  # above the server's 12
+            r = post(bad)
+            assert r.status_code == 400, bad
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == (param or next(iter(bad))), bad
+        before = scrape(srv)
+        r = post({"speculative.n_max": 6, "speculative.n_min": 1})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain["choices"][0]["text"]
+        details = r.json()["usage"]["completion_tokens_details"]
+        after = scrape(srv)
+        drafted = details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"]
+        assert drafted > 0
+        assert after["edgellm_draft_tokens_total"] - before["edgellm_draft_tokens_total"] == drafted
+        assert after["edgellm_draft_accepted_tokens_total"] - before["edgellm_draft_accepted_tokens_total"] == \
+            details["accepted_prediction_tokens"]
+        r = post({"speculative.n_max": 0})  # drafting off for this request
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain["choices"][0]["text"]
+        assert r.json()["usage"].get("completion_tokens_details") is None
+        assert scrape(srv)["edgellm_draft_tokens_total"] == after["edgellm_draft_tokens_total"]
+    with BackgroundServer(create_app(tiny_pair, model_name="m", parallel=1)) as srv:  # no speculation
+        r = httpx.post(srv.base_url + "/v1/completions", json={**body, "speculative.n_max": 4}, timeout=120)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.n_max"
+        r = httpx.post(srv.base_url + "/v1/completions", json={**body, "speculative.n_max": 0}, timeout=120)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

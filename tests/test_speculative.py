@@ -283,6 +283,40 @@ def test_draft_length_grows_with_acceptance_and_pauses_without():
     assert bad.pause == DraftLength.PAUSE_FIRST  # an accepted draft ends the long pauses
 
 
+def test_draft_length_weighs_the_batch():
+    # a decode step of n sequences costs 1 + 0.3 (n - 1) single steps, and each drafted row 0.3 more
+    def timed(n_seqs):
+        length = DraftLength(8)
+        length.accepted, length.rejected = 0.6, 0.4  # alpha 0.6
+        length.timed_step(1.0, 1)
+        length.timed_step(1.9, 4)
+        for _ in range(30):
+            length.timed_verification(n_seqs + 2, (1.0 if n_seqs == 1 else 1.9) + 0.6, n_seqs)
+        return length
+    alone, batched = timed(1), timed(4)
+    assert alone.row_cost(1) == pytest.approx(0.3, rel=1e-3)
+    assert batched.row_cost(4) == pytest.approx(0.3 / 1.9, rel=1e-3)
+    assert alone.want(1) >= 1  # alone, a draft accepted 60% of the time pays for its rows
+    assert batched.want(4) == 0  # in a batch of 4 the same rows slow four sequences' step for too few tokens
+    high = timed(4)
+    high.accepted, high.rejected = 0.95, 0.05
+    assert high.want(4) >= 2  # copying text: the draft still pays for the batch
+    # a batch size not timed plainly: measured against the nearest one's step, scaled by a row's cost
+    scaled = DraftLength(8)
+    scaled.timed_step(1.0, 1)
+    scaled.timed_verification(6, 1.9 + 0.6, 4)
+    assert scaled.plain_s(4) == pytest.approx(1.9) and scaled.row_cost(4) == pytest.approx(0.3 / 1.9, rel=1e-3)
+    scaled.timed_verification(5, 1.0 + 3 * 0.3 + 0.1, 4)  # a cheaper row, seen at 4 sequences: cheaper alone too
+    assert scaled.row_s == pytest.approx(0.7 * 0.3 + 0.3 * 0.1) and scaled.row_cost(1) == pytest.approx(scaled.row_s)
+
+
+def test_draft_length_bounds():
+    length = DraftLength(5, 3)
+    length.accepted, length.rejected = 0.4, 0.6  # alone, the best draft is short
+    assert length.best()[0] < 3 and length.want() == 3  # a draft is at least k_min long
+    assert DraftLength(0).want() == 0  # draft_max 0: speculation off
+
+
 def test_prompt_lookup_drafts_the_latest_continuation():
     lookup = PromptLookup(n_max=3, n_min=2)
     h = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 2, 3]

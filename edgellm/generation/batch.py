@@ -127,7 +127,8 @@ def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):
     if len(prompts) == 0:
         raise PromptError("generate_batch() needs at least one prompt")
     opts = parse_options("generate_batch", {**options, "max_tokens": max_tokens}, model.NATIVE_DEFAULTS)
-    if opts.speculative not in (None, MODEL_DEFAULT):  # (a model's load() default is for single sequences)
+    if opts.speculative not in (None, MODEL_DEFAULT) or opts.draft_max or opts.draft_min:
+        # (a model's load() default is for single sequences)
         raise SamplingError("speculative decoding runs one sequence at a time; a batch already reads the weights "
                             "once for all its sequences, the saving speculation makes, so the two are not combined: "
                             "leave speculative out of generate_batch / stream_batch")

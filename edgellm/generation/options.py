@@ -14,12 +14,13 @@ from typing import Callable
 
 from edgellm.errors import SamplingError
 from edgellm.generation.sampling import SamplingParams, _check_seed
+from edgellm.generation.speculative import check_lengths
 from edgellm.generation.textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
 GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "logit_bias", "logits_processor",
                     "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice",
-                    "speculative")
+                    "speculative", "draft_max", "draft_min")
 MODEL_DEFAULT = "model-default"  # GenerationOptions.speculative when the call names none: the model's load() choice
 
 # llama-cpp-python arguments with no edgellm counterpart: accepted at the value that means "off", so code passing
@@ -51,6 +52,8 @@ class GenerationOptions:
     stopping_criteria: Callable | None = None  # f(input_ids, logits) -> bool: True ends with finish_reason "stop"
     constraint: object | None = None  # edgellm.generation.constrain.ConstraintSpec: what every generated token must fit
     speculative: str | None = MODEL_DEFAULT  # None (off), "lookup", "draft" (edgellm.generation.speculative)
+    draft_max: int | None = None  # most tokens drafted per step (0: speculation off for this call); None: the mode's
+    draft_min: int = 0  # a shorter draft is not verified (the step decodes plainly)
 
 
 def _unexpected(caller: str, name: str, accepted) -> TypeError:
@@ -126,6 +129,7 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
                                  or logprobs < 0):
         raise SamplingError(f"logprobs must be None or an integer >= 0 (the number of alternatives), "
                             f"got {logprobs!r}")
+    check_lengths(values.get("draft_max"), values.get("draft_min"))
     ignore_eos = values.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise SamplingError(f"ignore_eos must be True or False, got {ignore_eos!r}")
@@ -141,6 +145,8 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
         constraint=_constraint(values),
         speculative=_check_speculative(values.get("speculative", MODEL_DEFAULT)),
+        draft_max=values.get("draft_max"),
+        draft_min=values.get("draft_min") or 0,
     )
 
 

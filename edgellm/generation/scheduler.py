@@ -16,11 +16,15 @@ that arrives joins at the next turn.
 
 Speculative decoding (`speculative="lookup"` or `"draft"`), per sequence: in the decode step each sequence may add
 the tokens its drafter proposes after its next token (prompt lookup, or a draft model on a KV cache of its own per
-slot), and one forward_verify_multi runs every sequence's rows together, each row with a decode step's arithmetic;
+slot, all slots' draft forwards run as one per drafted position), and one forward_verify_multi runs every
+sequence's rows together, each row with a decode step's arithmetic;
 each sequence then walks its rows through SequenceState.step as plain decoding would, and the rejected rows are
 truncated from its cache. A sequence whose draft was cut by a rejection feeds the target's own token at the next
-step. Each sequence's DraftLength adapts to its acceptance and to what the extra rows cost the step. A sequence that finishes, is cancelled, or whose reader stalls past
-`stall_timeout_s` frees its slot in that turn.
+step. Each sequence's DraftLength adapts to its acceptance and to what the extra rows cost the step, for the batch:
+drafted rows slow every sequence in the forward, so a draft is made only where the tokens it is expected to gain
+beat what its rows cost the whole batch (a bigger batch drafts less). A request may lower its draft length or turn
+drafting off (GenerationOptions.draft_max / draft_min). A sequence that finishes, is cancelled, or whose reader
+stalls past `stall_timeout_s` frees its slot in that turn.
 
 Shutdown: close() ends every request still queued or running with ServerClosing, whether the loop exits in time or
 not, and an unexpected fault in a turn ends the requests in slots with it and the loop goes on; a reader also
@@ -233,8 +237,9 @@ class Scheduler:
 
     def _start_speculation(self, mode, draft_max) -> None:
         self.speculative = speculative_mod.check_mode(mode, getattr(self.model, "draft_model", None) is not None)
-        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1):
-            raise ValueError(f"draft_max must be a positive integer, got {draft_max!r}")
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                      or not 1 <= draft_max <= speculative_mod.DRAFT_LIMIT):
+            raise ValueError(f"draft_max must be an integer from 1 to {speculative_mod.DRAFT_LIMIT}, got {draft_max!r}")
         self.draft_max = draft_max or (speculative_mod.DRAFT_MAX[mode] if mode else None)
         if self.speculative is None:
             return
@@ -252,7 +257,7 @@ class Scheduler:
                 slot.drafter = speculative_mod.DraftModel(self.model.draft_model, None, cache)
 
     def _speculator(self, slot, opts):
-        if self.speculative is None:
+        if self.speculative is None or opts.speculative is None or opts.draft_max == 0:  # off for this request
             return None
         if self.speculative == "lookup":
             drafter = speculative_mod.PromptLookup()
@@ -260,7 +265,8 @@ class Scheduler:
             drafter = slot.drafter  # its cache keeps what it held: the next prompt re-uses the common prefix
             drafter.sampler = None if opts.sampling.greedy else Sampler(
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
-        return speculative_mod.Speculator(self.speculative, None, drafter, self.draft_max)
+        k_max = self.draft_max if opts.draft_max is None else opts.draft_max
+        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min)
 
     # -- any thread ------------------------------------------------------------------------------------------
     def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:
@@ -478,8 +484,10 @@ class Scheduler:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
         left pending), and any drafted tokens after it; one forward feeds them all."""
         decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
-        stepped, progressed, now = [], False, time.monotonic()
+        stepped, drafting, progressed, now = [], [], False, time.monotonic()
         room = getattr(self.engine.fm, "n_batch", 1) - len(decoding)  # rows left for drafts in this forward
+        # the sequences this forward will feed (a draft's rows slow each of their steps: DraftLength weighs that)
+        n_seqs = sum(not s.request.cancelled.is_set() and not s.request._full() for s in decoding)
         for slot in decoding:
             request, seq = slot.request, slot.seq
             if request.cancelled.is_set():
@@ -500,18 +508,42 @@ class Scheduler:
             fed, choices, draft_s = [slot.pending if slot.pending is not None else seq.generated[-1]], [], 0.0
             slot.pending = None
             if slot.spec is not None and room > 0:
-                t0 = time.perf_counter()
                 cache_room = slot.cache.n_ctx - slot.cache.n_past - 1  # verified rows must fit without a shift
-                proposed = slot.spec.propose(seq.history, min(room, cache_room, seq.max_tokens - len(seq.generated)))
-                draft_s = time.perf_counter() - t0
-                if proposed is not None:
-                    fed += proposed[0]
-                    choices = proposed[1]
-                    room -= len(choices)
-            stepped.append((slot, fed, choices, draft_s))
+                limit = min(room, cache_room, seq.max_tokens - len(seq.generated))
+                if self.speculative == "draft":  # planned here, drafted below for every slot at once
+                    k = slot.spec.plan(limit, n_seqs)
+                    room -= k
+                    if k:
+                        drafting.append((len(stepped), k))
+                else:
+                    t0 = time.perf_counter()
+                    proposed = slot.spec.propose(seq.history, limit, n_seqs)
+                    draft_s = time.perf_counter() - t0
+                    if proposed is not None:
+                        fed += proposed[0]
+                        choices = proposed[1]
+                        room -= len(choices)
+            stepped.append([slot, fed, choices, draft_s])
+        if drafting:
+            self._draft_together(stepped, drafting)
         if stepped:
             self._feed(stepped)
         return progressed
+
+    def _draft_together(self, stepped, drafting) -> None:
+        """The draft model's proposals for the slots planned to draft, one draft forward per drafted position for all
+        of them; their choices go into stepped (its time counted once, on the first)."""
+        t0 = time.perf_counter()
+        specs = [stepped[j][0].spec for j, _ in drafting]
+        proposals = speculative_mod.draft_together([spec.drafter for spec in specs],
+                                                   [stepped[j][0].seq.history for j, _ in drafting],
+                                                   [k for _, k in drafting])
+        for (j, _), spec, (tokens, qs) in zip(drafting, specs, proposals):
+            proposed = spec.choices(tokens, qs)
+            if proposed is not None:
+                stepped[j][1] += proposed[0]
+                stepped[j][2] = proposed[1]
+        stepped[drafting[0][0]][3] = time.perf_counter() - t0
 
     def _sample(self, slot, row, choice=None, finish: bool = True) -> bool:
         """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);
@@ -549,17 +581,18 @@ class Scheduler:
         step_s = time.perf_counter() - t0
         self.stats["decode_steps"] += 1
         extra = sum(len(choices) for _, _, choices, _ in stepped)
+        n_seqs, draft_s = len(stepped), sum(d for _, _, _, d in stepped)  # every draft delays the whole forward
         offset = 0
-        for slot, fed, choices, draft_s in stepped:
+        for slot, fed, choices, _ in stepped:
             own = rows[offset:offset + len(fed)]
             offset += len(fed)
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
-            if slot.spec is not None:  # what the extra rows cost this step, against a plain one
+            if slot.spec is not None:  # what the extra rows cost this step, against a plain one of as many sequences
                 if drafted:
-                    slot.spec.length.timed_verification(1 + extra, step_s + draft_s)
+                    slot.spec.length.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
                 else:
-                    slot.spec.timed_step(step_s)
+                    slot.spec.length.timed_step(step_s, n_seqs)
             if not choices:
                 slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
                 self._note_shifts(slot)

@@ -26,6 +26,7 @@ MODES = ("lookup", "draft")
 LOOKUP_NGRAM_MAX = 4  # the longest suffix searched for; longer matches predict better but occur less often
 LOOKUP_NGRAM_MIN = 2  # single-token matches are mostly chance on open text
 DRAFT_MAX = {"lookup": 12, "draft": 6}  # most tokens drafted per step: a model draft costs a draft forward each
+DRAFT_LIMIT = 64  # the most a caller may ask drafted per step (each drafted row is a verified row of the forward)
 
 
 def check_mode(value, has_draft_model: bool):
@@ -37,6 +38,18 @@ def check_mode(value, has_draft_model: bool):
     if value == "draft" and not has_draft_model:
         raise SamplingError("speculative='draft' needs a draft model: load(..., draft_model=PATH)")
     return value
+
+
+def check_lengths(draft_max, draft_min, names=("draft_max", "draft_min")) -> None:
+    """SamplingError unless draft_max (None: the default) and draft_min are whole numbers with
+    0 <= draft_min <= draft_max <= DRAFT_LIMIT (draft_max 0: no drafting)."""
+    for name, value in zip(names, (draft_max, draft_min)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= DRAFT_LIMIT:
+            raise SamplingError(f"{name} must be an integer from 0 to {DRAFT_LIMIT}, got {value!r}")
+    if draft_max is not None and draft_min is not None and draft_min > draft_max:
+        raise SamplingError(f"{names[1]} ({draft_min}) must not exceed {names[0]} ({draft_max})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,39 +105,70 @@ class DraftModel:
     def propose(self, history, k: int):
         """(tokens, q): q[i] is (ids, probs), the draft's distribution the i-th token was drawn from, or None when
         greedy."""
+        return draft_together([self], [history], [k])[0]
+
+    def room(self, history, k: int) -> int:
+        """k, cut so that the draft's context never shifts (drafting stops instead)."""
         cache = self.forward.cache if self.cache is None else self.cache
-        limit = cache.n_ctx - 1  # never let the draft's context shift: stop drafting instead
-        k = min(k, limit - len(history))
-        if k <= 0:
-            return [], []
-        c = 0
-        n = min(len(self.tokens), len(history))
+        return min(k, cache.n_ctx - 1 - len(history))
+
+    def catch_up(self, history) -> list[int]:
+        """Roll the cache back to its common prefix with history; returns what must be fed for it to hold history."""
+        cache = self.forward.cache if self.cache is None else self.cache
+        c, n = 0, min(len(self.tokens), len(history))
         while c < n and self.tokens[c] == history[c]:
             c += 1
         if c < len(self.tokens):
             cache.truncate(c)
             del self.tokens[c:]
-        logits = self.forward.forward(np.asarray(history[c:], np.int32), cache=self.cache)[-1] \
-            if c < len(history) else None
-        if logits is None:  # (the whole history is cached: never happens, the target's last token is new)
-            return [], []
-        self.tokens = list(history)
-        drafted, qs, context = [], [], list(history)
-        for i in range(k):
-            if self.sampler is None:
-                token, q = int(np.argmax(logits)), None
-            else:
-                ids, probs = self.sampler.candidates(logits, context)
-                cum = np.cumsum(probs)
-                j = int(np.searchsorted(cum, self.sampler._rng.random() * cum[-1], side="right"))
-                token, q = int(ids[min(j, ids.size - 1)]), (ids, probs)
-            drafted.append(token)
-            qs.append(q)
-            context.append(token)
-            if i + 1 < k:
-                logits = self.forward.forward(np.array([token], np.int32), cache=self.cache)[-1]
-                self.tokens.append(token)
-        return drafted, qs
+        return list(history[c:])
+
+    def choose(self, logits, history, drafted):
+        """(token, q) from the draft's logits after history + drafted: greedy (q None), or drawn from its own
+        distribution."""
+        if self.sampler is None:
+            return int(np.argmax(logits)), None
+        ids, probs = self.sampler.candidates(logits, list(history) + drafted)
+        cum = np.cumsum(probs)
+        j = int(np.searchsorted(cum, self.sampler._rng.random() * cum[-1], side="right"))
+        return int(ids[min(j, ids.size - 1)]), (ids, probs)
+
+
+def draft_together(drafters, histories, ks) -> list:
+    """DraftModel.propose for several drafters at once, ks[i] tokens after histories[i]: a catch-up of more than one
+    token (a new prompt, a draft's accepted tail) runs on its own, then each step feeds every drafter's one token in
+    one forward of the draft (forward_multi over their caches: distinct caches of the draft's layout, as a KVPool's),
+    the weights read once for all. Returns [(tokens, qs)] in the drafters' order."""
+    out = [([], []) for _ in drafters]
+    live, feed = [], []  # (index, k) of the drafters still drafting; the token each feeds next
+    for i, (d, history, k) in enumerate(zip(drafters, histories, ks)):
+        todo = d.catch_up(history) if d.room(history, k) > 0 else []
+        if not todo:  # (no room; or the whole history is cached: never, the target's last token is new)
+            continue
+        if len(todo) > 1:
+            d.forward.forward(np.asarray(todo[:-1], np.int32), cache=d.cache)
+        d.tokens = list(history[:-1])
+        live.append((i, d.room(history, k)))
+        feed.append(todo[-1])
+    while live:
+        if len(live) == 1:
+            d = drafters[live[0][0]]
+            rows = d.forward.forward(np.asarray(feed, np.int32), cache=d.cache)
+        else:
+            rows = drafters[live[0][0]].forward.forward_multi(np.asarray(feed, np.int32),
+                                                              [drafters[i].cache for i, _ in live])
+        still, next_feed = [], []
+        for (i, k), token, row in zip(live, feed, rows):  # (rows is the model's buffer: read before the next forward)
+            d = drafters[i]
+            d.tokens.append(token)
+            drafted, q = d.choose(row, histories[i], out[i][0])
+            out[i][0].append(drafted)
+            out[i][1].append(q)
+            if len(out[i][0]) < k:
+                still.append((i, k))
+                next_feed.append(drafted)
+        live, feed = still, next_feed
+    return out
 
 
 def check_same_vocabulary(target, draft) -> None:
@@ -150,47 +194,85 @@ def check_same_vocabulary(target, draft) -> None:
 class DraftLength:
     """How many tokens to draft next, from two running estimates: alpha, the chance that the target accepts a
     drafted token given it accepted the ones before (accepted / (accepted + rejections) over recent drafts), and
-    beta, what each extra drafted and verified token costs relative to a plain decode step (timed: a verification of T rows
-    costs about 1 + beta (T - 1) steps; on a small model on a CPU the kernels are compute-bound enough that beta
-    is 0.2-0.4, not ~0). A draft of k tokens then yields (1 - alpha^(k+1)) / (1 - alpha) tokens for 1 + beta k
-    steps; the k that maximises the ratio is drafted, and where even the best ratio is below 1 (open-ended text:
-    drafts rejected), drafting pauses, for a pause that doubles while it stays so and resets when a draft is
-    accepted again."""
+    beta, what each extra drafted and verified row costs relative to the same forward without drafts (timed: the
+    seconds a row adds, one estimate for every batch size, over the plain step of as many sequences, so a forward
+    of n sequences plus E drafted rows costs about 1 + beta E plain steps of n sequences; on a small model on a CPU
+    the kernels are compute-bound enough that beta is 0.1-0.4 at n = 1, not ~0).
+
+    The choice is the batch's: a forward of n sequences gives n tokens plainly; k drafted rows of this sequence
+    add (1 - alpha^(k+1)) / (1 - alpha) - 1 expected tokens for beta k more of the step. The k that maximises the
+    batch's tokens per second, (n + gained) / (n (1 + beta k)), is drafted; at n = 1 that is the single sequence's
+    speed-up. So in a batch a draft must gain more than n beta k tokens: its rows slow every other sequence's step.
+    Where even the best ratio is below 1 (open-ended text: drafts rejected; a big batch) drafting pauses, for a
+    pause that doubles while it stays so and resets when a draft is accepted again. k_min: a shorter draft is not
+    verified (want() asks for at least k_min)."""
 
     DECAY = 0.7  # weight of the past in the running estimates, per draft (or per timed step)
     ALPHA_START, BETA_START = 0.5, 0.3
     PAUSE_FIRST, PAUSE_MAX = 4, 128
 
-    def __init__(self, k_max: int):
-        self.k_max = k_max
+    def __init__(self, k_max: int, k_min: int = 0):
+        self.k_max, self.k_min = k_max, min(k_min, k_max)
         self.accepted, self.rejected = self.ALPHA_START, 1.0 - self.ALPHA_START  # decayed counts
-        self.beta = self.BETA_START
-        self.step_s = None  # running time of a plain decode step
+        self.steps = {}  # sequences in the forward -> running time of a plain step
+        self.row_s = None  # running seconds one extra verified row adds to a forward, whatever its batch
         self.pause, self.paused = self.PAUSE_FIRST, 0
 
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def best(self) -> tuple[int, float]:
-        """(k, expected speed-up over plain decoding) of the best draft length now."""
-        a, best_k, best_gain = min(self.alpha, 0.999), 0, 1.0
+    @property
+    def beta(self) -> float:
+        return self.row_cost(1)
+
+    @property
+    def step_s(self):
+        return self.steps.get(1)
+
+    def plain_s(self, n_seqs: int):
+        """A plain step of n_seqs sequences: timed, else the nearest batch size's, each other sequence's row costing
+        what a drafted one does (at most a whole step more each, at least none); None before any is timed."""
+        if n_seqs in self.steps or not self.steps:
+            return self.steps.get(n_seqs)
+        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
+        s = self.steps[near]
+        row = self.BETA_START * s if self.row_s is None else max(0.0, self.row_s)
+        return min(max(s + row * (n_seqs - near), min(s, s * n_seqs / near)), max(s, s * n_seqs / near))
+
+    def row_cost(self, n_seqs: int = 1) -> float:
+        """beta in a forward of n_seqs sequences: the measured seconds of a row over that forward's plain step; before
+        both are timed, the start value with the batch's own rows costing what a drafted one does (a plain step of
+        n sequences: 1 + BETA_START (n - 1) single steps)."""
+        plain = self.plain_s(n_seqs)
+        if self.row_s is None or not plain:
+            return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1))
+        return max(0.0, self.row_s) / plain
+
+    def best(self, n_seqs: int = 1) -> tuple[int, float]:
+        """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
+        in a forward of n_seqs sequences."""
+        a, beta, n = min(self.alpha, 0.999), self.row_cost(n_seqs), max(1, n_seqs)
+        best_k, best_gain = 0, 1.0
         for k in range(1, self.k_max + 1):
-            gain = (1 - a ** (k + 1)) / (1 - a) / (1 + self.beta * k)
+            gain = (n - 1 + (1 - a ** (k + 1)) / (1 - a)) / (n * (1 + beta * k))
             if gain > best_gain:
                 best_k, best_gain = k, gain
         return best_k, best_gain
 
-    def want(self) -> int:
-        """Tokens to draft now (0: decode plainly)."""
+    def want(self, n_seqs: int = 1) -> int:
+        """Tokens to draft now (0: decode plainly), in a forward of n_seqs sequences."""
+        if self.k_max <= 0:
+            return 0
         if self.paused > 0:
             self.paused -= 1
-            return 0 if self.paused else 1  # the pause's last step probes with one drafted token
-        k, _ = self.best()
+            return 0 if self.paused else max(1, self.k_min)  # the pause's last step probes with a short draft
+        k, _ = self.best(n_seqs)
         if k == 0:
             self.paused = self.pause
             self.pause = min(self.PAUSE_MAX, 2 * self.pause)
-        return k
+            return 0
+        return max(k, self.k_min)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -201,14 +283,20 @@ class DraftLength:
         if accepted:
             self.pause = self.PAUSE_FIRST
 
-    def timed_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s is None else self.DECAY * self.step_s + (1 - self.DECAY) * seconds
+    def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
+        """A plain forward of n_seqs sequences took `seconds`."""
+        old = self.steps.get(n_seqs)
+        self.steps[n_seqs] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
 
-    def timed_verification(self, rows: int, seconds: float) -> None:
-        if self.step_s is None or rows < 2:
+    def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
+        """A forward of n_seqs sequences and rows - n_seqs drafted rows (theirs and the others') took `seconds`,
+        drafting included: what a row added, against the plain step of as many sequences."""
+        plain = self.plain_s(n_seqs)
+        if plain is None or rows <= n_seqs:
             return
-        beta = max(0.0, (seconds / self.step_s - 1.0) / (rows - 1))
-        self.beta = self.DECAY * self.beta + (1 - self.DECAY) * beta
+        row = (seconds - plain) / (rows - n_seqs)  # unclipped: a noisy host's errors either way average out
+        old = self.row_cost(n_seqs) * plain if self.row_s is None else self.row_s
+        self.row_s = self.DECAY * old + (1 - self.DECAY) * row
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,22 +316,31 @@ class Speculator:
     """Drives one generation's drafts against the target's forward model. draft(): propose and verify; settle():
     after the decode loop has stepped through the rows, drop the rejected ones and update the counts."""
 
-    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None):
+    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None, k_min: int = 0):
         self.mode, self.target, self.drafter = mode, target_forward, drafter
-        self.length = DraftLength(k_max or DRAFT_MAX[mode])
+        self.length = DraftLength(DRAFT_MAX[mode] if k_max is None else k_max, k_min)
         self.drafted = self.accepted = self.verifications = 0
 
-    def propose(self, history, room: int):
-        """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens; None when no
-        draft is worth it now (paused, nothing found, no room)."""
-        k = min(self.length.want(), room)
-        if k <= 0:
+    def propose(self, history, room: int, n_seqs: int = 1):
+        """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens, in a forward of
+        n_seqs sequences; None when no draft is worth it now (paused, nothing found, shorter than k_min, no room)."""
+        k = self.plan(room, n_seqs)
+        if k == 0:
             return None
         if isinstance(self.drafter, PromptLookup):
             tokens, qs = self.drafter.propose(history, k), None
         else:
             tokens, qs = self.drafter.propose(history, k)
-        if not tokens:
+        return self.choices(tokens, qs)
+
+    def plan(self, room: int, n_seqs: int = 1) -> int:
+        """How many tokens to draft now, at most room (0: none)."""
+        k = min(self.length.want(n_seqs), room)
+        return k if k > 0 and k >= self.length.k_min else 0
+
+    def choices(self, tokens, qs):
+        """(tokens, choices for SequenceState.step) of a drafter's proposal; None when it is too short to verify."""
+        if not tokens or len(tokens) < self.length.k_min:
             return None
         return tokens, [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
 

@@ -26,6 +26,10 @@ class ServerMetrics:
         self.in_flight = Gauge("edgellm_requests_in_flight", "HTTP requests being answered", registry=r)
         self.prompt_tokens = Counter("edgellm_prompt_tokens", "prompt tokens of finished generations", registry=r)
         self.generated_tokens = Counter("edgellm_generated_tokens", "tokens generated", registry=r)
+        self.draft_tokens = Counter("edgellm_draft_tokens", "tokens drafted for speculative decoding and verified",
+                                    registry=r)
+        self.draft_accepted_tokens = Counter("edgellm_draft_accepted_tokens", "drafted tokens the model accepted",
+                                             registry=r)
         self.cache_tokens = Counter("edgellm_prompt_cache_tokens",
                                     "prompt tokens taken from the prompt cache instead of evaluated", registry=r)
         self.cache_lookups = Counter("edgellm_prompt_cache_lookups", "prompt cache lookups", ["result"], registry=r)
@@ -50,10 +54,14 @@ class ServerMetrics:
                 gauge.set_function(fn)
 
     def generation(self, prompt_tokens: int, generated_tokens: int, ttft_s: float | None = None,
-                   duration_s: float | None = None, decode_s: float | None = None) -> None:
-        """One finished generation: its token counts and times (decode_s: the time after its first token)."""
+                   duration_s: float | None = None, decode_s: float | None = None, draft_tokens: int = 0,
+                   accepted_tokens: int = 0) -> None:
+        """One finished generation: its token counts and times (decode_s: the time after its first token;
+        draft_tokens / accepted_tokens: speculative decoding's drafted and accepted tokens)."""
         self.prompt_tokens.inc(max(0, prompt_tokens))
         self.generated_tokens.inc(max(0, generated_tokens))
+        self.draft_tokens.inc(max(0, draft_tokens))
+        self.draft_accepted_tokens.inc(max(0, accepted_tokens))
         if ttft_s is not None and generated_tokens > 0:
             self.ttft.observe(max(0.0, ttft_s))
         if duration_s is not None:
