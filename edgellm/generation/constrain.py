@@ -20,6 +20,7 @@ import re
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -664,7 +665,6 @@ def _mask_worker():
     with _WORKER_LOCK:
         worker, pid = _WORKER
         if worker is None or pid != os.getpid():
-            from concurrent.futures import ThreadPoolExecutor
             worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-mask")
             _WORKER = (worker, os.getpid())
         return worker
