@@ -408,17 +408,15 @@ def test_softcap_matches_reference(rng):
 @pytest.mark.parametrize("window", [0, 5])
 def test_softcap_attention_matches_reference(rng, n_new, window):
     """Gemma 2's capped scores: cap * tanh(q·k / cap) before the softmax, against the float64 reference; with a
-    cap well inside the scores' range, so that a missing cap fails. Without the cap the kernel is ops.attention."""
-    from edgellm.engine.ops.attention_softcap import softcap_attention, softcap_attention_ref
+    cap well inside the scores' range, so that a missing cap fails."""
     q = (3.0 * rng.standard_normal((n_new, 4, 64))).astype(np.float32)
     k = rng.standard_normal((20, 2, 64)).astype(np.float32)
     v = rng.standard_normal((20, 2, 64)).astype(np.float32)
     positions = np.arange(20, dtype=np.int32)
     k_cache, v_cache, slot_pos = _cache_from(k, v, positions, capacity=32)
     out = np.empty_like(q)
-    softcap_attention(q, k_cache, v_cache, slot_pos, positions[-n_new:], window, 0.125, 2.0, out,
-                      scores_for(q, 32))
-    want = softcap_attention_ref(q, k, v, positions[-n_new:], positions, window, 0.125, 2.0)
+    ops.attention(q, k_cache, v_cache, slot_pos, positions[-n_new:], window, 0.125, out, scores_for(q, 32), cap=2.0)
+    want = ops.attention_ref(q, k, v, positions[-n_new:], positions, window, 0.125, cap=2.0)
     assert nmse(out, want) < NMSE_ATTENTION
     uncapped = ops.attention_ref(q, k, v, positions[-n_new:], positions, window, 0.125)
     assert nmse(uncapped, want) > 1e-3

@@ -22,7 +22,6 @@ from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.gemma3 import Gemma3Model, sandwich_block_specs
 from edgellm.engine.models.loading import matrix, vector
-from edgellm.engine.ops.attention_softcap import softcap_attention
 
 SWA_PERIOD_DEFAULT = 2  # llama.cpp: load_swa_pattern(ml, 2) for gemma2
 N_LAYER_27B = 46  # llama.cpp scales q by 1/sqrt(n_embd / n_head) instead of the head size for the 27B model
@@ -93,8 +92,8 @@ class Gemma2Model(Gemma3Model):
                                                               b.positions, s.attn_heads))
             ops.finish_qkv(q, k, v, none, none, none, none, none, cfg.norm_eps, cos, sin, rope.neox, pos, kv.k, kv.v,
                            kv.slot_pos, kv.k_scale, kv.v_scale, cfg.q_scale)
-            softcap_attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, cfg.attn_softcap, out,
-                              self.attn_scratch(kv), kv.k_scale, kv.v_scale)
+            ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, out, self.attn_scratch(kv),
+                          kv.k_scale, kv.v_scale, cap=cfg.attn_softcap)
 
     def logits_head(self, s, b: Batch) -> None:
         super().logits_head(s, b)

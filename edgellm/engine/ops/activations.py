@@ -105,7 +105,7 @@ def gelu_tanh_mul_ref(gate, up):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Softcap: cap * tanh(x / cap) (Gemma 2's final logits; its attention scores: attention_softcap.py), as
+# Softcap: cap * tanh(x / cap) (Gemma 2's final logits; its attention scores: attention_scalar.py), as
 # llama.cpp's three f32 ops: scale by 1/cap (rounded to float32), tanhf, scale by cap.
 
 

@@ -16,7 +16,13 @@ The lanes run over the head dimension for the scores and over cache cells for th
 c feeds lane c % 32 or c % 8; a slot here is llama.cpp's cell while the context has not wrapped or shifted).
 The softmax: max, exp (fast_exp), a float64 sum of per-8-cell float32 partial sums, one float32 reciprocal.
 So every score is computed before any weight: a scratch row per thread holds the scores, then the weights.
+
+Gemma 2 caps the scores (cap > 0; 0 means no cap): llama.cpp computes the scores as one f32 matrix, then scales
+it by 1/cap (rounded to float32 first), takes tanhf, scales by cap, and its softmax multiplies by the layer's
+scale. Only this kernel takes a cap: the vector ones give the same bits, so one path is enough for Gemma 2.
 """
+
+import math
 
 import numpy as np
 from numba import njit
@@ -62,14 +68,19 @@ def _score(q_row, k_cache, k_scale, kv, slot, lanes, acc):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, lanes, acc, work, top):
-    """work[j] <- score of slot j in [first, last) (-inf where position lo..p excludes it); returns the max."""
+def _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, cap, inv_cap, lanes, acc, work,
+               top):
+    """work[j] <- score of slot j in [first, last) (-inf where position lo..p excludes it), capped where cap > 0;
+    returns the max."""
     for j in range(first, last):
         pos = slot_pos[j]
         if pos < lo or pos > p:
             work[j] = -np.inf
             continue
-        s = _score(q_row, k_cache, k_scale, kv, j, lanes, acc) * scale
+        s = _score(q_row, k_cache, k_scale, kv, j, lanes, acc)
+        if cap > 0.0:
+            s = np.float32(cap * np.float32(math.tanh(s * inv_cap)))
+        s = s * scale
         work[j] = s
         top = max(top, s)
     return top
@@ -114,9 +125,10 @@ def _visible_from(p, window, capacity):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t, h, kv, out, work, single):
-    """out[t, h] = sum over visible keys of softmax(q[t, h] . k * scale) v. work: this thread's scratch row:
-    capacity scores, then LANES_SINGLE accumulator rows, the query rounded as the cache, and LANES_SINGLE more."""
+def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, cap, t, h, kv, out, work, single):
+    """out[t, h] = sum over visible keys of softmax(score(q[t, h] . k) * scale) v, score(s) = s uncapped (cap 0)
+    or cap * tanh(s / cap). work: this thread's scratch row: capacity scores, then LANES_SINGLE accumulator rows,
+    the query rounded as the cache, and LANES_SINGLE more."""
     capacity = slot_pos.shape[0]
     head_dim = q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH
@@ -128,13 +140,17 @@ def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, t
     acc = work[capacity + (LANES_SINGLE + 1) * head_dim: capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE]
     for d in range(head_dim):
         q_row[d] = like_cache(q[t, h, d], k_cache)
+    inv_cap = np.float32(1.0) / cap if cap > 0.0 else np.float32(0.0)
     top = np.float32(-np.inf)
     if wrapped:
-        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, capacity, lo, p, scale, lanes, acc, work, top)
-        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, 0, last, lo, p, scale, lanes, acc, work, top)
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, capacity, lo, p, scale, cap, inv_cap, lanes,
+                         acc, work, top)
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, 0, last, lo, p, scale, cap, inv_cap, lanes, acc,
+                         work, top)
         total = _exp_run(work, first, capacity, top, acc) + _exp_run(work, 0, last, top, acc)
     else:
-        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, lanes, acc, work, top)
+        top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, cap, inv_cap, lanes, acc,
+                         work, top)
         total = _exp_run(work, first, last, top, acc)
     inv = np.float32(1.0 / total)
     acc_rows[:] = 0.0
