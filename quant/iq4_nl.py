@@ -65,14 +65,15 @@ def block_iq4_nl(w, o, out, p):
 
 
 @njit(cache=True)
-def _tail(w, o, x, xo_lo, xo_hi, scale, total):
-    """total + scale * (the last block's integer dot): llama.cpp's scalar step for an odd block count (one FMA).
+def _table_tail(w, qo, table, x, xo_lo, xo_hi, scale, total):
+    """total + scale * (the last block's integer dot): llama.cpp's scalar step for an odd block count (one FMA),
+    for the 4-bit table formats (IQ4_NL, MXFP4). w[qo ...]: the block's 16 nibble bytes; table: its 16 values;
     x[xo_lo ...] and x[xo_hi ...]: the activations of elements 0-15 and 16-31."""
     sumi = 0
     for j in range(16):
-        q = np.int32(w[o + 2 + j])
-        sumi += np.int32(x[xo_lo + j]) * np.int32(KVALUES_IQ4NL[q & 15])
-        sumi += np.int32(x[xo_hi + j]) * np.int32(KVALUES_IQ4NL[q >> 4])
+        q = np.int32(w[qo + j])
+        sumi += np.int32(x[xo_lo + j]) * np.int32(table[q & 15])
+        sumi += np.int32(x[xo_hi + j]) * np.int32(table[q >> 4])
     return fma32(scale, np.float32(sumi), total)
 
 
@@ -88,7 +89,8 @@ def vec_dot_iq4_nl_q8_0(w, o, nb, xq, xo, xd, xdo):
     total = f32x8_hsum(f32x8_add(a1, a2))
     if nb % 2:
         b = nb - 1
-        total = _tail(w, o, xq, xo + 32 * b, xo + 32 * b + 16, load_f16(w, o) * load_f32(xd, xdo + b), total)
+        total = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, xo + 32 * b, xo + 32 * b + 16,
+                            load_f16(w, o) * load_f32(xd, xdo + b), total)
     return total
 
 
@@ -113,8 +115,8 @@ def vec_dot2_iq4_nl_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
     if nb % 2:
         b = nb - 1
         dx = load_f32(xd, xdo + b)
-        r = _tail(w, o, xq, xo + 32 * b, xo + 32 * b + 16, load_f16(w, o) * dx, r)
-        r2 = _tail(w, o2, xq, xo + 32 * b, xo + 32 * b + 16, load_f16(w, o2) * dx, r2)
+        r = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, xo + 32 * b, xo + 32 * b + 16, load_f16(w, o) * dx, r)
+        r2 = _table_tail(w, o2 + 2, KVALUES_IQ4NL, xq, xo + 32 * b, xo + 32 * b + 16, load_f16(w, o2) * dx, r2)
     return r, r2
 
 
@@ -143,10 +145,13 @@ def vec_dot4_iq4_nl_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     if nb % 2:
         b = nb - 1
         k, d = xo + 32 * b, load_f16(w, o)
-        r0 = _tail(w, o, xq, k, k + 16, d * load_f32(xd, xdo + b), r0)
-        r1 = _tail(w, o, xq, k + x_stride, k + x_stride + 16, d * load_f32(xd, xdo + nb + b), r1)
-        r2 = _tail(w, o, xq, k + 2 * x_stride, k + 2 * x_stride + 16, d * load_f32(xd, xdo + 2 * nb + b), r2)
-        r3 = _tail(w, o, xq, k + 3 * x_stride, k + 3 * x_stride + 16, d * load_f32(xd, xdo + 3 * nb + b), r3)
+        r0 = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, k, k + 16, d * load_f32(xd, xdo + b), r0)
+        r1 = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, k + x_stride, k + x_stride + 16,
+                         d * load_f32(xd, xdo + nb + b), r1)
+        r2 = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, k + 2 * x_stride, k + 2 * x_stride + 16,
+                         d * load_f32(xd, xdo + 2 * nb + b), r2)
+        r3 = _table_tail(w, o + 2, KVALUES_IQ4NL, xq, k + 3 * x_stride, k + 3 * x_stride + 16,
+                         d * load_f32(xd, xdo + 3 * nb + b), r3)
     return r0, r1, r2, r3
 
 
@@ -195,7 +200,7 @@ def _tile_tail(w, o, xp, xo, xt, so, j, total):
     """_tail for token j of an eight-token tile (quant.dots_block32._pack_tiles8's layout: token j is half j % 2
     of pair j // 2, elements 0-15 then, 32 bytes on, 16-31)."""
     base = xo + 64 * (j // 2) + 16 * (j % 2)
-    return _tail(w, o, xp, base, base + 32, load_f16(w, o) * load_f32(xt, so + j), total)
+    return _table_tail(w, o + 2, KVALUES_IQ4NL, xp, base, base + 32, load_f16(w, o) * load_f32(xt, so + j), total)
 
 
 @njit(cache=True)

@@ -31,7 +31,7 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _quantize_tokens, _tile8_pairs,
                            _tile8_sums_256, _tile8_zero)
-from .iq4_nl import _tile8_added  # (the two accumulator tiles added lane by lane: table-independent)
+from .iq4_nl import _table_tail, _tile8_added  # (table-independent: the odd block's scalar step, the tiles' sum)
 from .reference import KVALUES_MXFP4, e8m0_to_f32_half
 from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32_from_bits, f32x8_add, f32x8_fma_i32, f32x8_hsum,
                    f32x8_splat, f32x8_zero, fma32, i32x8_hsum, i8x32_xor, load_f32, load_i8x32, prefetch)
@@ -82,18 +82,6 @@ def block_mxfp4(w, o, out, p):
 
 
 @njit(cache=True)
-def _tail(w, o, x, xo_lo, xo_hi, scale, total):
-    """total + scale * (the last block's integer dot): llama.cpp's scalar step for an odd block count (one FMA).
-    x[xo_lo ...] and x[xo_hi ...]: the activations of elements 0-15 and 16-31."""
-    sumi = 0
-    for j in range(16):
-        q = np.int32(w[o + 1 + j])
-        sumi += np.int32(x[xo_lo + j]) * np.int32(KVALUES_MXFP4[q & 15])
-        sumi += np.int32(x[xo_hi + j]) * np.int32(KVALUES_MXFP4[q >> 4])
-    return fma32(scale, np.float32(sumi), total)
-
-
-@njit(cache=True)
 def vec_dot_mxfp4_q8_0(w, o, nb, xq, xo, xd, xdo):
     a1, a2 = f32x8_zero(), f32x8_zero()
     for b in range(0, nb - 1, 2):
@@ -105,7 +93,8 @@ def vec_dot_mxfp4_q8_0(w, o, nb, xq, xo, xd, xdo):
     total = f32x8_hsum(f32x8_add(a1, a2))
     if nb % 2:
         b = nb - 1
-        total = _tail(w, o, xq, xo + 32 * b, xo + 32 * b + 16, load_f32(xd, xdo + b) * e8m0_half(w[o]), total)
+        total = _table_tail(w, o + 1, KVALUES_MXFP4, xq, xo + 32 * b, xo + 32 * b + 16,
+                            load_f32(xd, xdo + b) * e8m0_half(w[o]), total)
     return total
 
 
@@ -128,8 +117,8 @@ def vec_dot2_mxfp4_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
     if nb % 2:
         b = nb - 1
         dx = load_f32(xd, xdo + b)
-        r = _tail(w, o, xq, xo + 32 * b, xo + 32 * b + 16, dx * e8m0_half(w[o]), r)
-        r2 = _tail(w, o2, xq, xo + 32 * b, xo + 32 * b + 16, dx * e8m0_half(w[o2]), r2)
+        r = _table_tail(w, o + 1, KVALUES_MXFP4, xq, xo + 32 * b, xo + 32 * b + 16, dx * e8m0_half(w[o]), r)
+        r2 = _table_tail(w, o2 + 1, KVALUES_MXFP4, xq, xo + 32 * b, xo + 32 * b + 16, dx * e8m0_half(w[o2]), r2)
     return r, r2
 
 
@@ -158,10 +147,13 @@ def vec_dot4_mxfp4_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
     if nb % 2:
         b = nb - 1
         k, d = xo + 32 * b, e8m0_half(w[o])
-        r0 = _tail(w, o, xq, k, k + 16, load_f32(xd, xdo + b) * d, r0)
-        r1 = _tail(w, o, xq, k + x_stride, k + x_stride + 16, load_f32(xd, xdo + nb + b) * d, r1)
-        r2 = _tail(w, o, xq, k + 2 * x_stride, k + 2 * x_stride + 16, load_f32(xd, xdo + 2 * nb + b) * d, r2)
-        r3 = _tail(w, o, xq, k + 3 * x_stride, k + 3 * x_stride + 16, load_f32(xd, xdo + 3 * nb + b) * d, r3)
+        r0 = _table_tail(w, o + 1, KVALUES_MXFP4, xq, k, k + 16, load_f32(xd, xdo + b) * d, r0)
+        r1 = _table_tail(w, o + 1, KVALUES_MXFP4, xq, k + x_stride, k + x_stride + 16,
+                         load_f32(xd, xdo + nb + b) * d, r1)
+        r2 = _table_tail(w, o + 1, KVALUES_MXFP4, xq, k + 2 * x_stride, k + 2 * x_stride + 16,
+                         load_f32(xd, xdo + 2 * nb + b) * d, r2)
+        r3 = _table_tail(w, o + 1, KVALUES_MXFP4, xq, k + 3 * x_stride, k + 3 * x_stride + 16,
+                         load_f32(xd, xdo + 3 * nb + b) * d, r3)
     return r0, r1, r2, r3
 
 
@@ -185,7 +177,7 @@ def _tile_tail(w, o, xp, xo, xt, so, j, total):
     """_tail for token j of an eight-token tile (quant.dots_block32._pack_tiles8's layout: token j is half j % 2
     of pair j // 2, elements 0-15 then, 32 bytes on, 16-31)."""
     base = xo + 64 * (j // 2) + 16 * (j % 2)
-    return _tail(w, o, xp, base, base + 32, load_f32(xt, so + j) * e8m0_half(w[o]), total)
+    return _table_tail(w, o + 1, KVALUES_MXFP4, xp, base, base + 32, load_f32(xt, so + j) * e8m0_half(w[o]), total)
 
 
 @njit(cache=True)
