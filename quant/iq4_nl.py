@@ -34,25 +34,31 @@ _I8 = ir.IntType(8)
 _TABLE = ir.Constant(_vec(_I8, 16), [int(v) for v in KVALUES_IQ4NL])
 
 
-@intrinsic
-def load_iq4_nl_values(typingctx, buf, offset):
-    """The 16 bytes of indices at buf[offset] -> the 32 table values as I8x32: low nibbles' values first, then high
-    nibbles' (a byte shuffle with the table as its source, vpshufb, where there is one)."""
+def table_values_codegen(table):
+    """The codegen of a 4-bit table format's value load (IQ4_NL, MXFP4): the 16 bytes of nibbles at buf[offset] ->
+    the 32 values of `table` (an LLVM <16 x i8> constant) as I8x32, low nibbles' values first, then high nibbles'
+    (a byte shuffle with the table as its source, vpshufb, where there is one)."""
     def codegen(context, builder, sig, args):
         q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
         mask = ir.Constant(_vec(_I8, 16), [0x0F] * 16)
         halves = []
         for idx in (builder.and_(q, mask), builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))):
             if HAS_AVX2:
-                halves.append(_call_intrinsic(builder, "llvm.x86.ssse3.pshuf.b.128", idx.type, [_TABLE, idx]))
+                halves.append(_call_intrinsic(builder, "llvm.x86.ssse3.pshuf.b.128", idx.type, [table, idx]))
             else:  # one lookup per byte: extractelement takes a variable index
                 v = ir.Constant(_vec(_I8, 16), ir.Undefined)
                 for j in range(16):
                     k = builder.extract_element(idx, ir.Constant(ir.IntType(32), j))
-                    v = builder.insert_element(v, builder.extract_element(_TABLE, k), ir.Constant(ir.IntType(32), j))
+                    v = builder.insert_element(v, builder.extract_element(table, k), ir.Constant(ir.IntType(32), j))
                 halves.append(v)
         return _shuffle(builder, halves[0], halves[1], range(32))
-    return I8x32(buf, offset), codegen
+    return codegen
+
+
+@intrinsic
+def load_iq4_nl_values(typingctx, buf, offset):
+    """IQ4_NL's 32 values of the block whose nibbles are at buf[offset] (table_values_codegen)."""
+    return I8x32(buf, offset), table_values_codegen(_TABLE)
 
 
 @njit(cache=True)

@@ -31,11 +31,12 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _quantize_tokens, _tile8_pairs,
                            _tile8_sums_256, _tile8_zero)
-from .iq4_nl import _table_tail, _tile8_added  # (table-independent: the odd block's scalar step, the tiles' sum)
+# table-independent pieces: the odd block's scalar step, the tiles' sum, the value load's IR
+from .iq4_nl import _table_tail, _tile8_added, table_values_codegen
 from .reference import KVALUES_MXFP4, e8m0_to_f32_half
-from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32_from_bits, f32x8_add, f32x8_fma_i32, f32x8_hsum,
+from .simd import (HAS_WIDE_TILES, I8x32, dot_i8x32, f32_from_bits, f32x8_add, f32x8_fma_i32, f32x8_hsum,
                    f32x8_splat, f32x8_zero, fma32, i32x8_hsum, i8x32_xor, load_f32, load_i8x32, prefetch)
-from .simd.vector_ir import _call_intrinsic, _load, _ptr, _shuffle, _vec
+from .simd.vector_ir import _vec
 
 TILE_OFFSET_MXFP4 = Q8_0_TILE_OFFSET  # the tiles take the values as Q8_0's quants (signed; +128 for 512-bit)
 BLOCK_BYTES = 17
@@ -46,23 +47,8 @@ _TABLE = ir.Constant(_vec(_I8, 16), [int(v) for v in KVALUES_MXFP4])
 
 @intrinsic
 def load_mxfp4_values(typingctx, buf, offset):
-    """The 16 bytes of nibbles at buf[offset] -> the 32 table values as I8x32: low nibbles' values first, then high
-    nibbles' (vpshufb with the table as its source, where there is one)."""
-    def codegen(context, builder, sig, args):
-        q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
-        mask = ir.Constant(_vec(_I8, 16), [0x0F] * 16)
-        halves = []
-        for idx in (builder.and_(q, mask), builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))):
-            if HAS_AVX2:
-                halves.append(_call_intrinsic(builder, "llvm.x86.ssse3.pshuf.b.128", idx.type, [_TABLE, idx]))
-            else:  # one lookup per byte: extractelement takes a variable index
-                v = ir.Constant(_vec(_I8, 16), ir.Undefined)
-                for j in range(16):
-                    k = builder.extract_element(idx, ir.Constant(ir.IntType(32), j))
-                    v = builder.insert_element(v, builder.extract_element(_TABLE, k), ir.Constant(ir.IntType(32), j))
-                halves.append(v)
-        return _shuffle(builder, halves[0], halves[1], range(32))
-    return I8x32(buf, offset), codegen
+    """MXFP4's 32 values of the block whose nibbles are at buf[offset] (iq4_nl.table_values_codegen)."""
+    return I8x32(buf, offset), table_values_codegen(_TABLE)
 
 
 @njit(cache=True, inline="always")
