@@ -38,3 +38,19 @@ def load_reference(name):
     with open(FIXTURES / f"{stem}.json", encoding="utf-8") as f:
         js = json.load(f)
     return js, np.load(FIXTURES / f"{stem}.npz")
+
+
+def pytest_collection_finish(session):
+    """Queue the child processes of the selected tests marked `background` (tests/background.py)."""
+    import background
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        marker = item.get_closest_marker("background")
+        if marker is not None:
+            background.submit(marker.kwargs["jobs"](item))
+
+
+def pytest_sessionfinish(session):
+    import background
+    background.shutdown()

@@ -4,15 +4,15 @@ Every registered format runs through every check. Random weights are random quan
 scales; the dot-product checks compare with float64 matmuls of the dequantized weights.
 """
 
-import os
+import functools
 import platform
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from numba import njit
 
+import background
 from edgellm import quant
 from edgellm.quant import reference, simd
 from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
@@ -338,49 +338,77 @@ for name in FORMATS:
 PORTABLE_FORMATS = tuple(Q8_0_ACT_FORMATS) + ("Q6_K", "F16")
 
 
-def _kernels_for_cpu_match(tmp_path, cpu_name, cpu_features, want_avx2, exact, want_vnni=False):
-    """Run PORTABLE_CHECK compiled for another CPU in a subprocess and compare its products with this process's."""
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features,
-               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    code = (f"OUT = {str(tmp_path)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
+# Other CPUs' builds, each compiled in a child process that runs beside the other tests (tests/background.py):
+# (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES, AVX2 expected, VNNI expected, whether this host can check it)
+OTHER_CPUS = {
+    # AArch64 has FMA on both sides (plain NEON against sdot here), x86-64's generic build has none
+    "generic": ("generic", "+neon" if platform.machine().lower() in ("aarch64", "arm64") else "", False, False, True),
+    "haswell": ("haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, False, simd.HAS_AVX2),
+    "alderlake": ("alderlake", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2,+avxvnni", True, True,
+                  simd.host._host_has("avxvnni")),
+}
+
+
+@functools.cache
+def _other_cpu_job(name):
+    cpu_name, cpu_features, want_avx2, want_vnni, _ = OTHER_CPUS[name]
+    out = background.temp_dir(f"kernels-{name}")
+    env = background.child_env(NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features, NUMBA_CACHE_DIR=out / "cache")
+    code = (f"OUT = {str(out)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
             f"FORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK)
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=900)
+    return background.Job(f"kernels-{name}", [sys.executable, "-c", code], env=env, timeout=1800), out
+
+
+def _other_cpu_jobs(item):
+    name = item.callspec.params["cpu"]
+    return [_other_cpu_job(name)[0]] if OTHER_CPUS[name][-1] else []
+
+
+def _kernels_for_cpu_match(name, exact):
+    """Compare the products of PORTABLE_CHECK compiled for another CPU (its child process) with this process's."""
+    job, out_dir = _other_cpu_job(name)
+    done = background.result(job)
+    assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(0)
-    for name in PORTABLE_FORMATS:
-        fmt = quant.format_by_name(name)
-        layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), name, (12, 512))
+    for fmt_name in PORTABLE_FORMATS:
+        fmt = quant.format_by_name(fmt_name)
+        layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), fmt_name, (12, 512))
         x = rng.standard_normal((13, 512)).astype(np.float32)
         out = np.empty((13, 12), np.float32)
         layer.matmul(x, out)
-        theirs = np.load(tmp_path / f"{name}.npy")
+        theirs = np.load(out_dir / f"{fmt_name}.npy")
         if exact:
             np.testing.assert_array_equal(theirs, out)
         else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
             np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
 
 
-def test_generic_code_paths_match_avx2(tmp_path):
+@pytest.mark.parametrize("cpu", ["generic"])
+@pytest.mark.background(jobs=_other_cpu_jobs)
+def test_generic_code_paths_match_avx2(cpu):
     """Where AVX2 / F16C are missing (other CPUs, NUMBA_CPU_NAME=generic) the same integer lanes come from
     generic vector ops: run the kernels that way in a subprocess and compare with this process. On AArch64 (plain
     NEON against sdot here) both have FMA, so the bits must agree too."""
-    aarch64 = platform.machine().lower() in ("aarch64", "arm64")
-    _kernels_for_cpu_match(tmp_path, "generic", "+neon" if aarch64 else "", False, exact=aarch64)
+    _kernels_for_cpu_match(cpu, exact=platform.machine().lower() in ("aarch64", "arm64"))
 
 
-@pytest.mark.skipif(not simd.HAS_AVX2, reason="needs an AVX2 host")
-def test_avx2_without_vnni_gives_the_same_bits(tmp_path):
+@pytest.mark.skipif(not OTHER_CPUS["haswell"][-1], reason="needs an AVX2 host")
+@pytest.mark.parametrize("cpu", ["haswell"])
+@pytest.mark.background(jobs=_other_cpu_jobs)
+def test_avx2_without_vnni_gives_the_same_bits(cpu):
     """On AVX2 CPUs without AVX-VNNI (Haswell to Ice Lake clients, Zen 1-3) the dots are vpmaddubsw + vpmaddwd
     instead of vpdpbusd: the same integer lanes, so the same bits. Compiled for such a CPU in a subprocess."""
-    _kernels_for_cpu_match(tmp_path, "haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, exact=True)
+    _kernels_for_cpu_match(cpu, exact=True)
 
 
-@pytest.mark.skipif(not simd.host._host_has("avxvnni"), reason="needs a host with AVX-VNNI")
-def test_vnni_without_avx512_gives_the_same_bits(tmp_path):
+@pytest.mark.skipif(not OTHER_CPUS["alderlake"][-1], reason="needs a host with AVX-VNNI")
+@pytest.mark.parametrize("cpu", ["alderlake"])
+@pytest.mark.background(jobs=_other_cpu_jobs)
+def test_vnni_without_avx512_gives_the_same_bits(cpu):
     """On AVX-VNNI CPUs without AVX-512 (Alder Lake and later clients) the tiles are the 256-bit ones with vpdpbusd,
     where this machine kind may take the 512-bit tiles (simd.HAS_WIDE_TILES): the same lanes, so the same bits.
     Compiled for such a CPU in a subprocess."""
-    _kernels_for_cpu_match(tmp_path, "alderlake", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2,+avxvnni", True,
-                           exact=True, want_vnni=True)
+    _kernels_for_cpu_match(cpu, exact=True)
 
 
 def test_i32x8_hsum4_matches_numpy_row_sums():

@@ -3,15 +3,16 @@ every kernel comes from the cache through quant.cache_load's light path (no regi
 used an array method such as .any() would pull Numba's array-math registry in at load), and its logits are still
 llama.cpp's. And the README's first command, `edgellm run`, into an empty cache: what it shows while compiling,
 and a timing line that leaves compilation out."""
+import functools
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import FIXTURES, REFERENCE_FILES
+import background
+from conftest import FIXTURES, REFERENCE_FILES, SMOLLM2, _pull
 from edgellm.cli import COMPILE_NOTE
 from exact_host import EXACT_HOST
 
@@ -40,31 +41,44 @@ print(json.dumps({
 """
 
 
-@pytest.fixture(scope="module")
-def cold_cache_env(tmp_path_factory):
-    return dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp("numba-cache")))
+# The warm-ups of both models share one cache, empty at the start: the second model's finds only the kernels the
+# two have in common. Every step is a child process; they run beside the other tests (tests/background.py).
+WARMUP_CACHE = background.temp_dir("warmup-cache")
+WARMUP_ENV = background.child_env(NUMBA_CACHE_DIR=WARMUP_CACHE)
 
 
-def _warmup(path, env):
-    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "warmup", path, "-t", "2"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr
-    match = re.search(r"warmed in ([\d.]+) s \((\d+) kernels compiled; cache (.+)\)", out.stdout)
-    assert match, out.stdout
+@functools.cache
+def _warmup_jobs_for(name):
+    path, ref = _pull(name), str(FIXTURES / f"{REFERENCE_FILES[name]}.npz")
+    warmup = [sys.executable, "-m", "edgellm.cli", "warmup", path, "-t", "2"]
+    return [background.Job(f"warmup-{name}", warmup, env=WARMUP_ENV),
+            background.Job(f"after-warmup-{name}", [sys.executable, "-c", CHILD, path, ref], env=WARMUP_ENV,
+                           timeout=600),
+            background.Job(f"warmup-again-{name}", warmup, env=WARMUP_ENV)]
+
+
+def _warmup_jobs(item):
+    return _warmup_jobs_for(item.callspec.params["real_model"])
+
+
+def _warmed(done):
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"warmed in ([\d.]+) s \((\d+) kernels compiled; cache (.+)\)", done.stdout)
+    assert match, done.stdout
     return float(match.group(1)), int(match.group(2)), match.group(3)
 
 
-def test_warmup_fills_the_cache_and_later_processes_compile_nothing(real_model, cold_cache_env):
-    name, path = real_model
-    seconds, compiled, cache_dir = _warmup(path, cold_cache_env)
+@pytest.mark.background(jobs=_warmup_jobs)
+def test_warmup_fills_the_cache_and_later_processes_compile_nothing(real_model):
+    name, _ = real_model
+    warmup, after, again = _warmup_jobs_for(name)
+    seconds, compiled, cache_dir = _warmed(background.result(warmup))
     assert compiled > 10  # an empty cache (or one with only the other model's): its kernels were compiled here
-    assert cache_dir == cold_cache_env["NUMBA_CACHE_DIR"]
+    assert cache_dir == str(WARMUP_CACHE)
     assert any(f.endswith(".nbi") for _, _, files in os.walk(cache_dir) for f in files)
     print(f"cold warm-up of {name}: {seconds:.1f} s, {compiled} kernels")
 
-    ref = str(FIXTURES / f"{REFERENCE_FILES[name]}.npz")
-    out = subprocess.run([sys.executable, "-c", CHILD, path, ref], env=cold_cache_env,
-                         capture_output=True, text=True, timeout=600)
+    out = background.result(after)
     assert out.returncode == 0, out.stderr  # a kernel missing a runtime symbol would have crashed the process
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["compiled"] == 0, report
@@ -74,7 +88,7 @@ def test_warmup_fills_the_cache_and_later_processes_compile_nothing(real_model, 
     else:
         assert report["max_diff"] < 1e-2, report
 
-    assert _warmup(path, cold_cache_env)[1] == 0  # a second warm-up finds everything cached
+    assert _warmed(background.result(again))[1] == 0  # a second warm-up finds everything cached
 
 
 TIMING_LINE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) t/s \| generation: \d+ tokens, [\d.]+ t/s \| load [\d.]+ s"
@@ -84,11 +98,18 @@ TIMING_LINE = re.compile(r"prompt: (\d+) tokens, ([\d.]+) t/s \| generation: \d+
 PROMPT_SHARE_OF_COMPILE = 0.1
 
 
-def test_first_run_shows_compilation_and_keeps_it_out_of_the_timing_line(smollm2_path, tmp_path):
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
-    cmd = [sys.executable, "-m", "edgellm.cli", "run", smollm2_path, "-p", "The capital of France is", "-n", "8",
+@functools.cache
+def _first_run_jobs_for():
+    env = background.child_env(NUMBA_CACHE_DIR=background.temp_dir("first-run-cache"))
+    cmd = [sys.executable, "-m", "edgellm.cli", "run", _pull(SMOLLM2), "-p", "The capital of France is", "-n", "8",
            "-t", "2"]
-    cold = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return [background.Job("first-run-cold", cmd, env=env), background.Job("first-run-warm", cmd, env=env, timeout=600)]
+
+
+@pytest.mark.background(jobs=lambda item: _first_run_jobs_for())
+def test_first_run_shows_compilation_and_keeps_it_out_of_the_timing_line():
+    cold_job, warm_job = _first_run_jobs_for()
+    cold = background.result(cold_job)
     assert cold.returncode == 0, cold.stderr
     assert COMPILE_NOTE in cold.stderr.splitlines(), cold.stderr
     compiled = re.search(r"^edgellm: compiled (\d+) kernels in ([\d.]+) s$", cold.stderr, re.M)
@@ -100,7 +121,7 @@ def test_first_run_shows_compilation_and_keeps_it_out_of_the_timing_line(smollm2
     assert prompt_tps > 0 and int(timing.group(1)) / prompt_tps < PROMPT_SHARE_OF_COMPILE * compile_s, cold.stderr
     print(f"cold run: {compiled.group(1)} kernels in {compiled.group(2)} s; {timing.group(0)}")
 
-    warm = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    warm = background.result(warm_job)
     assert warm.returncode == 0, warm.stderr
     assert COMPILE_NOTE not in warm.stderr and "compiled" not in warm.stderr, warm.stderr
     timing = TIMING_LINE.search(warm.stderr)
