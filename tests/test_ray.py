@@ -259,7 +259,7 @@ def test_serve_ray_command_serves_with_serves_flags(tiny, tiny_path, serve_port,
         command.join(timeout=120)
     assert result == {"rc": 0}
     err = capsys.readouterr().err
-    assert f"serving tiny on http://127.0.0.1:{serve_port}" in err and "1 replica of 2 threads" in err
+    assert f"serving tiny on http://127.0.0.1:{serve_port}" in err and "1 replica on Ray Serve, 2 threads each" in err
     assert "k1" not in err
     assert APP_NAME not in serve.status().applications  # stopped: the application is deleted
 

@@ -155,16 +155,21 @@ def serve_deployment(model=None, *, n_threads: int | None = None, replicas: int 
 
 
 def wait_for_interrupt() -> None:
-    """Until Ctrl-C (or SIGTERM, which a service manager sends)."""
+    """Until Ctrl-C or SIGTERM (a service manager's stop). Both are taken over while waiting, since a process
+    started in the background of a script inherits SIGINT ignored; the previous handlers come back after, so a
+    second Ctrl-C interrupts the teardown."""
     import signal  # only a foreground `serve --ray` waits on signals
     stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        stop.wait()
+        return
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(1.0):
             pass
-    except KeyboardInterrupt:
-        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_serve(model=None, *, address: str | None = None, host: str = "127.0.0.1", port: int = 8000,
@@ -191,9 +196,9 @@ def run_serve(model=None, *, address: str | None = None, host: str = "127.0.0.1"
                                "Ray's log (logs/serve/replica_*.log in the session directory)") from None
         name = handle.served_name.remote().result()
         scale = (f"{replicas or lo} replica{'s' if (replicas or lo) != 1 else ''}" if replicas or lo == hi
-                 else f"{lo} to {hi} replicas, autoscaling")
-        log(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1), {scale} "
-            f"of {threads} thread{'s' if threads != 1 else ''} on Ray Serve")
+                 else f"{lo} to {hi} replicas (autoscaling)")
+        log(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1): {scale} "
+            f"on Ray Serve, {threads} thread{'s' if threads != 1 else ''} each; Ctrl-C stops")
         (wait or wait_for_interrupt)()
     finally:
         if _app_exists():
