@@ -104,11 +104,12 @@ def ray_executor(model=None, defaults: dict | None = None, address: str | None =
 # ---------------------------------------------------------------------------------------------------------------
 
 APP_NAME = "edgellm"  # the Serve application and deployment `run_serve` makes
+MAX_ONGOING = 8  # requests one replica takes by default (more if it decodes more together); the rest wait in Serve
 
 
 def serve_deployment(model=None, *, n_threads: int | None = None, replicas: int | None = None,
                      min_replicas: int = 1, max_replicas: int = 1, target_ongoing_requests: float = 2.0,
-                     autoscaling: dict | None = None, max_ongoing_requests: int = 8, api_key: str | None = None,
+                     autoscaling: dict | None = None, max_ongoing_requests: int | None = None, api_key: str | None = None,
                      model_name: str | None = None, app_options: dict | None = None, **load_kwargs):
     """A Ray Serve application serving `model` with edgellm.server's OpenAI-compatible app (same routes, same
     shapes) in each replica: `serve.run(serve_deployment("smollm2-135m"), route_prefix="/")`.
@@ -117,7 +118,8 @@ def serve_deployment(model=None, *, n_threads: int | None = None, replicas: int 
     Serve adds replicas while the requests queued at or running in them average more than target_ongoing_requests
     each, and removes them as that falls; `autoscaling` adds other keys of Serve's autoscaling_config
     (upscale_delay_s, downscale_delay_s, ...). Each replica reserves n_threads CPUs, by default the threads rule's
-    share for the most replicas there may be. app_options: edgellm.server.served_app's (limits, parallel,
+    share for the most replicas there may be. max_ongoing_requests: what Serve sends one replica at once (default
+    MAX_ONGOING, or the replica's parallel slots if more). app_options: edgellm.server.served_app's (limits, parallel,
     cache_ram, host, ...), so a replica serves as `edgellm serve` with the same flags would."""
     # Serve (FastAPI and more) and the server's web stack load only when a deployment is made, not for Ray Data
     from ray import serve
@@ -127,6 +129,7 @@ def serve_deployment(model=None, *, n_threads: int | None = None, replicas: int 
     if n_threads is None:
         n_threads = threads_for(most)
     options = {**(app_options or {}), "api_key": api_key, "model_name": model_name}
+    max_ongoing_requests = max_ongoing_requests or max(MAX_ONGOING, options.get("parallel") or 0)
 
     @serve.ingress()
     class EdgeLLMServer:
