@@ -1,7 +1,8 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
 Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), batch (a JSONL file through the batch
-engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra; or Ray Serve replicas), plus quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
+engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra; or Ray Serve replicas), plus
+quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
 """
 from __future__ import annotations
 

@@ -84,9 +84,9 @@ def run(config: str, args, in_path: str, out_path: str) -> dict:
         raise SystemExit(f"{config} failed:\n{err[-3000:]}")
     m = re.search(r"(\d+) tokens in ([\d.]+) s, ([\d.]+) tok/s \(first record after ([\d.]+) s", line[-1])
     return {"config": config, "tokens": int(m.group(1)), "job_s": float(m.group(2)), "tok_s": float(m.group(3)),
-            "first_s": float(m.group(4)),
-            "wall_s": wall, "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)], "memory_mib": {str(p): {k: v / 1024 for k, v in peak.items()}
-                                           for p, peak in peaks.items()}}
+            "first_s": float(m.group(4)), "wall_s": wall,
+            "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "memory_mib": {str(p): {k: v / 1024 for k, v in peak.items()} for p, peak in peaks.items()}}
 
 
 def main():

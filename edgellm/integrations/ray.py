@@ -109,8 +109,9 @@ MAX_ONGOING = 8  # requests one replica takes by default (more if it decodes mor
 
 def serve_deployment(model=None, *, n_threads: int | None = None, replicas: int | None = None,
                      min_replicas: int = 1, max_replicas: int = 1, target_ongoing_requests: float = 2.0,
-                     autoscaling: dict | None = None, max_ongoing_requests: int | None = None, api_key: str | None = None,
-                     model_name: str | None = None, app_options: dict | None = None, **load_kwargs):
+                     autoscaling: dict | None = None, max_ongoing_requests: int | None = None,
+                     api_key: str | None = None, model_name: str | None = None, app_options: dict | None = None,
+                     **load_kwargs):
     """A Ray Serve application serving `model` with edgellm.server's OpenAI-compatible app (same routes, same
     shapes) in each replica: `serve.run(serve_deployment("smollm2-135m"), route_prefix="/")`.
 
