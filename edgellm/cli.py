@@ -1,11 +1,13 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
 Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), batch (a JSONL file through the batch
-engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra), plus quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
+engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra; or Ray Serve replicas), plus
+quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -343,7 +345,72 @@ def cmd_warmup(args) -> int:
     return 0
 
 
+RAY_SERVE_FLAGS = ("replicas", "min_replicas", "max_replicas", "target_ongoing_requests")
+
+
+def _replica_scaling(args) -> dict:
+    """serve --ray's replica options as serve_deployment's arguments, checked before Ray starts."""
+    given = [name for name in RAY_SERVE_FLAGS if getattr(args, name) is not None]
+    def named(names):
+        return ", ".join("--" + name.replace("_", "-") for name in names) + (" sets" if len(names) == 1 else " set")
+    if args.ray is None:
+        if given:
+            raise ValueError(f"{named(given)} Ray Serve replicas: add --ray [ADDRESS]")
+        return {}
+    if args.cache_dir is not None:
+        raise ValueError("--cache-dir is one server's directory: with --ray each replica keeps its prompt cache in "
+                         "RAM (--cache-ram)")
+    if args.device != "cpu":
+        raise ValueError(f"--ray runs replicas on CPU cores (the threads rule reserves them), not --device "
+                         f"{args.device}")
+    if args.replicas is not None:
+        if len(given) > 1:
+            raise ValueError(f"--replicas fixes the number of replicas; {named(given[1:])} autoscaling: give one "
+                             "or the other")
+        return {"replicas": args.replicas}
+    if not given:
+        return {"replicas": 1}
+    if args.max_replicas is None:
+        raise ValueError(f"{named(given)} autoscaling: give --max-replicas too (or --replicas N for a fixed "
+                         "number)")
+    low = 1 if args.min_replicas is None else args.min_replicas
+    if low > args.max_replicas:
+        raise ValueError(f"--min-replicas ({low}) is more than --max-replicas ({args.max_replicas})")
+    if args.target_ongoing_requests is not None and low == args.max_replicas:
+        raise ValueError(f"--target-ongoing-requests needs room to scale: --max-replicas ({args.max_replicas}) "
+                         f"must be more than --min-replicas ({low})")
+    scaling = {"min_replicas": low, "max_replicas": args.max_replicas}
+    if args.target_ongoing_requests is not None:
+        scaling["target_ongoing_requests"] = args.target_ongoing_requests
+    return scaling
+
+
+def _serve_on_ray(args, scaling: dict) -> int:
+    from edgellm.server import check_serve_options  # an optional extra (starlette), as for serve without --ray
+    key, limits, speculative = check_serve_options(args.api_key, args.api_key_file, args.max_tokens,
+                                                   args.request_timeout, args.lookup, args.draft_model)
+    try:
+        from edgellm.integrations.ray import run_serve  # an optional extra (ray[serve])
+        importlib.import_module("ray.serve")  # the extra's Serve part, checked before anything starts
+    except ImportError as e:
+        raise EdgeLLMError(f"--ray needs its optional dependencies ({e.name or e}); "
+                           "install them with: pip install 'edgellm[ray]'") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not key:
+        print(f"edgellm: warning: serving on {args.host} without an API key: anyone who can reach it can use it",
+              file=sys.stderr)
+    app_options = dict(limits=limits, speculative=speculative, host=args.host,
+                       max_request_bytes=args.max_request_bytes, max_queue=args.max_queue,
+                       cors_origins=args.cors_origin or (), parallel=args.parallel, cache_ram=args.cache_ram,
+                       draft_max=args.draft_max)
+    return run_serve(args.model, address=args.ray, host=args.host, port=args.port, n_threads=args.threads,
+                     api_key=key, app_options=app_options, n_ctx=args.ctx_size, kv_type=args.kv_type,
+                     n_keep=args.keep, draft_model=args.draft_model, speculative=speculative, **scaling)
+
+
 def cmd_serve(args) -> int:
+    scaling = _replica_scaling(args)
+    if args.ray is not None:
+        return _serve_on_ray(args, scaling)
     try:
         from .server import serve  # an optional extra (starlette, uvicorn)
     except ImportError as e:
@@ -398,6 +465,26 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -559,6 +646,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculative decoding with this smaller model of the same vocabulary drafting")
     p.add_argument("--draft-max", "--draft", type=_positive_int, default=None, metavar="N",
                    help="most tokens drafted per step (default 12 for --lookup, 6 for a draft model)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="serve on Ray Serve replicas behind one address: a cluster's (e.g. auto or "
+                        "ray://host:10001), or none to start a local one (needs the edgellm[ray] extra)")
+    p.add_argument("--replicas", type=_positive_int, default=None,
+                   help="with --ray: a fixed number of replicas (default 1); each gets the node's cores / its "
+                        "replicas on that node as threads, unless -t says")
+    p.add_argument("--min-replicas", type=_count, default=None,
+                   help="with --ray: autoscaling's fewest replicas (default 1)")
+    p.add_argument("--max-replicas", type=_positive_int, default=None,
+                   help="with --ray: autoscaling's most replicas (threads per replica are sized for this many)")
+    p.add_argument("--target-ongoing-requests", type=_positive_float, default=None, metavar="N",
+                   help="with --ray: autoscaling adds replicas while requests running or queued per replica "
+                        "average more than N, and removes them as that falls (default 2)")
     _add_load_args(p)
     p.set_defaults(func=cmd_serve)
 

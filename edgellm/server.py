@@ -671,6 +671,40 @@ class BackgroundServer:
         return False
 
 
+def check_serve_options(api_key: str | None = None, api_key_file: str | None = None,
+                        max_tokens: int | None = None, request_timeout: float | None = None, lookup: bool = False,
+                        draft_model: str | None = None) -> tuple:
+    """`serve`'s checks that need no model, made before anything starts: (the API key, the RequestLimits, the
+    speculation mode: None, "lookup" or "draft"). EdgeLLMError or ValueError with the message to print."""
+    key = resolve_api_key(api_key, api_key_file)
+    limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
+    if lookup and draft_model:
+        raise ValueError("speculative decoding takes either prompt lookup or a draft model, not both")
+    return key, limits, "draft" if draft_model else "lookup" if lookup else None
+
+
+def served_app(llm, model=None, *, api_key: str | None = None, limits: RequestLimits = RequestLimits(),
+               speculative: str | None = None, host: str = "127.0.0.1",
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
+               cors_origins=(), parallel: int | None = None, cache_ram: int | None = None,
+               cache_dir: str | None = None, draft_max: int | None = None, model_name: str | None = None) -> tuple:
+    """The app `serve` runs around a loaded model (and each Ray Serve replica runs around its own): (the name it
+    serves the model under, the app). The name: model_name, else the catalog name it was loaded by, else the
+    file's name without .gguf. cache_ram: the prompt cache's RAM budget (None: DEFAULT_CACHE_RAM, 0: none)."""
+    # the server refuses a prompt past the context (it never shifts through one), so the API's warning that a prompt
+    # will would only mislead the log
+    from edgellm.api import ContextShiftWarning
+    warnings.filterwarnings("ignore", category=ContextShiftWarning)
+    name = model_name or (model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf"))
+    cache_ram = DEFAULT_CACHE_RAM if cache_ram is None else cache_ram
+    prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
+        if cache_ram or cache_dir else None
+    return name, create_app(llm, api_key=api_key, model_name=name, max_request_bytes=max_request_bytes,
+                            max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host,
+                            parallel=parallel, prompt_cache=prompt_cache, speculative=speculative,
+                            draft_max=draft_max)
+
+
 def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           n_ctx: int | None = None, n_threads: int | None = None,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, compile_progress=None, *,
@@ -690,19 +724,11 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
     drafted per step (a request may set its own, or 0, with llama-server's "speculative.n_max" /
     "speculative.n_min")."""
     import uvicorn  # only running a server needs it: create_app and its test client do not
-    key = resolve_api_key(api_key, api_key_file)
-    limits = RequestLimits(max_tokens=max_tokens, request_timeout_s=request_timeout)  # ValueError: a bad flag
-    if lookup and draft_model:
-        raise ValueError("speculative decoding takes either prompt lookup or a draft model, not both")
-    speculative = "draft" if draft_model else "lookup" if lookup else None
-    cache_ram = DEFAULT_CACHE_RAM if cache_ram is None else cache_ram
+    key, limits, speculative = check_serve_options(api_key, api_key_file, max_tokens, request_timeout, lookup,
+                                                   draft_model)
     if host not in ("127.0.0.1", "localhost", "::1") and not key:
         print(f"edgellm: warning: serving on {host} without an API key: anyone who can reach it can use it",
               file=sys.stderr)
-    # the server refuses a prompt past the context (it never shifts through one), so the API's warning that a prompt
-    # will would only mislead the log
-    from edgellm.api import ContextShiftWarning
-    warnings.filterwarnings("ignore", category=ContextShiftWarning)
     gate = LoadingGate()
     server = uvicorn.Server(uvicorn.Config(gate, host=host, port=port, log_level="warning", lifespan="off"))
     failed = []
@@ -712,13 +738,10 @@ def serve(model=None, host: str = "127.0.0.1", port: int = 8080, api_key: str | 
             llm = edgellm.load(model, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type, n_keep=n_keep,
                                device=device, draft_model=draft_model, speculative=speculative)
             llm.compile_progress = compile_progress
-            name = model if model and not str(model).endswith(".gguf") else llm.name.removesuffix(".gguf")
-            prompt_cache = PromptCache(cache_ram, cache_dir, model_name=llm.name, n_vocab=llm.n_vocab) \
-                if cache_ram or cache_dir else None
-            gate.app = create_app(llm, api_key=key, model_name=name, max_request_bytes=max_request_bytes,
-                                  max_queue=max_queue, limits=limits, cors_origins=cors_origins, host=host,
-                                  parallel=parallel, prompt_cache=prompt_cache, speculative=speculative,
-                                  draft_max=draft_max)
+            name, gate.app = served_app(llm, model, api_key=key, limits=limits, speculative=speculative, host=host,
+                                        max_request_bytes=max_request_bytes, max_queue=max_queue,
+                                        cors_origins=cors_origins, parallel=parallel, cache_ram=cache_ram,
+                                        cache_dir=cache_dir, draft_max=draft_max)
             print(f"edgellm: serving {name} on http://{host}:{port} (OpenAI base_url http://{host}:{port}/v1)",
                   file=sys.stderr)
         except BaseException as e:  # reported by the main thread once the server has stopped

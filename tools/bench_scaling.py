@@ -55,17 +55,19 @@ def model_processes(root: int, ray_mode: bool) -> list:
 def run(config: str, args, in_path: str, out_path: str) -> dict:
     cmd = [sys.executable, "-m", "edgellm.cli", "batch", in_path, out_path, "--model", args.model, "-n",
            str(args.max_tokens), "--parallel", str(args.parallel), "-c", str(args.ctx), "--no-progress"]
-    if config != "in-process":
+    in_process = config.startswith("in-process")
+    if not in_process:
         cmd += ["--ray", "--actors", config.split()[-2]]
-    else:
-        cmd += ["-t", str(os.cpu_count())]
+    else:  # "in-process" (all the cores' threads) or "in-process N threads"
+        cmd += ["-t", config.split()[-2] if config != "in-process" else str(os.cpu_count())]
     peaks, stop = {}, threading.Event()
+    load_before = os.getloadavg()[0]  # the host may be shared: its load is part of the figure
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
 
     def sample():
         while not stop.wait(0.2):
-            for pid in model_processes(proc.pid, config != "in-process"):
+            for pid in model_processes(proc.pid, not in_process):
                 m = memory(pid)
                 if m:
                     peak = peaks.setdefault(pid, {k: 0 for k in m})
@@ -82,9 +84,9 @@ def run(config: str, args, in_path: str, out_path: str) -> dict:
         raise SystemExit(f"{config} failed:\n{err[-3000:]}")
     m = re.search(r"(\d+) tokens in ([\d.]+) s, ([\d.]+) tok/s \(first record after ([\d.]+) s", line[-1])
     return {"config": config, "tokens": int(m.group(1)), "job_s": float(m.group(2)), "tok_s": float(m.group(3)),
-            "first_s": float(m.group(4)),
-            "wall_s": wall, "memory_mib": {str(p): {k: v / 1024 for k, v in peak.items()}
-                                           for p, peak in peaks.items()}}
+            "first_s": float(m.group(4)), "wall_s": wall,
+            "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "memory_mib": {str(p): {k: v / 1024 for k, v in peak.items()} for p, peak in peaks.items()}}
 
 
 def main():
@@ -94,7 +96,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--configs", default="in-process,ray 1 actors,ray 2 actors")
+    ap.add_argument("--configs", default="in-process,ray 1 actors,ray 2 actors",
+                    help="comma list of: in-process, in-process N threads, ray N actors")
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
