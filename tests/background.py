@@ -4,8 +4,13 @@ Some tests spend minutes in a child process that is mostly single-threaded: a co
 into an empty cache, kernels built for another CPU) or the CUDA simulator. Run one after another inside the test
 process, they leave a core idle for that long. A test marked `@pytest.mark.background(jobs=...)` names its child
 processes instead: `jobs(item)` returns `Job`s, which conftest queues as soon as collection ends. One runner thread
-runs them in order, one at a time, so the queue never takes more than one core, while the main process goes on
-with other tests; the test then takes each job's result with `result(key)` and asserts on it as before.
+runs them in order, one at a time, while the main process goes on with other tests; the test then takes each job's
+result with `result(key)` and asserts on it as before.
+
+Queued children run under the idle scheduling class (SCHED_IDLE on Linux; nice 19 elsewhere), so they take only CPU
+time the main process leaves unused: a child competing at equal priority would hold one of the main process's
+OpenMP threads off its core, and every parallel region would wait for it. So nothing timed runs in the background
+(a prompt's tokens per second would measure the main process's load).
 
 A job nobody queued (its test run on its own, or the queue stopped) runs in the foreground when its result is
 asked for, so every test means the same thing either way.
@@ -15,6 +20,7 @@ import os
 import queue
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -26,9 +32,9 @@ class Job:
     args: list
     env: dict | None = None
     cwd: str | None = None
-    timeout: float = 900
-    # The stdout and stderr of a job are read as text unless it asks for bytes.
-    text: bool = True
+    # A hang guard only: a queued job gets CPU time only when the main process leaves some.
+    timeout: float = 3600
+    text: bool = True  # stdout and stderr as text
 
 
 class _Done:
@@ -55,10 +61,22 @@ _runner: threading.Thread | None = None
 _tmp_root: Path | None = None
 
 
-def _run(job):
+# Runs the job's command in the idle scheduling class (inherited by its threads and children).
+_IDLE_LAUNCHER = """
+import os, sys
+try:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+except (AttributeError, OSError):
+    os.nice(19)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def _run(job, idle):
     """The job's CompletedProcess, or the exception it raised; a timed-out child is killed with its output kept."""
+    args = [sys.executable, "-c", _IDLE_LAUNCHER, *job.args] if idle else job.args
     try:
-        with subprocess.Popen(job.args, env=job.env, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        with subprocess.Popen(args, env=job.env, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=job.text) as proc:
             _current.append(proc)
             try:
@@ -78,7 +96,7 @@ def _loop():
     while (job := _pending.get()) is not None:
         done = _done[job.key]
         if _claim(done):  # not already taken by a test that asked for it before the queue reached it
-            done.outcome = _run(job)
+            done.outcome = _run(job, idle=True)
             done.event.set()
 
 
@@ -108,7 +126,7 @@ def result(job):
             done = _done[key] = _Done()
             _jobs[key] = job
     if _claim(done):
-        done.outcome = _run(_jobs[key])
+        done.outcome = _run(_jobs[key], idle=False)
         done.event.set()
     done.event.wait()
     if isinstance(done.outcome, BaseException):

@@ -356,7 +356,7 @@ def _other_cpu_job(name):
     env = background.child_env(NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features, NUMBA_CACHE_DIR=out / "cache")
     code = (f"OUT = {str(out)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
             f"FORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK)
-    return background.Job(f"kernels-{name}", [sys.executable, "-c", code], env=env, timeout=1800), out
+    return background.Job(f"kernels-{name}", [sys.executable, "-c", code], env=env), out
 
 
 def _other_cpu_jobs(item):
