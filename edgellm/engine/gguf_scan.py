@@ -22,38 +22,32 @@ def _length_at(buf, pos):
 
 
 @njit(cache=True, nogil=True)
-def string_array_end(buf, pos, count, limit):
-    """Where a well-formed array of `count` strings starting at `pos` ends, every element within buf[:limit];
-    -1 if it is not."""
+def string_array_offsets(buf, pos, count, limit):
+    """int64 [count + 1]: where each of the `count` strings from `pos` has its length, then the array's end, every
+    element within buf[:limit]; an empty array if it is not so. Walked twice, so that nothing is allocated before
+    the count is known to be real."""
+    start = pos
     for _ in range(count):
         if pos + 8 > limit:
-            return -1
+            return np.empty(0, np.int64)
         n = _length_at(buf, pos)
         pos += 8
         if n > np.uint64(limit - pos):
-            return -1
+            return np.empty(0, np.int64)
         pos += np.int64(n)
-    return pos
-
-
-@njit(cache=True, nogil=True)
-def string_array_offsets(buf, pos, out):
-    """out[i] = the offset of element i's length, out[-1] = the array's end; for an array string_array_end
-    accepted."""
-    for i in range(out.shape[0] - 1):
+    out = np.empty(count + 1, np.int64)
+    pos = start
+    for i in range(count):
         out[i] = pos
         pos += 8 + np.int64(_length_at(buf, pos))
-    out[out.shape[0] - 1] = pos
+    out[count] = pos
+    return out
 
 
 def walk(buf, pos: int, count: int, limit: int):
     """The offsets of a string array's elements and its end (uint32 where the end is below 4 GiB, else int64), or
     None where the array is not well formed within buf[:limit]."""
-    view = np.frombuffer(buf, np.uint8, count=limit)
-    end = string_array_end(view, pos, count, limit)
-    if end < 0:
+    out = string_array_offsets(np.frombuffer(buf, np.uint8, count=limit), pos, count, limit)
+    if len(out) != count + 1:
         return None
-    # sized by the elements found, now that the count is known to be real
-    out = np.empty(count + 1, np.uint32 if end < 1 << 32 else np.int64)
-    string_array_offsets(view, pos, out)
-    return out
+    return out.astype(np.uint32) if out[-1] < 1 << 32 else out
