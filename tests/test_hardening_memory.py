@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -16,6 +17,8 @@ from edgellm.engine.models import build_model
 from hardening_tiny import write_loadable_tiny_model
 
 MIB = 1 << 20
+# MemAvailable read twice, a moment apart, on a shared host: other processes move it by megabytes
+MEMINFO_DRIFT = 256 * MIB
 # Loading SmolLM2 adds its tokenizer tables (~20 MiB measured) and touches ~2 MiB of header pages; a copy of the
 # 93 MiB of weights would push the growth past the file size. Half the file separates the two with room.
 LOAD_RSS_SHARE_MAX = 0.5
@@ -160,3 +163,26 @@ def test_kv_cache_is_resident_only_where_written():
           f"+{first_token / MIB:.1f} MiB after one token")
     assert allocated < 4 * MIB
     assert first_token < 8 * MIB  # 30 layers x 2 x 3 heads x 4 KB pages = 0.7 MiB, plus noise
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_available_memory_reads_memavailable_as_psutil_does(monkeypatch):
+    import psutil
+    ours, theirs = validate.meminfo_available(), psutil.virtual_memory().available
+    assert ours is not None and abs(ours - theirs) < MEMINFO_DRIFT, (ours, theirs)
+    monkeypatch.setattr(validate, "cgroup_memory_available", lambda: None)
+    assert abs(validate.available_memory() - theirs) < MEMINFO_DRIFT
+
+
+def test_available_memory_falls_back_to_psutil_without_memavailable(tmp_path, monkeypatch):
+    import psutil
+    old_kernel = tmp_path / "meminfo"
+    old_kernel.write_text("MemTotal:       16384000 kB\nMemFree:         1000000 kB\n")
+    assert validate.meminfo_available(str(old_kernel)) is None
+    assert validate.meminfo_available(str(tmp_path / "absent")) is None
+    monkeypatch.setattr(validate, "MEMINFO_PATH", str(old_kernel))
+    monkeypatch.setattr(validate, "cgroup_memory_available", lambda: None)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=123 * MIB))
+    assert validate.available_memory() == 123 * MIB
+    (tmp_path / "new").write_text("MemTotal: 16384000 kB\nMemAvailable:    2048 kB\n")
+    assert validate.meminfo_available(str(tmp_path / "new")) == 2048 * 1024

@@ -19,7 +19,7 @@ NOT_FOR_SMOLLM2 = NEVER_AT_START + (
     "edgellm.engine.models.gemma3", "edgellm.engine.models.gemma2", "edgellm.engine.models.qwen2",
     "edgellm.engine.models.qwen3", "edgellm.engine.models.phi3", "edgellm.engine.models.granite",
     "edgellm.engine.models.olmo2", "edgellm.engine.models.smollm3",
-)
+) + (("psutil",) if sys.platform.startswith("linux") else ())  # the memory check reads /proc/meminfo there
 
 CHILD = r"""
 import json, sys
@@ -28,7 +28,15 @@ after_import = sorted(sys.modules)
 if len(sys.argv) > 1:
     import numpy as np
     from numba.core.dispatcher import Dispatcher
+    import gc
+    collections = []
+    gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
     m = edgellm.load(sys.argv[1], n_threads=1, n_ctx=64)
+    during_load, collector_on = len(collections), gc.isenabled()
+    gc.disable()
+    edgellm.load(sys.argv[1], n_threads=1, n_ctx=64)
+    collector_left_off = not gc.isenabled()
+    gc.enable()
     m.model.forward(np.array([1], np.int32))
     # kernels that were compiled or loaded from the cache, by the module that defines them (a module's namespace
     # also holds the kernels it imports: iq4_nl's tiles come from dots_block32)
@@ -39,7 +47,14 @@ if len(sys.argv) > 1:
                     if isinstance(v, Dispatcher) and v.overloads and v.py_func.__module__ == name)
             if n:
                 used[name] = n
-    print(json.dumps({"after_import": after_import, "after_load": sorted(sys.modules), "used": used}))
+    # tokenizer tables the first token does not need: built by the first text encoded
+    bpe = m.tokenizer._model
+    deferred = {"merge ranks": bpe._rank_index is not None, "pre-tokenizer regexes": bpe._pre._compiled is not None}
+    m.tokenizer.encode("Hello world")
+    built = {"merge ranks": bpe._rank_index is not None, "pre-tokenizer regexes": bpe._pre._compiled is not None}
+    print(json.dumps({"after_import": after_import, "after_load": sorted(sys.modules), "used": used,
+                      "built_at_load": deferred, "built_by_encode": built, "gc": [during_load, collector_on,
+                                                                                  collector_left_off]}))
 else:
     print(json.dumps({"after_import": after_import}))
 """
@@ -66,3 +81,6 @@ def test_loading_a_q4_1_model_imports_and_loads_only_its_own_kernels(smollm2_pat
     assert used.get("edgellm.quant.matmul_block32", 0) >= 1, used  # the Q4_1 / Q8_0 matmuls ran
     # no K-quant or IQ4 kernel compiled or loaded from the cache, even where their module is imported
     assert not {"edgellm.quant.kernels_kquant", "edgellm.quant.iq4_xs", "edgellm.quant.iq4_nl"} & set(used), used
+    assert not any(report["built_at_load"].values()) and all(report["built_by_encode"].values()), report
+    # the garbage collector pauses while a model loads, and is left as the caller had it
+    assert report["gc"] == [0, True, True], report["gc"]

@@ -57,8 +57,10 @@ def run_once(python, pythonpath, model, threads):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    # from the root directory: `python -c` puts the working directory first on sys.path, and a checkout there
+    # would be imported in place of the interpreter's own edgellm
     out = subprocess.run([python, "-c", WORKER, model, str(threads)], capture_output=True, text=True, env=env,
-                         timeout=900)
+                         timeout=900, cwd=os.sep)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -74,6 +76,8 @@ def main(argv=None):
                     help="PYTHONPATH value(s) to compare, each with the first --python ('' for none)")
     ap.add_argument("--json", default=None, help="also write the raw figures here")
     args = ap.parse_args(argv)
+    if os.path.exists(args.model):
+        args.model = os.path.abspath(args.model)
     pythons = args.python or [sys.executable]
     paths = args.pythonpath if args.pythonpath is not None else [None]
     variants = [(py, pp) for py in pythons for pp in paths]
@@ -92,7 +96,10 @@ def main(argv=None):
         for (py, pp), rows in results.items():
             med = {k: statistics.median(r[prefix + k] for r in rows) for k in PHASES}
             last = rows[-1]
-            name = (pp or "this tree") if len(variants) > 1 else os.path.basename(py)
+            if len(pythons) > 1:      # several interpreters: each one's path (a venv names its tree)
+                name = py if pp is None else f"{py} {pp or 'this tree'}"
+            else:
+                name = (pp or "this tree") if len(variants) > 1 else os.path.basename(py)
             print(f"| {name} | " + " | ".join(f"{med[k]:.3f}" for k in PHASES)
                   + f" | {last['cache_loads']} | {last['dispatchers']} | {last['modules']} |")
     if args.json:

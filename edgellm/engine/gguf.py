@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import struct
+import sys
 from array import array
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ _VALUE_TYPES = {
     12: ("FLOAT64", np.dtype("<f8")),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+
+# Arrays this long are walked compiled (gguf_scan) where Numba is already imported; shorter ones cost little in Python
+COMPILED_WALK_MIN = 1024
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -191,6 +195,13 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> LazyStrings:
     # Each element takes at least 8 bytes (its length), so a count the file cannot hold is refused before any work.
     if count * 8 > cur.size - cur.pos:
         raise GGUFError(f"string array {key!r} claims {count} elements, more than the rest of the file can hold")
+    if count >= COMPILED_WALK_MIN and "numba" in sys.modules:
+        from edgellm.engine import gguf_scan  # imports Numba: only taken where a model load already has it
+        offsets = gguf_scan.walk(cur.buf, cur.pos, count, cur.avail)
+        if offsets is not None:
+            cur.pos = int(offsets[-1])
+            return LazyStrings(cur.buf, offsets)
+        # not well formed: the walk below says what is wrong and where
     # Grown as elements are walked, not sized by the claimed count: a corrupt count that the file could hold
     # (up to size/8) must not reserve 8 bytes per claimed element before the walk finds the corruption.
     offsets = array("q")

@@ -21,8 +21,15 @@ class BPEModel:
         # rank of "left right" (the merge's index; llama.cpp keeps the first of duplicate merges). Byte-encoded
         # symbols never contain a raw space, so the joined text identifies the pair. A TextIndex, not a dict: the
         # merges stay in the file's map (SmolLM2's 48,900 would be ~7 MiB of str and dict).
-        self._ranks = TextIndex(merges, unique=False, what="tokenizer.ggml.merges")
+        # Built on the first word encoded: hashing every merge is work a load does not need.
+        self._merges, self._rank_index = merges, None
         self._cache = WordCache()
+
+    @property
+    def _ranks(self) -> TextIndex:
+        if self._rank_index is None:
+            self._rank_index = TextIndex(self._merges, unique=False, what="tokenizer.ggml.merges")
+        return self._rank_index
 
     def encode(self, text: str) -> list:
         cache = self._cache

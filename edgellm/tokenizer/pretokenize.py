@@ -63,7 +63,14 @@ class PreTokenizer:
     """Splits text into the words BPE merges within."""
 
     def __init__(self, chain):
-        self._regexes = [_compiled(p) for p in chain]
+        self._chain = tuple(chain)
+        self._compiled = None   # compiled on the first split: ~0.1 s of re's work a load needs for no token
+
+    @property
+    def _regexes(self) -> list:
+        if self._compiled is None:
+            self._compiled = [_compiled(p) for p in self._chain]
+        return self._compiled
 
     def split(self, text: str) -> list:
         if text and max(text) > "\uffff":
