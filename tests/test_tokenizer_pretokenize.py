@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 
 from edgellm.tokenizer import unicode_classes as uc
-from edgellm.tokenizer.pretokenize import GPT2, LLAMA3, QWEN2, PreTokenizer
+from edgellm.tokenizer.pretokenize import GPT2, GPT4O, LLAMA3, QWEN2, PreTokenizer
 
 N_RANDOM_STRINGS = 400  # enough to hit every branch of the splitters many times; runs in well under a second
 
@@ -171,6 +171,12 @@ def test_known_splits():
     assert smollm.split("a   b\tc\n\nd") == ["a", "  ", " b", "\t", "c", "\n", "\n", "d"]
     llama3 = PreTokenizer([LLAMA3])
     assert llama3.split("I'M 12345 ok!\n\n  x") == ["I", "'M", " ", "123", "45", " ok", "!\n\n", " ", " x"]
+    # o200k (gpt-oss): case runs split words ("HTTPServer" stays one: capitals then lower case), contractions
+    # attach, a punctuation run takes trailing newlines and slashes. Non-ASCII letters count as both cases, as in
+    # llama.cpp's rewrite of the pattern ([^a-z] / [^A-Z] over letters), so "É" extends a lower-case run.
+    gpt4o = PreTokenizer([GPT4O])
+    assert gpt4o.split("HelloWorld's HTTPServer 12345 naïveÉTÉ foo//\nbar") == [
+        "Hello", "World's", " HTTPServer", " ", "123", "45", " naïveÉ", "TÉ", " foo", "//\n", "bar"]
 
 
 def test_category_table_matches_unicodedata_patched_to_ucd_15_1():
