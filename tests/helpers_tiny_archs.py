@@ -3,13 +3,13 @@ them, for the llama.cpp fixtures (tools/record_tiny_archs.py records; tests/test
 
 Each file: four layers of tiny dims (d 256, four heads of 64, two KV heads, n_ff 512), random weights in the
 formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K; F16 and BF16
-for llama_f16), norm
-weights near 1, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
+for llama_f16; MXFP4 expert stacks for gpt-oss), norm weights near 1, biases near 0, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
 file), so llama.cpp loads it as a real model. Generation is deterministic (numpy's PCG64 from a fixed seed and
 gguf-py's writer), so a test rebuilds the file and checks its sha256 against the recorded one instead of keeping
 megabytes of weights in git.
 """
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -77,14 +77,17 @@ TINY_ARCHS = {
 }
 
 
+@functools.lru_cache(maxsize=4)
 def tokenizer_fields(tokenizer_gguf):
-    """(key, value, type, sub_type) of every tokenizer.* key of a GGUF file."""
+    """(key, value, type, sub_type) of every tokenizer.* key of a GGUF file: read once per file (gguf-py's reader
+    takes seconds over a 49,152-token vocabulary, and every tiny file copies the same one). Callers must not
+    mutate the values."""
     out = []
     for key, f in GGUFReader(tokenizer_gguf).fields.items():
         if key.startswith("tokenizer."):
             sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
             out.append((key, f.contents(), f.types[0], sub))
-    return out
+    return tuple(out)
 
 
 def _metadata(spec: TinyArch) -> dict:
