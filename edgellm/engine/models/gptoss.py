@@ -102,6 +102,8 @@ class GptOssModel(DecoderModel):
                  kv_type=None):
         super().__init__(config, n_ctx, n_threads, n_batch, kv_type)
         self.load_weights(gguf_file, self.tensor_specs(config))
+        for layer in self.layers:  # writable copies (n_head floats): Numba types a read-only view of the map apart,
+            layer.attn_sinks = layer.attn_sinks.copy()  # which would compile the sink attention drivers twice
         scaling = config.rope_scaling
         self.rope_local = ops.Rope(config.n_rot, config.rope_base_local, config.rope_freq_scale, None, scaling)
         self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, None, scaling)
