@@ -71,6 +71,24 @@ def test_absent_sinks_give_the_plain_kernels_bits():
         assert plain.tobytes() == sunk.tobytes()
 
 
+@pytest.mark.parametrize("n_new", [1, 6])
+def test_vector_and_scalar_sink_kernels_agree_bit_for_bit(n_new):
+    """An f16 cache takes the vector kernels (a decode row; a prompt batch row by row); a strided out forces the
+    scalar one: the same bits, as without sinks."""
+    rng = np.random.default_rng(11)
+    q, k, v, positions, _ = _attention_case(rng, n_new)
+    k16, v16 = np.zeros((2, 32, 64), np.uint16), np.zeros((2, 32, 64), np.uint16)
+    slot_pos = np.full(32, -1, np.int32)
+    ops.kv_store(k, v, positions, k16, v16, slot_pos)
+    sinks = np.array([3.0, 5.0, 4.0, 60.0], np.float32)
+    vec = np.empty_like(q)
+    strided = np.empty((n_new, 4, 128), np.float32)[:, :, :64]
+    for out in (vec, strided):
+        ops.attention(q, k16, v16, slot_pos, positions[-n_new:], 0, 0.125, out, ops.attention_scratch(32, 64),
+                      sinks=sinks)
+    assert vec.tobytes() == np.ascontiguousarray(strided).tobytes()
+
+
 @pytest.mark.parametrize("sinks", [np.zeros(3, np.float32), np.zeros(4, np.float64)])
 def test_sinks_must_be_float32_one_per_head(sinks):
     rng = np.random.default_rng(0)
