@@ -3,13 +3,13 @@ them, for the llama.cpp fixtures (tools/record_tiny_archs.py records; tests/test
 
 Each file: four layers of tiny dims (d 256, four heads of 64, two KV heads, n_ff 512), random weights in the
 formats real files use (one layer each of Q8_0, Q4_K + Q6_K (as Q4_K_M files mix them), F32 and Q6_K; F16 and BF16
-for llama_f16), norm
-weights near 1, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
+for llama_f16; MXFP4 expert stacks for gpt-oss), norm weights near 1, biases near 0, and SmolLM2's real tokenizer (its 49,152-token vocabulary, copied key by key from the catalog
 file), so llama.cpp loads it as a real model. Generation is deterministic (numpy's PCG64 from a fixed seed and
 gguf-py's writer), so a test rebuilds the file and checks its sha256 against the recorded one instead of keeping
 megabytes of weights in git.
 """
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -37,6 +37,7 @@ class TinyArch:
     keys: dict = field(default_factory=dict)  # the architecture's own keys, without the "{arch}." prefix
     seed: int = 0
     layer_types: tuple = LAYER_TYPES  # matrix format of layer i: layer_types[i % len]
+    expert_type: str = ""  # the expert stacks' format in every layer (gpt-oss: MXFP4); "": the layer's
 
 
 TINY_ARCHS = {
@@ -65,17 +66,28 @@ TINY_ARCHS = {
     "mixtral_8x2": TinyArch("mixtral_8x2", "llama", "mistralai/Mixtral-8x7B-Instruct-v0.1", "Q8_0", {
         "expert_count": 8, "expert_used_count": 2, "rope.freq_base": 1000000.0, "context_length": 32768},
         seed=8, layer_types=MOE_LAYER_TYPES),
+    # gpt-oss: every expert stack MXFP4 as in the released files, the attention in four formats (MXFP4's dense
+    # matmul in layer 1); a window shorter than the prompt, so that both kinds of layer matter; YaRN as the file has it
+    "gptoss_8x4": TinyArch("gptoss_8x4", "gpt-oss", "openai/gpt-oss-20b", "Q8_0", {
+        "expert_count": 8, "expert_used_count": 4, "expert_feed_forward_length": 256,
+        "attention.sliding_window": 16, "rope.freq_base": 150000.0, "context_length": 131072,
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096,
+        "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0},
+        seed=9, layer_types=("Q8_0", "MXFP4", "F32", "F16"), expert_type="MXFP4"),
 }
 
 
+@functools.lru_cache(maxsize=4)
 def tokenizer_fields(tokenizer_gguf):
-    """(key, value, type, sub_type) of every tokenizer.* key of a GGUF file."""
+    """(key, value, type, sub_type) of every tokenizer.* key of a GGUF file: read once per file (gguf-py's reader
+    takes seconds over a 49,152-token vocabulary, and every tiny file copies the same one). Callers must not
+    mutate the values."""
     out = []
     for key, f in GGUFReader(tokenizer_gguf).fields.items():
         if key.startswith("tokenizer."):
             sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
             out.append((key, f.contents(), f.types[0], sub))
-    return out
+    return tuple(out)
 
 
 def _metadata(spec: TinyArch) -> dict:
@@ -91,6 +103,8 @@ def _matrix_type(spec: TinyArch, name: str) -> str:
         return spec.embd_type
     if name.endswith(ROUTER):
         return "F32"
+    if spec.expert_type and "_exps." in name:
+        return spec.expert_type
     kind = spec.layer_types[int(name.split(".")[1]) % len(spec.layer_types)]
     if kind == "Q4_K_S":  # Q4_K throughout, as the layers Q4_K_M leaves without Q6_K
         return "Q4_K"
@@ -112,6 +126,8 @@ def write_tiny_arch(path, spec: TinyArch, tokenizer_gguf) -> str:
     for key, value in meta.items():
         if isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
         else:
             writer.add_uint32(key, value)
     for key, value, vtype, sub in tokenizer_fields(tokenizer_gguf):
@@ -125,6 +141,8 @@ def write_tiny_arch(path, spec: TinyArch, tokenizer_gguf) -> str:
             rows = (int(np.prod(t.shape[:-1])), t.shape[-1])  # experts: their stack's rows, one after another
             data = random_matrix_bytes(rng, rows, ggml_type, scale)
             _add(writer, t.name, data.reshape(*t.shape[:-1], data.shape[-1]), ggml_type)
+        elif t.name.endswith(".bias"):  # (only gpt-oss's files have biases that are not optional)
+            writer.add_tensor(t.name, (0.1 * rng.standard_normal(t.shape)).astype(np.float32))
         else:
             writer.add_tensor(t.name, (1.0 + 0.2 * rng.standard_normal(t.shape)).astype(np.float32))
     writer.write_header_to_file()

@@ -43,7 +43,7 @@ def test_info_lists_every_registered_architecture_and_format():
     from edgellm.prep.info import support_lines
     from edgellm.quant.formats import FORMATS
     archs, formats = support_lines()
-    listed = [w for w in re.findall(r"[a-z0-9_]+", archs.split(": ", 1)[1]) if w != "also"]
+    listed = [w for w in re.findall(r"[a-z0-9_-]+", archs.split(": ", 1)[1]) if w != "also"]  # (gpt-oss)
     assert sorted(listed) == sorted(set(ARCHITECTURES) | set(ALIASES))
     assert formats.split(": ", 1)[1].split(", ") == [f.name for f in FORMATS]
 

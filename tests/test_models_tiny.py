@@ -213,7 +213,11 @@ ARCH_KEYS = {"gemma2": {"gemma2.attn_logit_softcapping": 0.5, "gemma2.final_logi
              "qwen3moe": {"qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
                           "qwen3moe.expert_feed_forward_length": 64},
              "granite": {"granite.logit_scale": 3.0, "granite.embedding_scale": 2.5, "granite.residual_scale": 0.6,
-                         "granite.attention.scale": 0.125}}
+                         "granite.attention.scale": 0.125},
+             # gpt-oss: its rope scaling as the released files have it (YaRN, factor 32 over 4,096 positions)
+             "gpt-oss": {"gpt-oss.expert_count": 8, "gpt-oss.expert_used_count": 2,
+                         "gpt-oss.expert_feed_forward_length": 64, "gpt-oss.rope.scaling.type": "yarn",
+                         "gpt-oss.rope.scaling.factor": 32.0, "gpt-oss.rope.scaling.original_context_length": 256}}
 ARCH_SPEC = {"olmo2": {"sliding_window": 0}}
 
 
@@ -259,6 +263,8 @@ def test_llama_sliding_window_is_honoured(tmp_path, exact_linear):
     ("granite", None, {"granite.rope.scaling.finetuned": False}, "without rope"),
     ("olmo2", None, {"olmo2.attention.sliding_window": 4096}, "OLMo 3"),
     ("llama", None, {"llama.attention.sliding_window": -1}, "must not be negative"),
+    ("gpt-oss", "gpt-oss.attention.sliding_window", {}, "lacks required key 'gpt-oss.attention.sliding_window'"),
+    ("gpt-oss", "gpt-oss.expert_count", {}, "expert_count is missing or 0"),
 ])
 def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop, change, message):
     with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
@@ -268,10 +274,10 @@ def test_added_architectures_refuse_keys_they_cannot_honour(tmp_path, arch, drop
             build_model(view, n_ctx=64)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["gemma2", "smollm3", "granite", "olmo2", "qwen3moe", "gpt-oss"])
 def test_added_architectures_decode_several_sequences_as_one(tmp_path, arch):
-    """forward_multi over a KVPool (gemma2's capped attention runs per sequence; smollm3's rope-less layers, granite's
-    scales and olmo2's norms in one batch of rows) gives each row the bits of decoding it alone."""
+    """forward_multi over a KVPool (gemma2's capped and gpt-oss's sink attention run per sequence; smollm3's rope-less
+    layers, granite's scales and olmo2's norms in one batch of rows) gives each row the bits of decoding it alone."""
     from edgellm.engine.kvcache import KVPool
     with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", registry_spec(arch))) as f:
         model = build_model(f, n_ctx=64, n_threads=1)

@@ -4,10 +4,11 @@ about; and llama.cpp's Unicode tables as the tokenizer module carries them."""
 import random
 import unicodedata
 
+import numpy as np
 import pytest
 
 from edgellm.tokenizer import unicode_classes as uc
-from edgellm.tokenizer.pretokenize import GPT2, LLAMA3, QWEN2, PreTokenizer
+from edgellm.tokenizer.pretokenize import GPT2, GPT4O, LLAMA3, QWEN2, PreTokenizer
 
 N_RANDOM_STRINGS = 400  # enough to hit every branch of the splitters many times; runs in well under a second
 
@@ -171,6 +172,37 @@ def test_known_splits():
     assert smollm.split("a   b\tc\n\nd") == ["a", "  ", " b", "\t", "c", "\n", "\n", "d"]
     llama3 = PreTokenizer([LLAMA3])
     assert llama3.split("I'M 12345 ok!\n\n  x") == ["I", "'M", " ", "123", "45", " ok", "!\n\n", " ", " x"]
+    # o200k (gpt-oss): case runs split words ("HTTPServer" stays one: capitals then lower case), contractions
+    # attach, a punctuation run takes trailing newlines and slashes. Non-ASCII letters count as both cases, as in
+    # llama.cpp's rewrite of the pattern ([^a-z] / [^A-Z] over letters), so "É" extends a lower-case run.
+    gpt4o = PreTokenizer([GPT4O])
+    assert gpt4o.split("HelloWorld's HTTPServer 12345 naïveÉTÉ foo//\nbar") == [
+        "Hello", "World's", " HTTPServer", " ", "123", "45", " naïveÉ", "TÉ", " foo", "//\n", "bar"]
+
+
+def pretokenizer_texts(n=600, seed=0):
+    """Seeded texts for the pre-tokenizers recorded from llama.cpp (tools/record_pretokenizer_llama_cpp.py): case
+    runs, contractions, digit runs, punctuation with newlines and slashes, accented and non-Latin letters, an emoji."""
+    rng = random.Random(seed)
+    parts = list("abcXYZ ÉéïñßΣσДд日本\n\t/'’.,!?0123456789") + ["'s", "'T", "HTTP", "Server", "  ", "\r\n", "🙂"]
+    return ["HelloWorld's HTTPServer 12345 naïveÉTÉ foo//\nbar", "I'M don'T WE'LL", "x = f(a,b)/2\n\n  # ok"] + [
+        "".join(rng.choice(parts) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+def test_gpt4o_tokens_match_llama_cpp(smollm2_path):
+    """The gpt-4o pre-tokenizer (gpt-oss) over SmolLM2's vocabulary and merges: every text's ids equal llama.cpp's
+    (tests/fixtures/llama_cpp_pretokenizer_gpt-4o.npz)."""
+    from conftest import FIXTURES
+    from edgellm.engine import gguf
+    from edgellm.tokenizer import Tokenizer
+    rec = np.load(FIXTURES / "llama_cpp_pretokenizer_gpt-4o.npz")
+    texts = pretokenizer_texts()
+    assert int(rec["n_texts"]) == len(texts)
+    with gguf.open(smollm2_path) as f:
+        tok = Tokenizer.from_metadata({**f.metadata, "tokenizer.ggml.pre": "gpt-4o"})
+    off = rec["offsets"]
+    bad = [t for i, t in enumerate(texts) if tok.encode(t, add_special=False) != rec["ids"][off[i]:off[i + 1]].tolist()]
+    assert not bad, f"{len(bad)} of {len(texts)} texts differ, e.g. {bad[0]!r}"
 
 
 def test_category_table_matches_unicodedata_patched_to_ucd_15_1():

@@ -1,7 +1,8 @@
 """A plain numpy reference forward pass, deliberately independent of the fast path: it reads the config keys
 itself, dequantizes every weight to float32 with gguf-py, computes in float64, keeps no cache and recomputes
 every position with a dense masked softmax. Slow, but simple enough to check by eye against llama.cpp's
-src/models/{llama,qwen2,qwen3,qwen3moe,smollm3,granite,olmo2,gemma2,gemma3}.cpp (experts: build_moe_ffn); the tests compare the fast path with it.
+src/models/{llama,qwen2,qwen3,qwen3moe,smollm3,granite,olmo2,gemma2,gemma3,openai-moe}.cpp (experts: build_moe_ffn); the
+tests compare the fast path with it.
 """
 
 import numpy as np
@@ -53,9 +54,9 @@ def _rope(x, positions, base, n_rot, neox, freq_scale=1.0, factors=None, yarn=No
     return out
 
 
-def _attention(q, k, v, scale, window=0, cap=0.0):
+def _attention(q, k, v, scale, window=0, cap=0.0, sinks=None):
     """q: [T, H, hd], k, v: [T, H_kv, hd]; causal, optionally limited to the last `window` positions; scores
-    soft-capped to cap * tanh(s / cap) first when cap > 0."""
+    soft-capped to cap * tanh(s / cap) first when cap > 0; sinks [H]: a logit per head in the softmax's sum only."""
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -66,9 +67,11 @@ def _attention(q, k, v, scale, window=0, cap=0.0):
     distance = np.arange(n_tokens)[:, None] - np.arange(n_tokens)[None, :]
     allowed = (distance >= 0) & ((distance < window) if window > 0 else True)
     scores = np.where(allowed, scores, -np.inf)
+    if sinks is not None:  # the sink as one more column of scores, whose value vector is zero
+        scores = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (n_heads, n_tokens, 1))], axis=-1)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
-    return np.einsum("hqk,khd->qhd", probs, v)
+    return np.einsum("hqk,khd->qhd", probs[..., :n_tokens], v)
 
 
 def _experts(m, router, gate, up, down, n_used, scale):
@@ -84,6 +87,22 @@ def _experts(m, router, gate, up, down, n_used, scale):
         for e, we in zip(chosen, w):
             g = gate[e] @ m[t]
             out[t] += we * (down[e] @ (g / (1.0 + np.exp(-g)) * (up[e] @ m[t])))
+    return out
+
+
+def _gpt_oss_experts(m, W, B, n_used, alpha=1.702, limit=7.0):
+    """gpt-oss's experts: m [T, d]; W(name), B(name) a layer's weights and biases. The k largest router logits,
+    softmax over those k; each expert W_down (min(g, limit) sigmoid(alpha g) (clip(u, -limit, limit) + 1)) + b_down,
+    g and u its biased gate and up."""
+    z = m @ W("ffn_gate_inp").T + B("ffn_gate_inp")
+    out = np.zeros_like(m)
+    for t in range(m.shape[0]):
+        chosen = np.argsort(-z[t], kind="stable")[:n_used]
+        w = np.exp(z[t, chosen] - z[t, chosen].max())
+        for e, we in zip(chosen, w / w.sum()):
+            g = np.minimum(W("ffn_gate_exps")[e] @ m[t] + B("ffn_gate_exps")[e], limit)
+            u = np.clip(W("ffn_up_exps")[e] @ m[t] + B("ffn_up_exps")[e], -limit, limit)
+            out[t] += we * (W("ffn_down_exps")[e] @ (g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)) + B("ffn_down_exps")[e])
     return out
 
 
@@ -135,6 +154,8 @@ class ReferenceModel:
             x = self._gemma(tokens)
         elif self.arch == "olmo2":
             x = self._olmo2(tokens)
+        elif self.arch == "gpt-oss":
+            x = self._gpt_oss(tokens)
         else:
             raise NotImplementedError(self.arch)
         if last_n is not None:
@@ -266,4 +287,33 @@ class ReferenceModel:
             gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3)))
             f = (gelu * (m @ W("ffn_up").T)) @ W("ffn_down").T
             x = h + _rms_norm(f, W("post_ffw_norm"), eps)
+        return x
+
+    def _gpt_oss(self, tokens):
+        """Biased q/k/v/o, a sink per head, window layers where il % period < period - 1 (period 2 unless the file
+        says), NeoX rope with the file's scaling on both kinds; the norm before the experts is post_attention_norm."""
+        eps = self.key("attention.layer_norm_rms_epsilon")
+        n_head, n_head_kv, hd, T = self._heads(tokens)
+        n_rot = self.key("rope.dimension_count", hd)
+        base = self.key("rope.freq_base", 10000.0)
+        factor = self.meta.get(f"{self.arch}.rope.scaling.factor", 0.0) or 1.0
+        window, period = self.key("attention.sliding_window"), self.key("attention.sliding_window_pattern", 2)
+        yarn, attn_factor = self._yarn(), self.key("rope.scaling.attn_factor", 1.0)
+        positions = np.arange(T, dtype=np.float64)
+        x = self.weight("token_embd.weight")[tokens].astype(np.float64)
+        for il in range(self.key("block_count")):
+            W = lambda n: self.weight(f"blk.{il}.{n}.weight")  # noqa: E731
+            B = lambda n: self.weight(f"blk.{il}.{n}.bias")  # noqa: E731
+            sliding = il % period < period - 1
+            layer_base = self.key("rope.freq_base_swa", base) if sliding else base
+            n = _rms_norm(x, W("attn_norm"), eps)
+            q = (n @ W("attn_q").T + B("attn_q")).reshape(T, n_head, hd)
+            k = (n @ W("attn_k").T + B("attn_k")).reshape(T, n_head_kv, hd)
+            v = (n @ W("attn_v").T + B("attn_v")).reshape(T, n_head_kv, hd)
+            q = _rope(q, positions, layer_base, n_rot, True, 1.0 / factor, None, yarn, attn_factor)
+            k = _rope(k, positions, layer_base, n_rot, True, 1.0 / factor, None, yarn, attn_factor)
+            a = _attention(q, k, v, 1.0 / np.sqrt(n_rot), window if sliding else 0, sinks=W("attn_sinks"))
+            h = x + a.reshape(T, -1) @ W("attn_output").T + B("attn_output")
+            x = h + _gpt_oss_experts(_rms_norm(h, W("post_attention_norm"), eps), W, B,
+                                     self.key("expert_used_count"))
         return x

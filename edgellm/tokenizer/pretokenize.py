@@ -19,6 +19,12 @@ LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}
 QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
+# o200k (gpt-4o, gpt-oss): llama.cpp's form of the case-aware letter runs, a capital run then a lower-case run with a
+# contraction attached (its groups made non-capturing: the splitter takes whole matches).
+_UPPER_RUN, _LOWER_RUN = r"(?:(?=[\p{L}])[^a-z])", r"(?:(?=[\p{L}])[^A-Z])"
+GPT4O = (r"[^\r\n\p{L}\p{N}]?" + _UPPER_RUN + "*" + _LOWER_RUN + "+" + _CONTRACTIONS + "?"
+         r"|[^\r\n\p{L}\p{N}]?" + _UPPER_RUN + "+" + _LOWER_RUN + "*" + _CONTRACTIONS + "?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 MINICPM5 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 # pre-type name -> (regex chain, ignore_merges, add_bos default). Names as llama.cpp's llama_vocab::impl::load.
@@ -42,6 +48,7 @@ _register(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", 
 _register(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
            "grok-2"], [QWEN2])
 _register(["qwen35"], [QWEN35])
+_register(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], [GPT4O])
 _register(["minicpm5"], [r"\p{N}{1,3}", MINICPM5], ignore_merges=True)
 _register(["falcon"], [r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"])
 

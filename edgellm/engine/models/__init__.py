@@ -41,6 +41,7 @@ ARCHITECTURES = {
     "olmo2": Architecture("olmo2", "olmo2", "Olmo2Config", "Olmo2Model"),
     "smollm3": Architecture("smollm3", "smollm3", "SmolLM3Config", "SmolLM3Model"),
     "qwen3moe": Architecture("qwen3moe", "qwen3moe", "Qwen3MoeConfig", "Qwen3MoeModel"),
+    "gpt-oss": Architecture("gpt-oss", "gptoss", "GptOssConfig", "GptOssModel"),
 }
 
 # GGUF architecture names whose forward pass is one of the above, unchanged.

@@ -68,6 +68,11 @@ def vector(name, length, optional=False):
     return TensorSpec(name, (int(length),), False, optional)
 
 
+def vector_rows(name, shape, optional=False):
+    """A float tensor of several vectors, e.g. an expert stack's biases [n_expert, n_out], loaded as float32 rows."""
+    return TensorSpec(name, tuple(int(s) for s in shape), False, optional)
+
+
 def _expected_nbytes(ggml_type: str, shape) -> int:
     fmt = format_by_name(ggml_type)  # UnknownFormatError (a KeyError): a type no kernel here computes with
     n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
@@ -120,7 +125,7 @@ def load_tensors(gguf_file, specs) -> dict:
             except (NotImplementedError, KeyError, ValueError) as err:
                 raise ModelError(f"tensor {spec.name!r}: cannot use type {tensor.ggml_type} ({err})") from err
         else:
-            loaded[spec.name] = _as_float32_vector(tensor)
+            loaded[spec.name] = _as_float32_vector(tensor).reshape(spec.shape)
     return loaded
 
 

@@ -6,6 +6,9 @@ llama files with experts: Mixtral):
                                                      softmax over the top-k logits is the same value)
     y = (w_1 · f_1(m) + w_2 · f_2(m)) + ...          f_e(m) = W_down[e] · (silu(W_gate[e] m) * W_up[e] m)
 
+gpt-oss (gating top_k_softmax): the router and every expert product have a bias, the k largest logits are chosen
+first and softmax runs over those k alone, and f_e uses its clamped SwiGLU (ops.swiglu_oai).
+
 Experts are 3-D tensors [n_expert, n_out, n_in] in the map; each expert is a linear map over its slice, with no
 copy. A batch is grouped by expert (llama.cpp's mul_mat_id): each chosen expert's weights are read once for all
 the rows routed to it, and an expert no row picks is never touched, so the pages that stay resident follow the
@@ -34,6 +37,8 @@ class ExpertConfig:
     n_used: int  # expert_used_count: experts per token (top-k)
     n_ff: int  # rows of each expert's gate and up (expert_feed_forward_length, default feed_forward_length)
     weights_scale: float  # expert_weights_scale: a factor on the routing weights (0 or 1: none)
+    gating: str = "softmax"  # softmax: over all experts, then top-k renormalised; top_k_softmax: over the top-k
+    activation: str = "silu"  # silu: SwiGLU; swiglu_oai: gpt-oss's clamped SwiGLU (ops.swiglu_oai)
 
 
 DENSE = ExpertConfig(0, 0, 0, 0.0)
@@ -117,6 +122,45 @@ def route(logits, n_used, scale, ids, weights):
                 weights[t, j] = weights[t, j] * np.float32(scale)
 
 
+@njit(cache=True, error_model="numpy")
+def route_top_k_softmax(logits, n_used, ids, weights):
+    """gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): logits [T, E]; ids [T, k] int32, weights [T, k] float32 out.
+    The k largest logits in descending order (ties: the lower index), then soft_max over those k alone: the max,
+    libm's expf of each difference (k is below a vector's width), a float64 sum, a multiply by float32(1 / sum)."""
+    n_rows, n_expert = logits.shape
+    for t in range(n_rows):
+        p = logits[t]
+        for j in range(n_used):
+            best = -1
+            for i in range(n_expert):
+                taken = False
+                for jj in range(j):
+                    if ids[t, jj] == i:
+                        taken = True
+                if not taken and (best < 0 or p[i] > p[best]):
+                    best = i
+            ids[t, j] = best
+        top = p[ids[t, 0]]
+        for j in range(1, n_used):
+            top = max(top, p[ids[t, j]])
+        total = 0.0
+        for j in range(n_used):
+            e = np.float32(math.exp(np.float32(p[ids[t, j]] - top)))
+            weights[t, j] = e
+            total += np.float64(e)
+        inv = np.float32(1.0 / total)
+        for j in range(n_used):
+            weights[t, j] = weights[t, j] * inv
+
+
+def route_top_k_softmax_ref(logits, n_used):
+    """float64: (ids [T, k], weights [T, k]) of top-k over the logits, then softmax over the chosen k."""
+    z = np.asarray(logits, np.float64)
+    ids = np.argsort(-z, axis=1, kind="stable")[:, :n_used]
+    w = np.exp(np.take_along_axis(z, ids, 1) - z.max(axis=1, keepdims=True))
+    return ids, w / w.sum(axis=1, keepdims=True)
+
+
 def route_ref(logits, n_used, scale=0.0):
     """float64: (ids [T, k], weights [T, k]) of softmax, top-k and renormalisation."""
     z = np.asarray(logits, np.float64)
@@ -135,7 +179,7 @@ def route_ref(logits, n_used, scale=0.0):
 # formats it repacks on AVX2 when the rows come in eights (a one-row gemv per row), and F32 (ggml_vec_dot_f32 per
 # row; mul_mat_id has no sgemm path). Other formats' rows take the arithmetic of a batch of the expert's rows
 # (vec_dot, or the tiled K-quant matmul from 8 rows).
-REPACKED_ONE_ROW = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+REPACKED_ONE_ROW = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
 
 
 class ExpertMatrices:
@@ -181,13 +225,26 @@ class ExpertBuffers:
         self.y = np.zeros((T, n_embd), f32)  # [T, d] one expert's outputs
 
 
+# Biases a layer may have (as layer_weights names them): the router's [E], gate's and up's [E, n_ff], down's [E, d].
+# ggml adds each after its product (add_id for the experts'), in float32, as numpy's += does here.
+EXPERT_BIASES = ("ffn_gate_inp_bias", "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")
+
+
 def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> None:
     """out [T, d] <- the experts' weighted sum for m [T, d] (out may be m). sizes: the batch's sequences' row
     counts (Batch.sizes), so that every sequence's rows get the arithmetic of a batch of their own."""
     n_rows, k = m.shape[0], cfg.n_used
     logits, ids, weights = buf.logits[:n_rows], buf.ids[:n_rows], buf.weights[:n_rows]
     layer.ffn_gate_inp.matmul(m, logits, sizes)
-    route(logits, k, cfg.weights_scale, ids, weights)
+    biases = [getattr(layer, name, None) for name in EXPERT_BIASES]  # gpt-oss: router and experts' biases
+    if biases[0] is not None:
+        logits += biases[0]
+    if cfg.gating == "top_k_softmax":
+        route_top_k_softmax(logits, k, ids, weights)
+        if cfg.weights_scale not in (0.0, 1.0):
+            weights *= np.float32(cfg.weights_scale)
+    else:
+        route(logits, k, cfg.weights_scale, ids, weights)
     outputs = buf.outputs[:n_rows].reshape(n_rows * k, -1)
     slots = np.argsort(ids.reshape(-1), kind="stable")  # (row, choice) slots grouped by expert, rows in order
     counts = np.bincount(ids.reshape(-1), minlength=cfg.n_expert)
@@ -208,8 +265,16 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
         np.take(m, rows, axis=0, out=x)
         layer.ffn_gate_exps.matmul(e, x, gate, group_sizes)
         layer.ffn_up_exps.matmul(e, x, up, group_sizes)
-        ops.silu_mul(gate, up)
+        if biases[1] is not None:
+            gate += biases[1][e]
+            up += biases[2][e]
+        if cfg.activation == "swiglu_oai":
+            ops.swiglu_oai(gate, up)
+        else:
+            ops.silu_mul(gate, up)
         layer.ffn_down_exps.matmul(e, gate, y, group_sizes)
+        if biases[3] is not None:
+            y += biases[3][e]
         outputs[mine] = y
     outputs = outputs.reshape(n_rows, k, -1)
     np.multiply(outputs[:, 0], weights[:, 0:1], out=out)

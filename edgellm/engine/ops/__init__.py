@@ -12,11 +12,11 @@ Shapes follow the model: activations are [T, ...] with T the tokens of the curre
   norms.py              RMSNorm and the fused residual + norm kernels
   rope.py               rotary embedding: angle tables (linear, per-pair, YaRN scaling) and the rotation
   cache_write.py        from the q/k/v projections to the KV cache (biases, q/k norms, rope, store)
-  attention_scalar.py   attention in llama.cpp's summation orders, scalar, any cache type, capped scores
+  attention_scalar.py   attention in llama.cpp's summation orders, scalar, any cache type, capped scores, sinks
   attention_vec.py      one query row in 8-float vectors (f16/f32 caches)
   attention_rows.py     four query rows of a head together (prompt batches)
   attention_drivers.py  attention() / attention_rows(): scratch, kernel choice, work items, the reference
-  activations.py        SwiGLU, GeGLU (llama.cpp's GELU table) and the logit softcap
+  activations.py        SwiGLU, GeGLU (llama.cpp's GELU table), gpt-oss's clamped SwiGLU and the logit softcap
 
 The models call these as ops.<name> through this package (the profiler swaps that name for timed stand-ins).
 """
@@ -34,9 +34,10 @@ from edgellm.engine.ops.attention_vec import KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLO
 from edgellm.engine.ops.attention_rows import ROWS
 from edgellm.engine.ops.attention_drivers import (ATTENTION_PARALLEL_MIN_WORK, attention, attention_ref, attention_rows,
                                                   attention_rows_supported, attention_scratch, attention_scratch_width)
-from edgellm.engine.ops.activations import (ACTIVATION_PARALLEL_MIN_ROWS, GELU_COEF_A, SQRT_2_OVER_PI, gelu_table,
-                                            gelu_tanh_mul, gelu_tanh_mul_ref, silu_mul, silu_mul_ref, softcap,
-                                            softcap_ref)
+from edgellm.engine.ops.activations import (ACTIVATION_PARALLEL_MIN_ROWS, GELU_COEF_A, SQRT_2_OVER_PI,
+                                            SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, gelu_table, gelu_tanh_mul,
+                                            gelu_tanh_mul_ref, silu_mul, silu_mul_ref, softcap, softcap_ref,
+                                            swiglu_oai, swiglu_oai_ref)
 
 __all__ = ["ACTIVATION_PARALLEL_MIN_ROWS", "ATTENTION_PARALLEL_MIN_WORK", "EXP_INV_LN2", "EXP_LN2_HI", "EXP_LN2_LO",
            "EXP_POLY", "EXP_SHIFT", "GELU_COEF_A", "KEY_PREFETCH_SLOTS", "LANES_BATCH", "LANES_SINGLE", "NORM_ADD",
@@ -46,5 +47,6 @@ __all__ = ["ACTIVATION_PARALLEL_MIN_ROWS", "ATTENTION_PARALLEL_MIN_WORK", "EXP_I
            "attention_scratch", "attention_scratch_width", "fast_exp", "fast_exp_array", "finish_qkv",
            "finish_qkv_rows", "gelu_table", "gelu_tanh_mul", "gelu_tanh_mul_ref", "kv_store", "rms_norm",
            "rms_norm_ref", "rms_scale", "rope_inv_freq", "rope_mscale_ref", "rope_ref", "rope_tables", "silu_mul",
-           "silu_mul_ref", "softcap", "softcap_ref",
+           "silu_mul_ref", "softcap", "softcap_ref", "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT", "swiglu_oai",
+           "swiglu_oai_ref",
            "yarn_corr_dims_ref"]

@@ -1,5 +1,5 @@
 """Elementwise nonlinearities: the gated feed-forward activations (SwiGLU, GeGLU with llama.cpp's float16 GELU
-table), gate <- act(gate) * up in place as llama.cpp's LLM_FFN_PAR, and the logit softcap.
+table, gpt-oss's clamped SwiGLU), gate <- act(gate) * up in place as llama.cpp's LLM_FFN_PAR, and the logit softcap.
 """
 
 import math
@@ -43,6 +43,46 @@ def silu_mul(gate, up):
 def silu_mul_ref(gate, up):
     g = gate.astype(np.float64)
     return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+# gpt-oss's clamped SwiGLU (ggml's swiglu_oai): the gate clamped from above, up clamped both ways, a sigmoid with a
+# slope alpha and up shifted by one; float32 throughout with libm's expf, as ggml-cpu's scalar loop.
+SWIGLU_OAI_ALPHA = np.float32(1.702)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _swiglu_oai_row(g, u, alpha, limit):
+    one = np.float32(1.0)
+    for i in range(g.shape[0]):
+        x = min(g[i], limit)
+        y = min(max(u[i], -limit), limit)
+        g[i] = x / (one + np.float32(math.exp(np.float32(alpha * -x)))) * (y + one)
+
+
+@njit(cache=True, error_model="numpy")
+def _swiglu_oai_serial(gate, up, alpha, limit):
+    for t in range(gate.shape[0]):
+        _swiglu_oai_row(gate[t], up[t], np.float32(alpha), np.float32(limit))
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _swiglu_oai_parallel(gate, up, alpha, limit):
+    for t in prange(gate.shape[0]):
+        _swiglu_oai_row(gate[t], up[t], np.float32(alpha), np.float32(limit))
+
+
+def swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
+    """gpt-oss's SwiGLU. gate, up: [T, n_ff]; result in gate: g' / (1 + exp(alpha * -g')) * (u' + 1) with
+    g' = min(g, limit), u' = clamp(u, -limit, limit)."""
+    kernel = _swiglu_oai_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _swiglu_oai_serial
+    kernel(gate, up, np.float32(alpha), np.float32(limit))
+
+
+def swiglu_oai_ref(gate, up, alpha=1.702, limit=7.0):
+    g = np.minimum(gate.astype(np.float64), limit)
+    u = np.clip(up.astype(np.float64), -limit, limit)
+    return (g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)).astype(np.float32)
 
 
 # GELU as llama.cpp computes it for float32 (GGML_GELU_FP16): x is rounded to float16 and looked up in a 65,536-entry

@@ -12,68 +12,75 @@ from edgellm.engine.ops.attention_vec import _attend_vec
 from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, item, out, work):
+def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, item, out, work):
     """Work item `item` of the vector kernels: one query row of one head for a single token, else up to ROWS rows of
-    one head (rows in blocks of ROWS; the last partial block, and a block whose slots do not fit the ring together,
-    row by row)."""
+    one head (rows in blocks of ROWS; the last partial block, a block whose slots do not fit the ring together, and
+    every block when there are sinks (the ROWS-row kernel has none), row by row)."""
     n_tokens, n_heads = q.shape[0], q.shape[1]
     group = n_heads // k_cache.shape[0]
     if n_tokens == 1:
+        sink = np.float32(sinks[item]) if sinks.shape[0] else np.float32(-np.inf)
         _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[0], window, scale, 0, item, item // group, out, work,
-                    True)
+                    True, sink)
         return
     blk, h = item // n_heads, item % n_heads
+    sink = np.float32(sinks[h]) if sinks.shape[0] else np.float32(-np.inf)
     t0 = blk * ROWS
-    if t0 + ROWS <= n_tokens and _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h,
-                                                  h // group, out, work):
+    if sinks.shape[0] == 0 and t0 + ROWS <= n_tokens and _attend_rows_vec(
+            q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, h // group, out, work):
         return
     for t in range(t0, min(n_tokens, t0 + ROWS)):
-        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, scale, t, h, h // group, out, work, False)
+        _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, scale, t, h, h // group, out, work, False,
+                    sink)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, item, out, work):
+def _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks, item, out,
+                 work):
     """Work item `item` of the scalar kernels: the query row of token item // H for head item % H."""
     n_tokens, n_heads = q.shape[0], q.shape[1]
     t, h = item // n_heads, item % n_heads
+    sink = np.float32(sinks[h]) if sinks.shape[0] else np.float32(-np.inf)
     _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions[t], window, np.float32(scale),
-            np.float32(cap), t, h, h // (n_heads // k_cache.shape[0]), out, work, n_tokens == 1)
+            np.float32(cap), sink, t, h, h // (n_heads // k_cache.shape[0]), out, work, n_tokens == 1)
 
 
-# Capped scores (Gemma 2) have drivers of their own: the uncapped ones pass the constant _NO_CAP, so the capping
-# folds away when they compile (a cap taken as an argument stays a run-time branch in the parallel loop's body).
+# Capped scores (Gemma 2) and sinks (gpt-oss) have drivers of their own: the plain ones pass the constants _NO_CAP
+# and _NO_SINKS, so those steps fold away when they compile (arguments would stay run-time branches in the
+# parallel loop's body).
 _NO_CAP = np.float32(0.0)
+_NO_SINKS = np.zeros(0, np.float32)
 
 
 @njit(cache=True, error_model="numpy")
 def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch):
     for item in range(q.shape[0] * q.shape[1]):
-        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, _NO_CAP, item, out,
-                     scratch[0])
+        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, _NO_CAP, _NO_SINKS,
+                     item, out, scratch[0])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                         scratch):
     for item in prange(q.shape[0] * q.shape[1]):
-        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, _NO_CAP, item, out,
-                     scratch[numba.get_thread_id()])
+        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, _NO_CAP, _NO_SINKS,
+                     item, out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy")
-def _attention_capped_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, out,
-                             scratch):
+def _attention_shaped_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks,
+                             out, scratch):
     for item in range(q.shape[0] * q.shape[1]):
-        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, item, out,
-                     scratch[0])
+        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks, item,
+                     out, scratch[0])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _attention_capped_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, out,
-                               scratch):
+def _attention_shaped_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap,
+                               sinks, out, scratch):
     for item in prange(q.shape[0] * q.shape[1]):
-        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, item, out,
-                     scratch[numba.get_thread_id()])
+        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks, item,
+                     out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -85,14 +92,29 @@ def _vec_items(n_tokens, n_heads):
 def _attention_serial_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                           scratch):
     for item in range(_vec_items(q.shape[0], q.shape[1])):
-        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out, scratch[0])
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), _NO_SINKS, item, out,
+                         scratch[0])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                             scratch):
     for item in prange(_vec_items(q.shape[0], q.shape[1])):
-        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), item, out,
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), _NO_SINKS, item, out,
+                         scratch[numba.get_thread_id()])
+
+
+@njit(cache=True, error_model="numpy")
+def _attention_sinks_serial_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch):
+    for item in range(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), sinks, item, out,
+                         scratch[0])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch):
+    for item in prange(_vec_items(q.shape[0], q.shape[1])):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), sinks, item, out,
                          scratch[numba.get_thread_id()])
 
 
@@ -104,7 +126,7 @@ def _attention_rows_vec(q, k_all, v_all, sp_all, seqs, q_positions, window, scal
         t, h = th // n_heads, th % n_heads
         s = seqs[t]
         _attend_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t, h, h // group,
-                    out, scratch[numba.get_thread_id()], True)
+                    out, scratch[numba.get_thread_id()], True, np.float32(-np.inf))
 
 
 def attention_rows_supported(stacked, head_dim) -> bool:
@@ -145,12 +167,14 @@ def attention_scratch(capacity: int, head_dim: int) -> np.ndarray:
 
 
 def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, scratch=None, k_scale=NO_SCALES,
-              v_scale=NO_SCALES, cap=0.0):
+              v_scale=NO_SCALES, cap=0.0, sinks=None):
     """q: [T, H, head_dim]; k_cache, v_cache: [H_kv, capacity, head_dim]; slot_pos: [capacity] positions;
     q_positions: [T] (their keys already stored); window: 0 for full attention;
     out: [T, H, head_dim]; scratch: attention_scratch(capacity, head_dim) or larger (allocated when None).
     Grouped-query: query head h reads kv head h // (H / H_kv). k_scale, v_scale: a q8_0 cache's scales.
-    cap > 0: every score capped as cap * tanh(q·k / cap) before the scale (Gemma 2); the scalar kernel.
+    cap > 0: every score capped as cap * tanh(q·k / cap) before the scale (Gemma 2): the scalar kernel; sinks: [H]
+    float32, head h's softmax denominator gains exp(sinks[h]) (gpt-oss): the vector kernels one row at a time
+    where the cache allows them, else the scalar one.
     The cache's values are read in their stored type (edgellm.engine.kvtypes)."""
     n_tokens, n_heads, head_dim = q.shape
     capacity = slot_pos.shape[0]
@@ -160,21 +184,30 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
         _check_scratch(scratch, capacity, head_dim)
     span = min(capacity, window if window > 0 else int(q_positions[-1]) + 1)
     parallel = n_tokens * n_heads * head_dim * span >= ATTENTION_PARALLEL_MIN_WORK
-    if cap > 0.0:
-        kernel = _attention_capped_parallel if parallel else _attention_capped_serial
-        kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, out, scratch)
+    if sinks is not None and (sinks.shape != (n_heads,) or sinks.dtype != np.float32):
+        raise ValueError(f"attention sinks must be float32 [{n_heads}], got {sinks.dtype} {sinks.shape}")
+    vec = k_cache.dtype != np.int8 and head_dim % LANES_SINGLE == 0 and out.flags.c_contiguous
+    if cap > 0.0 or (sinks is not None and not vec):
+        kernel = _attention_shaped_parallel if parallel else _attention_shaped_serial
+        kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap,
+               _NO_SINKS if sinks is None else sinks, out, scratch)
         return
-    if k_cache.dtype != np.int8 and head_dim % LANES_SINGLE == 0 and out.flags.c_contiguous:
+    if sinks is not None:
+        kernel = _attention_sinks_parallel_vec if parallel else _attention_sinks_serial_vec
+        kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch)
+        return
+    if vec:
         kernel = _attention_parallel_vec if parallel else _attention_serial_vec
     else:
         kernel = _attention_parallel if parallel else _attention_serial
     kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch)
 
 
-def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands=False, cap=0.0):
+def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands=False, cap=0.0, sinks=None):
     """q: [T, H, hd]; k, v: [S, H_kv, hd] with positions k_positions [S]. Dense scores + mask + softmax, float64.
     f16_operands: round q and the softmax weights to float16 first, as llama.cpp (and ops.attention) do with an
-    f16 cache. cap > 0: scores capped as cap * tanh(q·k / cap) before the scale."""
+    f16 cache. cap > 0: scores capped as cap * tanh(q·k / cap) before the scale. sinks [H]: a logit per head
+    that joins each softmax's denominator (and weighs no value)."""
     group = q.shape[1] // k.shape[1]
     k = np.repeat(k.astype(np.float64), group, axis=1)
     v = np.repeat(v.astype(np.float64), group, axis=1)
@@ -189,9 +222,10 @@ def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands
     if window > 0:
         visible &= distance < window
     scores = np.where(visible[None], scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    sink = (np.full(q.shape[1], -np.inf) if sinks is None else np.asarray(sinks, np.float64))[:, None, None]
+    top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+    probs = np.exp(scores - top)
+    probs /= probs.sum(axis=-1, keepdims=True) + np.exp(sink - top)
     if f16_operands:
         probs = probs.astype(np.float16).astype(np.float64)
     return np.einsum("hts,shd->thd", probs, v).astype(np.float32)

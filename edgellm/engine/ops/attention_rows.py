@@ -152,10 +152,10 @@ def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, sca
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
         tops = _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops)
-    _row_weights(work[0:capacity], first, last, n_runs, tops[0], e8, v_cache)
-    _row_weights(work[capacity:2 * capacity], first, last, n_runs, tops[1], e8, v_cache)
-    _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, tops[2], e8, v_cache)
-    _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, tops[3], e8, v_cache)
+    _row_weights(work[0:capacity], first, last, n_runs, tops[0], e8, v_cache, inf)
+    _row_weights(work[capacity:2 * capacity], first, last, n_runs, tops[1], e8, v_cache, inf)
+    _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, tops[2], e8, v_cache, inf)
+    _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, tops[3], e8, v_cache, inf)
     work[acc0: q0] = 0.0
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)

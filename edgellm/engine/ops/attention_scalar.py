@@ -19,7 +19,9 @@ So every score is computed before any weight: a scratch row per thread holds the
 
 Gemma 2 caps the scores (cap > 0; 0 means no cap): llama.cpp computes the scores as one f32 matrix, then scales
 it by 1/cap (rounded to float32 first), takes tanhf, scales by cap, and its softmax multiplies by the layer's
-scale. Only this kernel takes a cap: the vector ones give the same bits, so one path is enough for Gemma 2.
+scale. gpt-oss gives each head a sink (a learned logit with no value; -inf means none): ggml's soft_max takes it
+into the max before the exps and adds expf(sink - max) (libm) to the float64 sum after them. Only this kernel
+takes a cap or a sink: the vector ones give the same bits without them, so one path serves both.
 """
 
 import math
@@ -125,10 +127,12 @@ def _visible_from(p, window, capacity):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, cap, t, h, kv, out, work, single):
+def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, cap, sink, t, h, kv, out, work,
+            single):
     """out[t, h] = sum over visible keys of softmax(score(q[t, h] . k) * scale) v, score(s) = s uncapped (cap 0)
-    or cap * tanh(s / cap). work: this thread's scratch row: capacity scores, then LANES_SINGLE accumulator rows,
-    the query rounded as the cache, and LANES_SINGLE more."""
+    or cap * tanh(s / cap); a finite sink joins the softmax's denominator as exp(sink). work: this thread's scratch
+    row: capacity scores, then LANES_SINGLE accumulator rows, the query rounded as the cache, and LANES_SINGLE
+    more."""
     capacity = slot_pos.shape[0]
     head_dim = q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH
@@ -147,11 +151,15 @@ def _attend(q, k_cache, v_cache, k_scale, v_scale, slot_pos, p, window, scale, c
                          acc, work, top)
         top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, 0, last, lo, p, scale, cap, inv_cap, lanes, acc,
                          work, top)
+        top = max(top, sink)
         total = _exp_run(work, first, capacity, top, acc) + _exp_run(work, 0, last, top, acc)
     else:
         top = _score_run(q_row, k_cache, k_scale, slot_pos, kv, first, last, lo, p, scale, cap, inv_cap, lanes, acc,
                          work, top)
+        top = max(top, sink)
         total = _exp_run(work, first, last, top, acc)
+    if sink != -np.inf:
+        total += np.float64(np.float32(math.exp(np.float32(sink - top))))
     inv = np.float32(1.0 / total)
     acc_rows[:] = 0.0
     if wrapped:

@@ -1,8 +1,10 @@
 """Attention for one query row of one head in 8-float vectors, for f16 and f32 caches whose head size is a multiple
 of 32 (every model here): the scores, the weighted sum of values and the final reductions run in F32x8 lanes
 (edgellm.quant.simd), the exponentials of 8 slots at a time. The results are attention_scalar's (and llama.cpp's)
-bit for bit, in its one-row (decoding) or several-row (prompt) order.
+bit for bit, in its one-row (decoding) or several-row (prompt) order, with attention_scalar's sinks (gpt-oss).
 """
+
+import math
 
 import numpy as np
 from numba import njit
@@ -207,13 +209,16 @@ def _run_bounds(r, first, last, capacity):
 
 
 @njit(cache=True, error_model="numpy")
-def _row_weights(row, first, last, n_runs, top, e8, v_cache):
-    """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them."""
+def _row_weights(row, first, last, n_runs, top, e8, v_cache, sink):
+    """One row's softmax weights in place of its scores (row: its `capacity` scores), as _attend_vec makes them;
+    a finite sink (top already includes it) adds expf(sink - top) to the sum, as attention_scalar's _attend."""
     capacity = row.shape[0]
     total = 0.0
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
         total += _exp_run_vec(row, a, b, top, e8)
+    if sink != -np.inf:
+        total += np.float64(np.float32(math.exp(np.float32(sink - top))))
     inv = np.float32(1.0 / total)
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
@@ -233,8 +238,8 @@ def _sum_batch_lanes(work, ra, o, head_dim, out):
 
 
 @njit(cache=True, error_model="numpy")
-def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single):
-    """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors. work: as _attend's."""
+def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single, sink):
+    """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors (sink: -inf for none). work: as _attend's."""
     capacity = slot_pos.shape[0]
     n_heads, head_dim = q.shape[1], q.shape[2]
     lanes = LANES_SINGLE if single else LANES_BATCH
@@ -255,7 +260,8 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
             top = _score_run_single64(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, work, top)
         else:
             top = _score_run_vec(q_row, k_cache, slot_pos, kv, a, b, lo, p, scale, single, work, top)
-    _row_weights(work[:capacity], first, last, n_runs, top, e8, v_cache)
+    top = max(top, sink)
+    _row_weights(work[:capacity], first, last, n_runs, top, e8, v_cache, sink)
     work[acc0: acc0 + lanes * head_dim] = 0.0
     for r in range(n_runs):
         a, b = _run_bounds(r, first, last, capacity)
