@@ -20,7 +20,7 @@ from edgellm.engine import ops
 from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
 from edgellm.engine.models.config import ModelConfig
-from edgellm.engine.models.llama import BlockBuffers, attention_specs, ffn_specs
+from edgellm.engine.models.llama import WindowedBlockBuffers, attention_specs, ffn_specs
 from edgellm.engine.models.linear import project_gate_up, project_qkv
 from edgellm.engine.models.loading import matrix, vector
 
@@ -84,16 +84,6 @@ def sandwich_block_specs(cfg, blk: str, qk_norms=()):
             vector(blk + "ffn_norm.weight", d), *ffn_specs(cfg, blk), vector(blk + "post_ffw_norm.weight", d)]
 
 
-class Gemma3Buffers(BlockBuffers):
-    def __init__(self, cfg: Gemma3Config, n_tokens: int):
-        super().__init__(cfg, n_tokens)
-        T, f32, half = n_tokens, np.float32, cfg.n_rot // 2
-        self.cos_local = np.zeros((T, half), f32)  # [T, n_rot/2] sliding-window layers' rope
-        self.sin_local = np.zeros((T, half), f32)
-        self.cos_global = np.zeros((T, half), f32)  # [T, n_rot/2] global layers' rope
-        self.sin_global = np.zeros((T, half), f32)
-
-
 class Gemma3Model(DecoderModel):
     tensor_specs = staticmethod(tensor_specs)
 
@@ -106,7 +96,7 @@ class Gemma3Model(DecoderModel):
         self.embd_scale = np.float32(math.sqrt(config.n_embd))
         self.windows = config.layer_windows()
         self.make_cache()
-        self.buffers = Gemma3Buffers(config, self.n_batch)
+        self.buffers = WindowedBlockBuffers(config, self.n_batch)
 
     def layer_rope(self, il: int):
         return (self.rope_local if self.windows[il] else self.rope_global).inv_freq, self.config.rope_neox

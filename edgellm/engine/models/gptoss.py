@@ -24,7 +24,7 @@ import numpy as np
 from edgellm.engine import ops
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
 from edgellm.engine.models.config import ModelConfig
-from edgellm.engine.models.llama import BlockBuffers, attention_specs
+from edgellm.engine.models.llama import WindowedBlockBuffers, attention_specs
 from edgellm.engine.models.linear import project_qkv
 from edgellm.engine.models.loading import experts, matrix, vector, vector_rows
 from edgellm.engine.models.moe import ExpertBuffers, ExpertConfig, expert_ffn, read_expert_keys
@@ -85,16 +85,6 @@ def tensor_specs(cfg: GptOssConfig):
     return specs
 
 
-class GptOssBuffers(BlockBuffers):
-    def __init__(self, cfg: GptOssConfig, n_tokens: int):
-        super().__init__(cfg, n_tokens)
-        T, f32, half = n_tokens, np.float32, cfg.n_rot // 2
-        self.cos_local = np.zeros((T, half), f32)  # [T, n_rot/2] sliding-window layers' rope
-        self.sin_local = np.zeros((T, half), f32)
-        self.cos_global = np.zeros((T, half), f32)  # [T, n_rot/2] global layers' rope
-        self.sin_global = np.zeros((T, half), f32)
-
-
 class GptOssModel(DecoderModel):
     tensor_specs = staticmethod(tensor_specs)
 
@@ -109,7 +99,7 @@ class GptOssModel(DecoderModel):
         self.rope_global = ops.Rope(config.n_rot, config.rope_base, config.rope_freq_scale, None, scaling)
         self.windows = config.layer_windows()
         self.make_cache()
-        self.buffers = GptOssBuffers(config, self.n_batch)
+        self.buffers = WindowedBlockBuffers(config, self.n_batch)
         self.expert_buffers = ExpertBuffers(config.experts, config.n_embd, self.n_batch)
 
     def layer_rope(self, il: int):

@@ -113,6 +113,18 @@ class BlockBuffers(TokenBuffers):
         self.up = np.zeros((T, n_ff), f32)  # [T, n_ff]
 
 
+class WindowedBlockBuffers(BlockBuffers):
+    """A block's activations with two rope tables: sliding-window layers rotate with a base of their own."""
+
+    def __init__(self, cfg, n_tokens: int):
+        super().__init__(cfg, n_tokens)
+        T, f32, half = n_tokens, np.float32, cfg.n_rot // 2
+        self.cos_local = np.zeros((T, half), f32)  # [T, n_rot/2] sliding-window layers' rope
+        self.sin_local = np.zeros((T, half), f32)
+        self.cos_global = np.zeros((T, half), f32)  # [T, n_rot/2] global layers' rope
+        self.sin_global = np.zeros((T, half), f32)
+
+
 class LlamaBuffers(BlockBuffers):
     def __init__(self, cfg: LlamaConfig, n_tokens: int):
         super().__init__(cfg, n_tokens)

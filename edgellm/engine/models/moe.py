@@ -69,6 +69,21 @@ def read_expert_keys(keys, n_ff: int, required: bool = False) -> ExpertConfig:
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)  # llama.cpp clamps the weights' sum to the smallest normal float16
 
 
+@njit(cache=True, inline="always")
+def _top_k(p, n_used, ids):
+    """ids[:n_used] = the indices of p's n_used largest values, in descending order (ties: the lower index)."""
+    for j in range(n_used):
+        best = -1
+        for i in range(p.shape[0]):
+            taken = False
+            for jj in range(j):
+                if ids[jj] == i:
+                    taken = True
+            if not taken and (best < 0 or p[i] > p[best]):
+                best = i
+        ids[j] = best
+
+
 @njit(cache=True, error_model="numpy")
 def route(logits, n_used, scale, ids, weights):
     """logits [T, E] (overwritten with the probabilities); ids [T, k] int32, weights [T, k] float32 out.
@@ -102,19 +117,11 @@ def route(logits, n_used, scale, ids, weights):
         inv = np.float32(1.0 / total)
         for i in range(n_expert):
             p[i] = p[i] * inv
+        _top_k(p, n_used, ids[t])
         wsum = 0.0
         for j in range(n_used):
-            best = -1
-            for i in range(n_expert):
-                taken = False
-                for jj in range(j):
-                    if ids[t, jj] == i:
-                        taken = True
-                if not taken and (best < 0 or p[i] > p[best]):
-                    best = i
-            ids[t, j] = best
-            weights[t, j] = p[best]
-            wsum += np.float64(p[best])
+            weights[t, j] = p[ids[t, j]]
+            wsum += np.float64(p[ids[t, j]])
         s = max(np.float32(wsum), WEIGHTS_SUM_MIN)
         for j in range(n_used):
             weights[t, j] = weights[t, j] / s
@@ -130,16 +137,7 @@ def route_top_k_softmax(logits, n_used, ids, weights):
     n_rows, n_expert = logits.shape
     for t in range(n_rows):
         p = logits[t]
-        for j in range(n_used):
-            best = -1
-            for i in range(n_expert):
-                taken = False
-                for jj in range(j):
-                    if ids[t, jj] == i:
-                        taken = True
-                if not taken and (best < 0 or p[i] > p[best]):
-                    best = i
-            ids[t, j] = best
+        _top_k(p, n_used, ids[t])
         top = p[ids[t, 0]]
         for j in range(1, n_used):
             top = max(top, p[ids[t, j]])
