@@ -40,6 +40,12 @@ def load_reference(name):
     return js, np.load(FIXTURES / f"{stem}.npz")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Tests marked `background` run last (in their order), so their children have the whole session to finish."""
+    items[:] = ([i for i in items if i.get_closest_marker("background") is None]
+                + [i for i in items if i.get_closest_marker("background") is not None])
+
+
 def pytest_collection_finish(session):
     """Queue the child processes of the selected tests marked `background` (tests/background.py)."""
     import background
