@@ -1,9 +1,10 @@
 """Server benchmark: concurrent streaming chats against `edgellm serve` (continuous batching) and, for comparison,
-llama-cpp-python's server, each started here as a niced subprocess on 127.0.0.1; plus the time to first token of
-a returning ~2,000-token conversation with the prompt cache and without.
+llama-cpp-python's server and llama.cpp's llama-server, each started here as a niced subprocess on 127.0.0.1 and
+loaded in turn at each client count; plus the time to first token of a returning ~2,000-token conversation with
+the prompt cache and without.
 
     python tools/bench_server.py --model smollm2-135m --clients 1,8,16 --max-tokens 64 [--llama-cpp-python]
-        [--loadtest tools/loadtest.py] [--nice 10] [--returning 2000]
+        [--llama-server PATH] [--loadtest tools/loadtest.py] [--nice 10] [--returning 2000]
 
 The load itself is tools/loadtest.py (the official openai async client): aggregate generated tokens/s over the
 wall time, p50/p99 time to first token, errors. The speed-up is each row's tokens/s over the 1-client row's.
@@ -68,11 +69,18 @@ def edgellm_server(model, port, nice, n_ctx, parallel, cache_ram="1G"):
                    "--cache-ram", cache_ram], port, nice)
 
 
-def llama_cpp_python_server(path, port, nice, n_ctx, threads):
-    return Server([LLAMA_PYTHON, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx",
+def llama_cpp_python_server(path, port, nice, n_ctx, threads, python=LLAMA_PYTHON):
+    return Server([python, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx",
                    str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
                    # by default a new request interrupts the stream in flight: queue them instead, as edgellm does
                    "--interrupt_requests", "False"], port, nice)
+
+
+def llama_server(exe, path, port, nice, n_ctx, threads, parallel):
+    """llama.cpp's own server (built from the llama.cpp source that llama-cpp-python's sdist ships): `-np` slots
+    with continuous batching, each slot n_ctx positions (llama-server splits -c among its slots)."""
+    return Server([exe, "-m", path, "--port", str(port), "-c", str(n_ctx * parallel), "-np", str(parallel),
+                   "--threads", str(threads), "--threads-batch", str(threads), "--cont-batching"], port, nice)
 
 
 def load(loadtest, url, clients, requests, max_tokens):
@@ -120,28 +128,38 @@ def main(argv=None) -> int:
     ap.add_argument("--nice", type=int, default=10, help="the servers' niceness (the same for both engines)")
     ap.add_argument("--loadtest", default=os.path.join(os.path.dirname(__file__), "loadtest.py"))
     ap.add_argument("--llama-cpp-python", action="store_true", help="also load llama-cpp-python's server")
+    ap.add_argument("--llama-python", default=LLAMA_PYTHON, help="the python whose llama_cpp serves")
+    ap.add_argument("--llama-server", metavar="PATH", help="also load llama.cpp's llama-server binary at PATH, "
+                    "with -np set to the most clients")
     ap.add_argument("--no-edgellm", action="store_true", help="only llama-cpp-python's server")
     ap.add_argument("--returning", type=int, default=2000, help="history tokens of the returning conversation (0: skip)")
     args = ap.parse_args(argv)
     clients = [int(x) for x in args.clients.split(",")]
     rows = []
     parallel = max(clients)
-    port = free_port()
-    with (edgellm_server(args.model, port, args.nice, args.n_ctx, parallel) if not args.no_edgellm
-          else contextlib.nullcontext()) as srv:
-        for n in clients if not args.no_edgellm else ():
-            r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
-            rows.append(("edgellm", n, r))
-            print(json.dumps({"engine": "edgellm", "clients": n, **r}), flush=True)
-    if args.llama_cpp_python:
+    path = None
+    if args.llama_cpp_python or args.llama_server:
         from edgellm.store import catalog
-        path = catalog.resolve(args.model)
-        port = free_port()
-        with llama_cpp_python_server(str(path), port, args.nice, args.n_ctx, os.cpu_count()) as srv:
-            for n in clients:
+        path = str(catalog.resolve(args.model))
+    with contextlib.ExitStack() as stack:
+        # every server started first and idle while another is loaded, so the engines alternate at each client count
+        servers = []
+        if not args.no_edgellm:
+            servers.append(("edgellm", stack.enter_context(
+                edgellm_server(args.model, free_port(), args.nice, args.n_ctx, parallel))))
+        if args.llama_cpp_python:
+            servers.append(("llama-cpp-python", stack.enter_context(
+                llama_cpp_python_server(path, free_port(), args.nice, args.n_ctx, os.cpu_count(), args.llama_python))))
+        if args.llama_server:
+            servers.append((f"llama-server -np {parallel}", stack.enter_context(
+                llama_server(args.llama_server, path, free_port(), args.nice, args.n_ctx, os.cpu_count(), parallel))))
+        for engine, srv in servers:  # a first batch of each size compiles or loads its kernels: not timed
+            load(args.loadtest, srv.url, parallel, parallel, 8)
+        for n in clients:
+            for engine, srv in servers:
                 r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
-                rows.append(("llama-cpp-python", n, r))
-                print(json.dumps({"engine": "llama-cpp-python", "clients": n, **r}), flush=True)
+                rows.append((engine, n, r))
+                print(json.dumps({"engine": engine, "clients": n, **r}), flush=True)
     print("\n| engine | clients | tokens/s | vs 1 client | TTFT p50 s | TTFT p99 s | errors |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for engine, n, r in rows:

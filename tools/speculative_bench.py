@@ -30,13 +30,13 @@ llm = Llama(path, n_ctx=2048, n_threads=threads, verbose=False)
 out = []
 for ids in prompts:
     llm.reset()
-    llm.eval(ids)
-    n, t0 = 0, time.perf_counter()
-    for tok in llm.generate(ids, temp=0.0, reset=False):
-        n += 1
-        if n >= n_gen or tok == llm.token_eos():
+    toks, t0 = [], None
+    for tok in llm.generate(ids, temp=0.0):  # the prompt is evaluated before the first token comes
+        toks.append(tok)
+        t0 = t0 or time.perf_counter()
+        if len(toks) >= n_gen or tok == llm.token_eos():
             break
-    out.append((n - 1) / (time.perf_counter() - t0))
+    out.append([(len(toks) - 1) / (time.perf_counter() - t0) if len(toks) > 1 else 0.0, toks])
 print(json.dumps(out))
 '''
 
@@ -73,7 +73,7 @@ def main():
                 spec.append(child(args, mode, kind, index))
             row = {"task": name, "kind": kind, **sb.summarise(plain, spec)}
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items()}), file=sys.stderr, flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "tokens"}), file=sys.stderr, flush=True)
     print(sb.to_markdown(rows))
     if args.llama_cpp:
         import edgellm
@@ -83,10 +83,13 @@ def main():
         cmd = ["nice", "-n", "10", args.llama_cpp, "-c", LLAMA_CHILD,
                json.dumps([m.path, prompts, args.n_gen, args.threads])]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        tps = json.loads(out.stdout.strip().splitlines()[-1])
-        print("\n| task | llama.cpp plain t/s | edgellm speculative / llama.cpp |\n| --- | ---: | ---: |")
-        for row, t in zip(rows, tps):
-            print(f"| {row['task']} | {t:.1f} | {row['spec_tps'] / t:.2f}x |")
+        results = json.loads(out.stdout.strip().splitlines()[-1])
+        print("\n| task | llama.cpp plain t/s | edgellm speculative / llama.cpp | same tokens as edgellm |\n"
+              "| --- | ---: | ---: | --- |")
+        for row, (t, toks) in zip(rows, results):
+            ratio = f"{row['spec_tps'] / t:.2f}x" if t else "-"
+            same = toks[:len(row["tokens"])] == row["tokens"][:len(toks)]  # (llama.cpp's stop: its eos token)
+            print(f"| {row['task']} | {t:.1f} | {ratio} | {'yes' if same else 'no'} |")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ PASSAGE = ("The Rhine is a river that begins in the Swiss Alps and flows north t
 TASKS = {
     "input-grounded": [
         ("code-edit", [{"role": "user", "content": "Rewrite this code with one change: rename the function "
-                        "load_config to read_config. Output the whole code.\n\n" + CODE}]),
+                        "load_config to read_config. Output the whole code.\n\n```python\n" + CODE.rstrip()
+                        + "\n```"}]),  # fenced, as code is pasted (Gemma-3 270M answers a bare one with nothing)
         ("extract", [{"role": "user", "content": PASSAGE + "\n\nCopy the sentences of this passage that "
                       "name a city, word for word."}]),
         ("answer-from-context", [{"role": "user", "content": "Context: " + PASSAGE + "\n\nUsing the context, "
@@ -85,7 +86,7 @@ def summarise(plain: list, spec: list) -> dict:
     p_tps = statistics.median(r["tps"] for r in plain)
     s_tps = statistics.median(r["tps"] for r in spec)
     drafted = sum(r["drafted"] for r in spec)
-    return {"n_gen": plain[0]["n"], "plain_tps": p_tps, "spec_tps": s_tps,
+    return {"n_gen": plain[0]["n"], "tokens": plain[0]["tokens"], "plain_tps": p_tps, "spec_tps": s_tps,
             "speedup": s_tps / p_tps if p_tps else 0.0,
             "acceptance": sum(r["accepted"] for r in spec) / drafted if drafted else 0.0,
             "drafted": drafted // len(spec),
