@@ -169,7 +169,7 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
     batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
-    for n_tokens in (45, 13, 1, 3, 4, 7, 9):  # 45: blocks of 32 tokens, tiles of 8 and 4, a single; 9 last
+    for n_tokens in (45, 13, 1, 3, 4, 6, 7, 14, 9):  # 45: tiles of 8, a padded tile (5 + 3 copies); 9 last
         ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
             layer.matvec(x[t], ones[t])
@@ -833,7 +833,7 @@ def test_quant_group_outputs_equal_each_layers_matmul(name):
               for n_out in (48, 17, 33)]
     x = np.random.default_rng(31).standard_normal((21, n_in)).astype(np.float32)
     for group in (quant.QuantGroup(layers), quant.QuantGroup(layers[:2])):
-        for n_tokens in (1, 3, 4, 13, 21):
+        for n_tokens in (1, 3, 4, 6, 7, 13, 21):  # 6, 7, 13, 21: the last rows as a padded eight-token tile
             want = []
             for layer in group.layers:
                 out = np.empty((n_tokens, layer.n_out), np.float32)
