@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-python", default=LLAMA_PYTHON, help="the python whose llama_cpp serves")
     ap.add_argument("--llama-server", metavar="PATH", help="also load llama.cpp's llama-server binary at PATH, "
                     "with -np set to the most clients")
-    ap.add_argument("--no-edgellm", action="store_true", help="only llama-cpp-python's server")
+    ap.add_argument("--no-edgellm", action="store_true", help="only the other servers (and the returning conversation)")
     ap.add_argument("--returning", type=int, default=2000, help="history tokens of the returning conversation (0: skip)")
     args = ap.parse_args(argv)
     clients = [int(x) for x in args.clients.split(",")]
