@@ -3,7 +3,7 @@ benchmarks (random weights; the tokenizer is SmolLM2's from the catalog, padded 
 vocabulary size). Run with edgellm's python; the quantizer runs in a subprocess under the python that has
 llama-cpp-python (its llama_model_quantize):
 
-    python tools/make_synthetic_moe.py OUT.gguf --llama-python /work/llama-venv/bin/python \
+    python tools/make_synthetic_moe.py OUT.gguf --llama-python /work/llama-venv/bin/python \\
         [--shape qwen3-30b-a3b] [--type Q4_K_M] [--layers N --embd D --experts E --used K ...] [--dry-run]
 
 The source file is written tensor by tensor in llama.cpp's converter layout (expert stacks [n_expert, n_out, n_in],
@@ -73,7 +73,7 @@ def arch_keys(shape: dict) -> dict:
             "attention.value_length": shape["head_dim"], "rope.freq_base": shape["rope_base"],
             "attention.layer_norm_rms_epsilon": shape["eps"], "expert_count": shape["experts"],
             "expert_used_count": shape["used"], "expert_feed_forward_length": shape["expert_ff"]}
-    if shape["arch"] == "gpt-oss":  # no expert_gating_func: llama.cpp's graph fixes gpt-oss's routing
+    if shape["arch"] == "gpt-oss":  # no expert_gating_func, as its converter: llama.cpp's graph fixes the routing
         keys.update({"attention.sliding_window": shape["sliding_window"], "rope.scaling.type": "yarn",
                      "rope.scaling.factor": shape["yarn_factor"],
                      "rope.scaling.original_context_length": shape["yarn_orig_context"]})
