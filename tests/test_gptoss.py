@@ -13,6 +13,8 @@ import pytest
 from edgellm.compat.chat import ChatTemplateError, render_chat
 from edgellm.engine import ops
 from edgellm.engine.models import moe
+from edgellm.engine.ops import attention_drivers
+from edgellm.engine.ops.attention_rows import _attend_rows_vec
 
 # float32 kernels against float64 references: rounding only (attention sums in llama.cpp's order, not numpy's).
 NMSE_ATTENTION = 1e-10
@@ -73,8 +75,8 @@ def test_absent_sinks_give_the_plain_kernels_bits():
 
 @pytest.mark.parametrize("n_new", [1, 6])
 def test_vector_and_scalar_sink_kernels_agree_bit_for_bit(n_new):
-    """An f16 cache takes the vector kernels (a decode row; a prompt batch row by row); a strided out forces the
-    scalar one: the same bits, as without sinks."""
+    """An f16 cache takes the vector kernels (a decode row; a prompt batch ROWS rows at a time, then its tail row by
+    row); a strided out forces the scalar one: the same bits, as without sinks."""
     rng = np.random.default_rng(11)
     q, k, v, positions, _ = _attention_case(rng, n_new)
     k16, v16 = np.zeros((2, 32, 64), np.uint16), np.zeros((2, 32, 64), np.uint16)
@@ -87,6 +89,62 @@ def test_vector_and_scalar_sink_kernels_agree_bit_for_bit(n_new):
         ops.attention(q, k16, v16, slot_pos, positions[-n_new:], 0, 0.125, out, ops.attention_scratch(32, 64),
                       sinks=sinks)
     assert vec.tobytes() == np.ascontiguousarray(strided).tobytes()
+
+
+def _f16_prompt_case(rng, n_new, capacity, n_keys=40):
+    """A prompt's last n_new rows over an f16 cache of n_keys positions (a ring that has wrapped when capacity is
+    below n_keys), and sinks near the scores' size but for head 3's, far above them."""
+    q, k, v, positions, _ = _attention_case(rng, n_new, n_keys=n_keys, capacity=capacity)
+    k16, v16 = np.zeros((2, capacity, 64), np.uint16), np.zeros((2, capacity, 64), np.uint16)
+    slot_pos = np.full(capacity, -1, np.int32)
+    ops.kv_store(k, v, positions, k16, v16, slot_pos)
+    return q, (k16, v16, slot_pos), positions[-n_new:], np.array([3.0, 5.0, 4.0, 60.0], np.float32)
+
+
+def _scalar_sink_attention(q, cache, q_positions, window, sinks):
+    """The scalar kernel's bits (a strided out rules the vector kernels out)."""
+    strided = np.empty((q.shape[0], q.shape[1], 2 * q.shape[2]), np.float32)[:, :, :q.shape[2]]
+    ops.attention(q, *cache, q_positions, window, 0.125, strided, ops.attention_scratch(cache[2].shape[0], 64),
+                  sinks=sinks)
+    return np.ascontiguousarray(strided)
+
+
+@pytest.mark.parametrize("n_new", [1, 3, ops.ROWS, ops.ROWS + 1, 2 * ops.ROWS + 3])
+@pytest.mark.parametrize("window, capacity", [(0, 64), (8, 32)])  # full attention; a window over a wrapped ring
+def test_prompt_rows_with_sinks_equal_the_scalar_kernel(n_new, window, capacity):
+    """Prompt rows with sinks through the vector drivers, serial and parallel (blocks of ROWS rows, then the
+    tail row by row): the scalar kernel's bits."""
+    rng = np.random.default_rng(100 * n_new + window)
+    q, cache, q_positions, sinks = _f16_prompt_case(rng, n_new, capacity)
+    want = _scalar_sink_attention(q, cache, q_positions, window, sinks)
+    scratch = ops.attention_scratch(capacity, 64)
+    for kernel in (attention_drivers._attention_sinks_serial_vec, attention_drivers._attention_sinks_parallel_vec):
+        out = np.full_like(q, np.nan)
+        kernel(q, *cache, q_positions, window, 0.125, sinks, out, scratch)
+        assert np.array_equal(out, want)
+    out = np.empty_like(q)
+    ops.attention(q, *cache, q_positions, window, 0.125, out, scratch, sinks=sinks)
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("window, capacity", [(0, 64), (8, 32)])
+def test_rows_kernel_takes_the_sink(window, capacity):
+    """The ROWS-row kernel itself, one block of each head: with the head's sink, the scalar kernel's bits; with
+    -inf (no sink), other values, so a rows kernel that ignored its sink would fail."""
+    rng = np.random.default_rng(7 + window)
+    n_new = ops.ROWS + 2  # the block starts at row 1: its rows' windows begin at different slots
+    q, cache, q_positions, sinks = _f16_prompt_case(rng, n_new, capacity)
+    want = _scalar_sink_attention(q, cache, q_positions, window, sinks)
+    work = ops.attention_scratch(capacity, 64)[0]
+    block = slice(1, 1 + ops.ROWS)
+    for h in range(4):
+        out, plain = np.full_like(q, np.nan), np.full_like(q, np.nan)
+        assert _attend_rows_vec(q, *cache, q_positions, 1, window, np.float32(0.125), h, h // 2, out, work,
+                                sinks[h])
+        assert np.array_equal(out[block, h], want[block, h])
+        assert _attend_rows_vec(q, *cache, q_positions, 1, window, np.float32(0.125), h, h // 2, plain, work,
+                                np.float32(-np.inf))
+        assert not np.allclose(plain[block, h], want[block, h], rtol=1e-3, atol=0.0)
 
 
 @pytest.mark.parametrize("sinks", [np.zeros(3, np.float32), np.zeros(4, np.float64)])

@@ -1,10 +1,12 @@
 """Attention kernel timings at the catalog models' shapes, at a given cache depth, best of repeated runs.
 
-    python tools/bench_attention.py [--depth 2048] [--tokens 1,16] [--repeat 25]
+    python tools/bench_attention.py [--depth 2048] [--tokens 1,16] [--repeat 25] [--inner 10] [--shapes gpt-oss]
+                                    [--sinks]
 
 One row per (shape, query tokens): the serial and the parallel kernel (ops.attention picks between them by the
 amount of work), microseconds per layer-step, with an f16 cache filled with random keys and values. Decode (one
-query token) and prompt batches use llama.cpp's two summation orders, so both are timed.
+query token) and prompt batches use llama.cpp's two summation orders, so both are timed. --sinks times the drivers
+with a sink per head (gpt-oss's), random ones.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from edgellm.engine.kvcache import KVCache
 
 # (name, query heads, KV heads, head size, window): SmolLM2-135M, and Gemma-3-270M's global and sliding layers
 SHAPES = [("smollm2", 9, 3, 64, 0), ("gemma3 global", 4, 1, 256, 0), ("gemma3 sliding", 4, 1, 256, 512)]
+# gpt-oss-20b / 120b: global layers and sliding ones of 128 positions
+SHAPES_GPT_OSS = [("gpt-oss global", 64, 8, 64, 0), ("gpt-oss sliding", 64, 8, 64, 128)]
 
 
 def best_of(fn, repeat, inner=10):
@@ -36,11 +40,18 @@ def main(argv=None):
     ap.add_argument("--depth", type=int, default=2048, help="positions already in the cache")
     ap.add_argument("--tokens", default="1,16", help="query tokens per call, comma list")
     ap.add_argument("--repeat", type=int, default=25)
+    ap.add_argument("--inner", type=int, default=10, help="calls per timed repeat")
+    ap.add_argument("--shapes", choices=("catalog", "gpt-oss"), default="catalog")
+    ap.add_argument("--sinks", action="store_true", help="the sink drivers, a random sink per head")
     args = ap.parse_args(argv)
+    if args.sinks:
+        kernels = (attention_drivers._attention_sinks_serial_vec, attention_drivers._attention_sinks_parallel_vec)
+    else:
+        kernels = (attention_drivers._attention_serial_vec, attention_drivers._attention_parallel_vec)
     rng = np.random.default_rng(0)
     print("| shape | query tokens | depth | serial µs | parallel µs |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for name, n_head, n_kv, hd, window in SHAPES:
+    for name, n_head, n_kv, hd, window in (SHAPES_GPT_OSS if args.shapes == "gpt-oss" else SHAPES):
         for n_tokens in (int(t) for t in args.tokens.split(",")):
             n = args.depth + n_tokens
             layer = KVCache(n + 8, n_kv, hd, [window], n_tokens, "f16").layers[0]
@@ -50,12 +61,18 @@ def main(argv=None):
             scratch = ops.attention_scratch(layer.slot_pos.shape[0], hd)
             q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
             out = np.empty_like(q)
-            call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
-                    window, np.float32(hd ** -0.5), out, scratch)
+            scale = np.float32(hd ** -0.5)
+            if args.sinks:
+                sinks = rng.standard_normal(n_head).astype(np.float32)
+                call = (q, layer.k, layer.v, layer.slot_pos, positions[-n_tokens:], window, scale, sinks, out,
+                        scratch)
+            else:
+                call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
+                        window, scale, out, scratch)
             times = []
-            for kernel in (attention_drivers._attention_serial_vec, attention_drivers._attention_parallel_vec):
+            for kernel in kernels:
                 kernel(*call)  # compile / load
-                times.append(best_of(lambda: kernel(*call), args.repeat) * 1e6)
+                times.append(best_of(lambda: kernel(*call), args.repeat, args.inner) * 1e6)
             print(f"| {name} | {n_tokens} | {args.depth} | {times[0]:.0f} | {times[1]:.0f} |", flush=True)
 
 

@@ -14,8 +14,8 @@ from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows
 @njit(cache=True, error_model="numpy", inline="always")
 def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, item, out, work):
     """Work item `item` of the vector kernels: one query row of one head for a single token, else up to ROWS rows of
-    one head (rows in blocks of ROWS; the last partial block, a block whose slots do not fit the ring together, and
-    every block when there are sinks (the ROWS-row kernel has none), row by row)."""
+    one head (rows in blocks of ROWS; the last partial block and a block whose slots do not fit the ring together,
+    row by row)."""
     n_tokens, n_heads = q.shape[0], q.shape[1]
     group = n_heads // k_cache.shape[0]
     if n_tokens == 1:
@@ -26,8 +26,8 @@ def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, 
     blk, h = item // n_heads, item % n_heads
     sink = np.float32(sinks[h]) if sinks.shape[0] else np.float32(-np.inf)
     t0 = blk * ROWS
-    if sinks.shape[0] == 0 and t0 + ROWS <= n_tokens and _attend_rows_vec(
-            q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, h // group, out, work):
+    if t0 + ROWS <= n_tokens and _attend_rows_vec(
+            q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, h // group, out, work, sink):
         return
     for t in range(t0, min(n_tokens, t0 + ROWS)):
         _attend_vec(q, k_cache, v_cache, slot_pos, q_positions[t], window, scale, t, h, h // group, out, work, False,
@@ -173,8 +173,8 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     out: [T, H, head_dim]; scratch: attention_scratch(capacity, head_dim) or larger (allocated when None).
     Grouped-query: query head h reads kv head h // (H / H_kv). k_scale, v_scale: a q8_0 cache's scales.
     cap > 0: every score capped as cap * tanh(q·k / cap) before the scale (Gemma 2): the scalar kernel; sinks: [H]
-    float32, head h's softmax denominator gains exp(sinks[h]) (gpt-oss): the vector kernels one row at a time
-    where the cache allows them, else the scalar one.
+    float32, head h's softmax denominator gains exp(sinks[h]) (gpt-oss): the vector kernels where the cache allows
+    them, else the scalar one.
     The cache's values are read in their stored type (edgellm.engine.kvtypes)."""
     n_tokens, n_heads, head_dim = q.shape
     capacity = slot_pos.shape[0]

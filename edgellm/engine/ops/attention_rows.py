@@ -5,7 +5,8 @@ Every row keeps its own arithmetic: its scores' FMA chains, its mask, max, expon
 weights, and its lanes' slots in the same order. The rows walk the union of their visible slots; a slot another row
 sees but this one does not scores -inf for it and adds exactly nothing (an exponential of 0, a skipped weight), and
 the union's runs visit each row's slots in that row's own order as long as the union fits in the ring (else rows go
-one by one). The loops are written out for four rows (docs/kernels.md has the speed-up).
+one by one). A sink (gpt-oss) joins each row's max and sum as in _attend_vec. The loops are written out for four
+rows (docs/kernels.md has the speed-up).
 """
 
 import numpy as np
@@ -126,9 +127,10 @@ def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
 
 
 @njit(cache=True, error_model="numpy")
-def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work):
-    """_attend_vec (several-row order) for query rows t0 .. t0 + ROWS - 1 of head h together. Returns False, having
-    done nothing, where their visible slots do not fit in the ring together (the caller then takes them one by one).
+def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, scale, h, kv, out, work, sink):
+    """_attend_vec (several-row order, sink: -inf for none) for query rows t0 .. t0 + ROWS - 1 of head h together.
+    Returns False, having done nothing, where their visible slots do not fit in the ring together (the caller then
+    takes them one by one).
     work: ROWS score rows of `capacity`, ROWS x LANES_BATCH accumulator rows, ROWS query rows, 8 floats."""
     capacity = slot_pos.shape[0]
     n_heads, head_dim = q.shape[1], q.shape[2]
@@ -152,10 +154,10 @@ def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, sca
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)
         tops = _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops)
-    _row_weights(work[0:capacity], first, last, n_runs, tops[0], e8, v_cache, inf)
-    _row_weights(work[capacity:2 * capacity], first, last, n_runs, tops[1], e8, v_cache, inf)
-    _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, tops[2], e8, v_cache, inf)
-    _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, tops[3], e8, v_cache, inf)
+    _row_weights(work[0:capacity], first, last, n_runs, max(tops[0], sink), e8, v_cache, sink)
+    _row_weights(work[capacity:2 * capacity], first, last, n_runs, max(tops[1], sink), e8, v_cache, sink)
+    _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, max(tops[2], sink), e8, v_cache, sink)
+    _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, max(tops[3], sink), e8, v_cache, sink)
     work[acc0: q0] = 0.0
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)

@@ -21,7 +21,7 @@ Gemma 2 caps the scores (cap > 0; 0 means no cap): llama.cpp computes the scores
 it by 1/cap (rounded to float32 first), takes tanhf, scales by cap, and its softmax multiplies by the layer's
 scale. gpt-oss gives each head a sink (a learned logit with no value; -inf means none): ggml's soft_max takes it
 into the max before the exps and adds expf(sink - max) (libm) to the float64 sum after them. Only this kernel
-takes a cap or a sink: the vector ones give the same bits without them, so one path serves both.
+takes a cap; the vector ones take the sinks too, with the same bits.
 """
 
 import math
