@@ -56,12 +56,12 @@ def random_matrix_bytes(rng, shape, ggml_type: str, scale: float = 0.1) -> np.nd
     if ggml_type not in K_QUANT_SCALES:
         raise ValueError(f"no tiny-model writer for {ggml_type}")
     block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
-    n_out, n_in = shape
+    n_out, n_in = int(np.prod(shape[:-1])), shape[-1]  # (an expert stack's [n_expert, n_out, n_in] too)
     blocks = rng.integers(0, 256, size=(n_out, n_in // block_size, type_size), dtype=np.uint8)
     for offset, typical in K_QUANT_SCALES[ggml_type]:
         d = (typical * rng.uniform(0.5, 1.5, size=blocks.shape[:2])).astype(np.float16)
         blocks[:, :, offset: offset + 2] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
-    return blocks.reshape(n_out, -1)
+    return blocks.reshape(*shape[:-1], -1)
 
 
 def _add(writer, name, data, ggml_type):

@@ -11,6 +11,7 @@ from edgellm.engine.kvcache import KVPool
 from edgellm.engine.models import build_model, moe
 from edgellm.engine.reference import ReferenceModel
 from edgellm.errors import ModelError
+from edgellm.quant.matmul_experts import FORMAT_CODES as CHOSEN_EXPERT_CODES
 from edgellm.quant import QuantLinear
 from edgellm.quant.kernels_float import matmul_f32
 from helpers_tiny_gguf import TinySpec, write_tiny_from_registry
@@ -212,3 +213,56 @@ def test_load_warns_when_the_file_is_paged(tmp_path, smollm2_path, monkeypatch):
     with pytest.warns(UserWarning, match="moe.gguf: paged in"):
         m = edgellm.load(str(path), n_ctx=64)
     assert seen == [str(path)] and m.n_ctx == 64
+
+
+@pytest.mark.parametrize("weight_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_one_token_chosen_experts_in_one_call_keep_the_bits(tmp_path, monkeypatch, weight_type):
+    """Decode runs a token's chosen experts of a K-quant stack in one kernel call per stage
+    (ExpertMatrices.matmul_chosen): the logits equal the per-expert QuantLinear calls' bit for bit, with the
+    experts each token picks differing from step to step."""
+    spec = TinySpec(arch="qwen3moe", weight_type=weight_type, n_layer=2, n_embd=256, n_head=2, n_head_kv=1,
+                    head_dim=128, extra_keys={"qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 3,
+                                              "qwen3moe.expert_feed_forward_length": 256})
+    path = write_tiny_from_registry(tmp_path / "m.gguf", spec)
+    tokens = tokens_for(spec, 12)
+    chosen = []
+    real = moe.ExpertMatrices.matmul_chosen
+
+    def spy(self, ids, *args, **kwargs):
+        chosen.append(tuple(ids))
+        real(self, ids, *args, **kwargs)
+    monkeypatch.setattr(moe.ExpertMatrices, "matmul_chosen", spy)
+
+    def use_fused(model, fused):
+        for layer in model.layers:
+            for stack in (layer.ffn_gate_exps, layer.ffn_up_exps, layer.ffn_down_exps):
+                assert stack.ggml_type == weight_type
+                stack.code = CHOSEN_EXPERT_CODES[weight_type] if fused else -1
+
+    def decode(fused):
+        with edgellm.engine.gguf.open(path) as f:
+            model = build_model(f, n_ctx=64, n_threads=2)
+            use_fused(model, fused)
+            return np.stack([model.forward(tokens[i:i + 1])[0].copy() for i in range(len(tokens))])
+
+    fused = decode(True)
+    assert len(chosen) == 2 * 2 * len(tokens)  # gate+up, then down: two calls per layer and token
+    assert len(set(chosen)) > 1
+    chosen.clear()
+    assert decode(False).tobytes() == fused.tobytes() and not chosen
+    # This file's random K-quant bytes give hidden states so large that routing is one-hot; the block alone, on
+    # inputs whose every chosen expert has weight, must agree too.
+    rng = np.random.default_rng(1)
+    with edgellm.engine.gguf.open(path) as f:
+        model = build_model(f, n_ctx=64, n_threads=2)
+        cfg, buf = model.config.experts, model.expert_buffers
+        for _ in range(4):
+            m = (rng.standard_normal((1, spec.n_embd)) * 0.02).astype(np.float32)
+            outs = []
+            for fused in (True, False):
+                use_fused(model, fused)
+                out = np.empty_like(m)
+                moe.expert_ffn(model.layers[1], m, out, cfg, buf, None)
+                outs.append(out)
+            assert buf.weights[0].min() > 0.02  # each chosen expert counts
+            assert outs[0].tobytes() == outs[1].tobytes()

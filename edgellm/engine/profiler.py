@@ -98,6 +98,7 @@ def profile_step(model, tokens, n_steps: int = 1) -> dict:
     for layer in layers:
         for name, value in list(vars(layer).items()):
             wrap_method(value, "matmul", name)
+            wrap_method(value, "matmul_chosen", name)  # a token's chosen experts (gate and up: ffn_gate_exps)
     wrap_method(model.token_embd, "get_rows", "embed")
     wrap_method(model.output, "matmul", "output")
     for mod in users:

@@ -26,6 +26,9 @@ from numba import njit
 from edgellm.engine import ops
 from edgellm.engine.models import linear
 from edgellm.errors import ModelError
+from edgellm.quant import QuantLinear
+from edgellm.quant.matmul_experts import FORMAT_CODES as CHOSEN_EXPERT_CODES
+from edgellm.quant.matmul_experts import chosen_experts
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -178,6 +181,7 @@ def route_ref(logits, n_used, scale=0.0):
 # row; mul_mat_id has no sgemm path). Other formats' rows take the arithmetic of a batch of the expert's rows
 # (vec_dot, or the tiled K-quant matmul from 8 rows).
 REPACKED_ONE_ROW = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+_NO_OUTPUT = np.zeros((0, 0), np.float32)  # matmul_chosen's second output when there is one stack
 
 
 class ExpertMatrices:
@@ -193,6 +197,13 @@ class ExpertMatrices:
                         for e in range(self.n_expert)]
         self.one_row_each = tensor.ggml_type == "F32" or (tensor.ggml_type in REPACKED_ONE_ROW and self.n_out % 8 == 0)
         self.nbytes = per_expert.nbytes
+        # one token's chosen experts in one kernel call (quant.matmul_experts), for the K-quant stacks it serves
+        # (not when the experts are another linear class, as the float64 reference's)
+        quantized = isinstance(self.experts[0], QuantLinear)
+        self.code = CHOSEN_EXPERT_CODES.get(tensor.ggml_type, -1) if quantized else -1
+        self.stack = per_expert.reshape(-1)
+        self.expert_bytes = per_expert.shape[1]
+        self.row_bytes = per_expert.shape[1] // self.n_out
 
     def __repr__(self) -> str:
         return f"ExpertMatrices({self.ggml_type}, n_expert={self.n_expert}, n_out={self.n_out}, n_in={self.n_in})"
@@ -202,6 +213,14 @@ class ExpertMatrices:
         n = x.shape[0]
         sizes = (1,) * n if self.one_row_each and n > 1 else group_sizes
         self.experts[e].matmul(x, out, sizes)
+
+    def matmul_chosen(self, ids, x, out, xq, xd, bsums, other=None, other_out=None) -> None:
+        """out[j] = W[ids[j]] x_j (x_j = x[j], or x[0] for all j), and the same of `other` into other_out when
+        given, in one kernel call (self.code >= 0 and other's too: callers check); xq, xd, bsums: Q8_K scratch."""
+        b = other if other is not None else self
+        chosen_experts(self.code, self.stack, self.expert_bytes, self.row_bytes, out, b.code, b.stack,
+                       b.expert_bytes, b.row_bytes, other_out if other is not None else _NO_OUTPUT, ids, x, xq, xd,
+                       bsums)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,6 +240,12 @@ class ExpertBuffers:
         self.gate = np.zeros((T, experts.n_ff), f32)  # [T, n_ff]
         self.up = np.zeros((T, experts.n_ff), f32)  # [T, n_ff]
         self.y = np.zeros((T, n_embd), f32)  # [T, d] one expert's outputs
+        # one token's k experts at once (ExpertMatrices.matmul_chosen): gate and up [k, n_ff], Q8_K activations
+        width = max(n_embd, experts.n_ff)
+        self.gate_k, self.up_k = np.zeros((k, experts.n_ff), f32), np.zeros((k, experts.n_ff), f32)
+        self.xq = np.zeros(k * width, np.int8)
+        self.xd = np.zeros(max(1, k * width // 256), f32)
+        self.bsums = np.zeros(max(1, k * width // 16), np.int32)
 
 
 # Biases a layer may have (as layer_weights names them): the router's [E], gate's and up's [E, n_ff], down's [E, d].
@@ -244,6 +269,23 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
     else:
         route(logits, k, cfg.weights_scale, ids, weights)
     outputs = buf.outputs[:n_rows].reshape(n_rows * k, -1)
+    gate_up, down = layer.ffn_gate_exps, layer.ffn_down_exps
+    if n_rows == 1 and gate_up.code >= 0 and layer.ffn_up_exps.code >= 0 and down.code >= 0:
+        # decode: every chosen expert's rows in one call per stage (each row the one-token matmul's bits)
+        gate, up = buf.gate_k, buf.up_k
+        gate_up.matmul_chosen(ids[0], m, gate, buf.xq, buf.xd, buf.bsums, layer.ffn_up_exps, up)
+        if biases[1] is not None:
+            gate += biases[1][ids[0]]
+            up += biases[2][ids[0]]
+        if cfg.activation == "swiglu_oai":
+            ops.swiglu_oai(gate, up)
+        else:
+            ops.silu_mul(gate, up)
+        down.matmul_chosen(ids[0], gate, outputs, buf.xq, buf.xd, buf.bsums)
+        if biases[3] is not None:
+            outputs += biases[3][ids[0]]
+        _weighted_sum(outputs.reshape(1, k, -1), weights, out)
+        return
     slots = np.argsort(ids.reshape(-1), kind="stable")  # (row, choice) slots grouped by expert, rows in order
     counts = np.bincount(ids.reshape(-1), minlength=cfg.n_expert)
     group_of_row = None if sizes is None else np.repeat(np.arange(len(sizes)), sizes)
@@ -274,8 +316,12 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
         if biases[3] is not None:
             y += biases[3][e]
         outputs[mine] = y
-    outputs = outputs.reshape(n_rows, k, -1)
+    _weighted_sum(outputs.reshape(n_rows, k, -1), weights, out)
+
+
+def _weighted_sum(outputs, weights, out) -> None:
+    """out [T, d] <- sum over j of outputs[:, j] * weights[:, j], in float32, in order j = 0, 1, ... (ggml's adds)."""
     np.multiply(outputs[:, 0], weights[:, 0:1], out=out)
-    for j in range(1, k):
+    for j in range(1, outputs.shape[1]):
         out += outputs[:, j] * weights[:, j:j + 1]
 
