@@ -196,13 +196,19 @@ def matmul_mxfp4_rows8(w, row_bytes, x, xq, xd, xs, out):
     nb = n_in // 32
     for r in prange(out.shape[1]):
         for t in range(n_tokens):  # the row (nb * 17 bytes) stays in L1 across the tokens
-            o, acc = r * row_bytes, np.float32(0)
-            for b in range(nb):
-                prefetch(w, o + PREFETCH_BYTES)
-                dot = i32x8_hsum(dot_i8x32(load_mxfp4_values(w, o + 1), load_i8x32(xq, t * n_in + 32 * b)))
-                acc = fma32(np.float32(dot), load_f32(xd, t * nb + b) * e8m0_half(w[o]), acc)
-                o += BLOCK_BYTES
-            out[t, r] = acc
+            out[t, r] = row_dot_rows8(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
+@njit(cache=True, inline="always")
+def row_dot_rows8(w, o, nb, xq, xo, xd, xdo):
+    """One row x one token in the repacked gemv's order: one float chain, an FMA per block."""
+    acc = np.float32(0)
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        dot = i32x8_hsum(dot_i8x32(load_mxfp4_values(w, o + 1), load_i8x32(xq, xo + 32 * b)))
+        acc = fma32(np.float32(dot), load_f32(xd, xdo + b) * e8m0_half(w[o]), acc)
+        o += BLOCK_BYTES
+    return acc
 
 
 def rows8_reference(raw, n_out, n_in, xq, xd):

@@ -31,13 +31,19 @@ def matmul_q4_0_rows8(w, row_bytes, x, xq, xd, xs, out):
     nb = n_in // 32
     for r in prange(out.shape[1]):
         for t in range(n_tokens):  # the row (nb * 18 bytes) stays in L1 across the tokens
-            o, acc = r * row_bytes, _F32(0)
-            for b in range(nb):
-                prefetch(w, o + PREFETCH_BYTES)
-                dot = i32x8_hsum(dot_i8x32(i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8), load_i8x32(xq, t * n_in + 32 * b)))
-                acc = fma32(_F32(dot), load_f16(w, o) * load_f32(xd, t * nb + b), acc)
-                o += 18
-            out[t, r] = acc
+            out[t, r] = row_dot_rows8(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+
+
+@njit(cache=True, inline="always")
+def row_dot_rows8(w, o, nb, xq, xo, xd, xdo):
+    """One row x one token in the repacked gemv's order: one float chain, an FMA per block."""
+    acc = _F32(0)
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        dot = i32x8_hsum(dot_i8x32(i8x32_sub(load_nibbles_lo_hi(w, o + 2), 8), load_i8x32(xq, xo + 32 * b)))
+        acc = fma32(_F32(dot), load_f16(w, o) * load_f32(xd, xdo + b), acc)
+        o += 18
+    return acc
 
 
 def rows8_reference(raw, n_out, n_in, xq, xd):

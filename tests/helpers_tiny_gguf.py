@@ -52,7 +52,8 @@ def random_matrix_bytes(rng, shape, ggml_type: str, scale: float = 0.1) -> np.nd
         return gguf_quantize(values, GGMLQuantizationType[ggml_type])
     if ggml_type in ("IQ4_XS", "MXFP4"):  # edgellm's quantizers, whose bytes are llama.cpp's (tests/test_quant_<fmt>)
         from edgellm.quant.quantize_kernels import quantize_fast
-        return quantize_fast((rng.standard_normal(shape) * scale).astype(np.float32), ggml_type)
+        values = (rng.standard_normal((int(np.prod(shape[:-1])), shape[-1])) * scale).astype(np.float32)
+        return quantize_fast(values, ggml_type).reshape(*shape[:-1], -1)  # (an expert stack's 3-D shape too)
     if ggml_type not in K_QUANT_SCALES:
         raise ValueError(f"no tiny-model writer for {ggml_type}")
     block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]

@@ -11,7 +11,6 @@ from edgellm.engine.kvcache import KVPool
 from edgellm.engine.models import build_model, moe
 from edgellm.engine.reference import ReferenceModel
 from edgellm.errors import ModelError
-from edgellm.quant.matmul_experts import FORMAT_CODES as CHOSEN_EXPERT_CODES
 from edgellm.quant import QuantLinear
 from edgellm.quant.kernels_float import matmul_f32
 from helpers_tiny_gguf import TinySpec, write_tiny_from_registry
@@ -118,8 +117,13 @@ def test_only_chosen_experts_are_read_each_once_per_batch(tmp_path, monkeypatch)
                 assert len(experts) == len(set(experts))  # each chosen expert once for the whole batch
                 assert sum(n for _, n in mine) == n_rows  # every routed row, in one call per expert
         calls.clear()
-        model.forward(tokens[:1])  # decode: only the top-k experts of that row
-        assert len(calls) == 3 * model.config.n_layer * model.config.experts.n_used
+        chosen = []
+        real_chosen = moe.ExpertMatrices.matmul_chosen
+        monkeypatch.setattr(moe.ExpertMatrices, "matmul_chosen",
+                            lambda self, ids, *a, **k: (chosen.append(tuple(ids)), real_chosen(self, ids, *a, **k)))
+        model.forward(tokens[:1])  # decode: only the top-k experts of that row, in one call per stage
+        assert not calls and len(chosen) == 2 * model.config.n_layer
+        assert all(len(ids) == len(set(ids)) == model.config.experts.n_used for ids in chosen)
 
 
 def test_several_sequences_in_one_batch_get_their_own_bits(tmp_path):
@@ -215,9 +219,9 @@ def test_load_warns_when_the_file_is_paged(tmp_path, smollm2_path, monkeypatch):
     assert seen == [str(path)] and m.n_ctx == 64
 
 
-@pytest.mark.parametrize("weight_type", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("weight_type", ["Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q4_0", "Q8_0"])
 def test_one_token_chosen_experts_in_one_call_keep_the_bits(tmp_path, monkeypatch, weight_type):
-    """Decode runs a token's chosen experts of a K-quant stack in one kernel call per stage
+    """Decode runs a token's chosen experts of a stack in one kernel call per stage
     (ExpertMatrices.matmul_chosen): the logits equal the per-expert QuantLinear calls' bit for bit, with the
     experts each token picks differing from step to step."""
     spec = TinySpec(arch="qwen3moe", weight_type=weight_type, n_layer=2, n_embd=256, n_head=2, n_head_kv=1,
@@ -233,13 +237,16 @@ def test_one_token_chosen_experts_in_one_call_keep_the_bits(tmp_path, monkeypatc
         real(self, ids, *args, **kwargs)
     monkeypatch.setattr(moe.ExpertMatrices, "matmul_chosen", spy)
 
+    codes = {}
+
     def use_fused(model, fused):
         for layer in model.layers:
             for stack in (layer.ffn_gate_exps, layer.ffn_up_exps, layer.ffn_down_exps):
-                assert stack.ggml_type == weight_type
-                stack.code = CHOSEN_EXPERT_CODES[weight_type] if fused else -1
+                assert stack.ggml_type == weight_type and codes.setdefault(id(stack), stack.code) >= 0
+                stack.code = codes[id(stack)] if fused else -1
 
     def decode(fused):
+        codes.clear()
         with edgellm.engine.gguf.open(path) as f:
             model = build_model(f, n_ctx=64, n_threads=2)
             use_fused(model, fused)
@@ -253,6 +260,7 @@ def test_one_token_chosen_experts_in_one_call_keep_the_bits(tmp_path, monkeypatc
     # This file's random K-quant bytes give hidden states so large that routing is one-hot; the block alone, on
     # inputs whose every chosen expert has weight, must agree too.
     rng = np.random.default_rng(1)
+    codes.clear()
     with edgellm.engine.gguf.open(path) as f:
         model = build_model(f, n_ctx=64, n_threads=2)
         cfg, buf = model.config.experts, model.expert_buffers

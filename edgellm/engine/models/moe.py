@@ -27,8 +27,7 @@ from edgellm.engine import ops
 from edgellm.engine.models import linear
 from edgellm.errors import ModelError
 from edgellm.quant import QuantLinear
-from edgellm.quant.matmul_experts import FORMAT_CODES as CHOSEN_EXPERT_CODES
-from edgellm.quant.matmul_experts import chosen_experts
+from edgellm.quant.matmul_experts import BLOCK32_CODES, K_QUANT_CODES, chosen_experts, chosen_experts_block32
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -199,8 +198,12 @@ class ExpertMatrices:
         self.nbytes = per_expert.nbytes
         # one token's chosen experts in one kernel call (quant.matmul_experts), for the K-quant stacks it serves
         # (not when the experts are another linear class, as the float64 reference's)
-        quantized = isinstance(self.experts[0], QuantLinear)
-        self.code = CHOSEN_EXPERT_CODES.get(tensor.ggml_type, -1) if quantized else -1
+        self.code, self.kernel = -1, None
+        if isinstance(self.experts[0], QuantLinear):
+            if tensor.ggml_type in K_QUANT_CODES:
+                self.code, self.kernel = K_QUANT_CODES[tensor.ggml_type], chosen_experts
+            elif tensor.ggml_type in BLOCK32_CODES and (self.one_row_each or tensor.ggml_type == "Q8_0"):
+                self.code, self.kernel = BLOCK32_CODES[tensor.ggml_type], chosen_experts_block32
         self.stack = per_expert.reshape(-1)
         self.expert_bytes = per_expert.shape[1]
         self.row_bytes = per_expert.shape[1] // self.n_out
@@ -214,13 +217,13 @@ class ExpertMatrices:
         sizes = (1,) * n if self.one_row_each and n > 1 else group_sizes
         self.experts[e].matmul(x, out, sizes)
 
-    def matmul_chosen(self, ids, x, out, xq, xd, bsums, other=None, other_out=None) -> None:
+    def matmul_chosen(self, ids, x, out, buf: "ExpertBuffers", other=None, other_out=None) -> None:
         """out[j] = W[ids[j]] x_j (x_j = x[j], or x[0] for all j), and the same of `other` into other_out when
-        given, in one kernel call (self.code >= 0 and other's too: callers check); xq, xd, bsums: Q8_K scratch."""
+        given, in one kernel call (callers check self.code >= 0, and other's kernel is the same)."""
         b = other if other is not None else self
-        chosen_experts(self.code, self.stack, self.expert_bytes, self.row_bytes, out, b.code, b.stack,
-                       b.expert_bytes, b.row_bytes, other_out if other is not None else _NO_OUTPUT, ids, x, xq, xd,
-                       bsums)
+        sums = buf.bsums if self.kernel is chosen_experts else buf.xs  # Q8_K's int sums, Q8_0's float ones
+        self.kernel(self.code, self.stack, self.expert_bytes, self.row_bytes, out, b.code, b.stack, b.expert_bytes,
+                    b.row_bytes, other_out if other is not None else _NO_OUTPUT, ids, x, buf.xq, buf.xd, sums)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -244,8 +247,9 @@ class ExpertBuffers:
         width = max(n_embd, experts.n_ff)
         self.gate_k, self.up_k = np.zeros((k, experts.n_ff), f32), np.zeros((k, experts.n_ff), f32)
         self.xq = np.zeros(k * width, np.int8)
-        self.xd = np.zeros(max(1, k * width // 256), f32)
-        self.bsums = np.zeros(max(1, k * width // 16), np.int32)
+        self.xd = np.zeros(max(1, k * width // 32), f32)  # a scale per 256 (Q8_K) or per 32 (Q8_0)
+        self.bsums = np.zeros(max(1, k * width // 16), np.int32)  # Q8_K's sums of 16
+        self.xs = np.zeros(max(1, k * width // 32), f32)  # Q8_0's d * sum per 32
 
 
 # Biases a layer may have (as layer_weights names them): the router's [E], gate's and up's [E, n_ff], down's [E, d].
@@ -270,10 +274,11 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
         route(logits, k, cfg.weights_scale, ids, weights)
     outputs = buf.outputs[:n_rows].reshape(n_rows * k, -1)
     gate_up, down = layer.ffn_gate_exps, layer.ffn_down_exps
-    if n_rows == 1 and gate_up.code >= 0 and layer.ffn_up_exps.code >= 0 and down.code >= 0:
+    if (n_rows == 1 and gate_up.code >= 0 and layer.ffn_up_exps.code >= 0 and down.code >= 0
+            and gate_up.kernel is layer.ffn_up_exps.kernel):
         # decode: every chosen expert's rows in one call per stage (each row the one-token matmul's bits)
         gate, up = buf.gate_k, buf.up_k
-        gate_up.matmul_chosen(ids[0], m, gate, buf.xq, buf.xd, buf.bsums, layer.ffn_up_exps, up)
+        gate_up.matmul_chosen(ids[0], m, gate, buf, layer.ffn_up_exps, up)
         if biases[1] is not None:
             gate += biases[1][ids[0]]
             up += biases[2][ids[0]]
@@ -281,7 +286,7 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
             ops.swiglu_oai(gate, up)
         else:
             ops.silu_mul(gate, up)
-        down.matmul_chosen(ids[0], gate, outputs, buf.xq, buf.xd, buf.bsums)
+        down.matmul_chosen(ids[0], gate, outputs, buf)
         if biases[3] is not None:
             outputs += biases[3][ids[0]]
         _weighted_sum(outputs.reshape(1, k, -1), weights, out)
