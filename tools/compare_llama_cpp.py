@@ -62,10 +62,18 @@ def worker_edgellm(model_path, threads, test):
     return {"tps": n / (time.perf_counter() - t), "peak_rss": _peak_rss()}
 
 
-def worker_llama_cpp(model_path, threads, test):
+def worker_llama_cpp(model_path, threads, test, no_repack=False):
     t0 = time.perf_counter()
     import numpy as np
     import llama_cpp
+    if no_repack:  # llama.cpp's --no-repack: its weights stay in the map as edgellm's do, with no copy at load
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_cpp.llama_model_default_params = params
     kind, n, depth = _parse_test(test) if test != "startup" else ("startup", 1, 0)
     n_ctx = 512 if test == "startup" else depth + n + 64
     llm = llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
@@ -101,9 +109,9 @@ def _peak_rss():
 
 # ---- driver ----------------------------------------------------------------------------------------------------
 
-def run_worker(python, engine, model_path, threads, test):
+def run_worker(python, engine, model_path, threads, test, no_repack=False):
     cmd = [python, os.path.abspath(__file__), "--worker", engine, model_path, "--threads", str(threads),
-           "--test", test]
+           "--test", test] + (["--llama-no-repack"] if no_repack else [])
     # Both engines start as an installed package does: with Python's bytecode caches (an environment that sets
     # PYTHONDONTWRITEBYTECODE would make every start-up recompile the modules' source).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -121,13 +129,19 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tests", default=",".join(TESTS + ("startup",)))
     ap.add_argument("--json", default=None, help="also write the raw figures here")
+    ap.add_argument("--llama-no-repack", action="store_true",
+                    help="llama.cpp without its load-time repacking into extra buffers (its --no-repack): the "
+                         "weights stay in the map, as edgellm's; by default it repacks the formats it can (a copy "
+                         "of those weights in anonymous memory)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--test", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:
-        fn = worker_edgellm if args.worker == "edgellm" else worker_llama_cpp
-        print(json.dumps(fn(args.model, args.threads, args.test)))
+        if args.worker == "edgellm":
+            print(json.dumps(worker_edgellm(args.model, args.threads, args.test)))
+        else:
+            print(json.dumps(worker_llama_cpp(args.model, args.threads, args.test, args.llama_no_repack)))
         return 0
 
     from edgellm.store import catalog
@@ -138,13 +152,14 @@ def main(argv=None):
     for rep in range(args.reps):
         for test in tests:
             for engine, python in (("edgellm", sys.executable), ("llama.cpp", args.llama_python)):
-                r = run_worker(python, engine, path, args.threads, test)
+                r = run_worker(python, engine, path, args.threads, test, args.llama_no_repack)
                 raw[test][engine].append(r.get("tps", r.get("seconds")))
                 if test in ("startup", "tg128"):
                     rss[engine] = max(rss[engine], r["peak_rss"])
                 print(f"rep {rep} {test:12s} {engine:9s} {raw[test][engine][-1]:8.2f}", file=sys.stderr, flush=True)
 
-    print(f"\n{os.path.basename(path)}, {args.threads} threads, {args.reps} reps, alternating engines\n")
+    print(f"\n{os.path.basename(path)}, {args.threads} threads, {args.reps} reps, alternating engines"
+          f"{'; llama.cpp without repacking' if args.llama_no_repack else ''}\n")
     print("| test | edgellm | llama.cpp | edgellm / llama.cpp | median of paired ratios |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for test in tests:
