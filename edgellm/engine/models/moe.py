@@ -27,7 +27,6 @@ from edgellm.engine import ops
 from edgellm.engine.models import linear
 from edgellm.errors import ModelError
 from edgellm.quant import QuantLinear
-from edgellm.quant.matmul_experts import BLOCK32_CODES, K_QUANT_CODES, chosen_experts, chosen_experts_block32
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config
@@ -198,10 +197,13 @@ class ExpertMatrices:
         self.nbytes = per_expert.nbytes
         # one token's chosen experts in one kernel call (quant.matmul_experts), for the K-quant stacks it serves
         # (not when the experts are another linear class, as the float64 reference's)
-        self.code, self.kernel = -1, None
+        self.code, self.kernel, self.q8_k = -1, None, False
         if isinstance(self.experts[0], QuantLinear):
+            # imported here: a dense model's load imports only its own formats' kernel modules
+            from edgellm.quant.matmul_experts import (BLOCK32_CODES, K_QUANT_CODES, chosen_experts,
+                                                      chosen_experts_block32)
             if tensor.ggml_type in K_QUANT_CODES:
-                self.code, self.kernel = K_QUANT_CODES[tensor.ggml_type], chosen_experts
+                self.code, self.kernel, self.q8_k = K_QUANT_CODES[tensor.ggml_type], chosen_experts, True
             elif tensor.ggml_type in BLOCK32_CODES and (self.one_row_each or tensor.ggml_type == "Q8_0"):
                 self.code, self.kernel = BLOCK32_CODES[tensor.ggml_type], chosen_experts_block32
         self.stack = per_expert.reshape(-1)
@@ -221,7 +223,7 @@ class ExpertMatrices:
         """out[j] = W[ids[j]] x_j (x_j = x[j], or x[0] for all j), and the same of `other` into other_out when
         given, in one kernel call (callers check self.code >= 0, and other's kernel is the same)."""
         b = other if other is not None else self
-        sums = buf.bsums if self.kernel is chosen_experts else buf.xs  # Q8_K's int sums, Q8_0's float ones
+        sums = buf.bsums if self.q8_k else buf.xs  # Q8_K's int sums, Q8_0's float ones
         self.kernel(self.code, self.stack, self.expert_bytes, self.row_bytes, out, b.code, b.stack, b.expert_bytes,
                     b.row_bytes, other_out if other is not None else _NO_OUTPUT, ids, x, buf.xq, buf.xd, sums)
 
