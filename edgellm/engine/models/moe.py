@@ -195,7 +195,7 @@ class ExpertMatrices:
                         for e in range(self.n_expert)]
         self.one_row_each = tensor.ggml_type == "F32" or (tensor.ggml_type in REPACKED_ONE_ROW and self.n_out % 8 == 0)
         self.nbytes = per_expert.nbytes
-        # one token's chosen experts in one kernel call (quant.matmul_experts), for the K-quant stacks it serves
+        # one token's chosen experts in one kernel call (quant.matmul_experts), for the stack formats it serves
         # (not when the experts are another linear class, as the float64 reference's)
         self.code, self.kernel, self.q8_k = -1, None, False
         if isinstance(self.experts[0], QuantLinear):
@@ -245,7 +245,7 @@ class ExpertBuffers:
         self.gate = np.zeros((T, experts.n_ff), f32)  # [T, n_ff]
         self.up = np.zeros((T, experts.n_ff), f32)  # [T, n_ff]
         self.y = np.zeros((T, n_embd), f32)  # [T, d] one expert's outputs
-        # one token's k experts at once (ExpertMatrices.matmul_chosen): gate and up [k, n_ff], Q8_K activations
+        # one token's k experts at once (ExpertMatrices.matmul_chosen): gate and up [k, n_ff], their activations
         width = max(n_embd, experts.n_ff)
         self.gate_k, self.up_k = np.zeros((k, experts.n_ff), f32), np.zeros((k, experts.n_ff), f32)
         self.xq = np.zeros(k * width, np.int8)
@@ -281,13 +281,7 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
         # decode: every chosen expert's rows in one call per stage (each row the one-token matmul's bits)
         gate, up = buf.gate_k, buf.up_k
         gate_up.matmul_chosen(ids[0], m, gate, buf, layer.ffn_up_exps, up)
-        if biases[1] is not None:
-            gate += biases[1][ids[0]]
-            up += biases[2][ids[0]]
-        if cfg.activation == "swiglu_oai":
-            ops.swiglu_oai(gate, up)
-        else:
-            ops.silu_mul(gate, up)
+        _activate(gate, up, biases, ids[0], cfg)
         down.matmul_chosen(ids[0], gate, outputs, buf)
         if biases[3] is not None:
             outputs += biases[3][ids[0]]
@@ -312,18 +306,24 @@ def expert_ffn(layer, m, out, cfg: ExpertConfig, buf: ExpertBuffers, sizes) -> N
         np.take(m, rows, axis=0, out=x)
         layer.ffn_gate_exps.matmul(e, x, gate, group_sizes)
         layer.ffn_up_exps.matmul(e, x, up, group_sizes)
-        if biases[1] is not None:
-            gate += biases[1][e]
-            up += biases[2][e]
-        if cfg.activation == "swiglu_oai":
-            ops.swiglu_oai(gate, up)
-        else:
-            ops.silu_mul(gate, up)
+        _activate(gate, up, biases, e, cfg)
         layer.ffn_down_exps.matmul(e, gate, y, group_sizes)
         if biases[3] is not None:
             y += biases[3][e]
         outputs[mine] = y
     _weighted_sum(outputs.reshape(n_rows, k, -1), weights, out)
+
+
+def _activate(gate, up, biases, experts, cfg: ExpertConfig) -> None:
+    """gate <- the activation of gate and up, after the experts' gate and up biases where the layer has them
+    (experts: the expert of the rows, or one expert per row)."""
+    if biases[1] is not None:
+        gate += biases[1][experts]
+        up += biases[2][experts]
+    if cfg.activation == "swiglu_oai":
+        ops.swiglu_oai(gate, up)
+    else:
+        ops.silu_mul(gate, up)
 
 
 def _weighted_sum(outputs, weights, out) -> None:
