@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import queue
 import socket
 import sys
 import threading
@@ -240,6 +241,13 @@ class ModelSlot:
         threading.Thread(target=job, name="edgellm-request", daemon=True).start()
         return await done
 
+    def pump(self, gen) -> "_Pump":
+        """gen stepped on a thread of its own (one of the request threads), until closed."""
+        if not self.worker.acquire(blocking=False):
+            gen.close()
+            raise busy("the server is busy (every request thread is taken); retry later")
+        return _Pump(gen, self.worker.release)
+
     @contextlib.contextmanager
     def counted(self):
         """One request counted as waiting outside the scheduler's queue (tokenizer work), without the read-then-set
@@ -337,19 +345,45 @@ class EventStream:
             await self.chunks.aclose()
 
 
-class _Stepper:
-    """A chunk generator stepped on executor threads, one step at a time (a close waits for the step in flight)."""
+class _Pump:
+    """A stream's chunk generator, stepped on one thread of its own for the whole stream (a thread per chunk cost
+    a thread start per token): next() asks for one chunk, so a slow reader's backlog stays in the scheduler's
+    bounded buffer; close() ends the generator on that thread, after the step in flight."""
 
-    def __init__(self, gen):
-        self.gen, self.lock = gen, threading.Lock()
+    def __init__(self, gen, on_exit):
+        self.gen, self.on_exit, self.loop = gen, on_exit, asyncio.get_running_loop()
+        self.asks = queue.SimpleQueue()  # futures to settle with the next chunk; None ends the thread
+        threading.Thread(target=self._run, name="edgellm-stream", daemon=True).start()
 
-    def next(self):
-        with self.lock:
-            return next(self.gen, None)
+    def _run(self):
+        try:
+            while (done := self.asks.get()) is not None:
+                try:
+                    chunk = next(self.gen, None)
+                except BaseException as e:  # handed to the awaiting stream
+                    self._settle(done, done.set_exception, e)
+                else:
+                    self._settle(done, done.set_result, chunk)
+        finally:
+            self.gen.close()
+            self.on_exit()
+
+    def _settle(self, done, method, value):
+        def settle():
+            if not done.done():
+                method(value)
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the event loop is closed (the server is exiting): nobody waits
+            pass
+
+    async def next(self):
+        done = self.loop.create_future()
+        self.asks.put(done)
+        return await done
 
     def close(self):
-        with self.lock:
-            self.gen.close()
+        self.asks.put(None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -540,12 +574,12 @@ class Endpoints:
         return JSONResponse(result)
 
     async def _sse(self, llm, create, kwargs, include_usage, fields):
-        stepper = last = None
+        pump = last = None
         try:
             try:
-                stepper = _Stepper(await self.slot.run(partial(create, llm, stream=True, **kwargs)))
+                pump = self.slot.pump(await self.slot.run(partial(create, llm, stream=True, **kwargs)))
                 while True:
-                    chunk = await self.slot.run(stepper.next)
+                    chunk = await pump.next()
                     if chunk is None:
                         break
                     last = chunk
@@ -561,8 +595,8 @@ class Endpoints:
             yield "data: [DONE]\n\n"
         finally:
             llm.cancel()  # (nothing happens to a finished request)
-            if stepper is not None:
-                threading.Thread(target=stepper.close, name="edgellm-request-close", daemon=True).start()
+            if pump is not None:
+                pump.close()
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):
