@@ -41,6 +41,51 @@ def test_ring_capacity():
     assert ring_capacity(n_ctx=600, window=512, n_batch=512) == 600  # never more than the context
 
 
+def _filled(cache, n, rng):
+    """cache as if positions [0, n) had been written one by one (each to slot p % capacity), with random values."""
+    for layer in cache.layers:
+        for p in range(n):
+            slot = p % layer.slot_pos.shape[0]
+            layer.slot_pos[slot] = p
+            layer.k[:, slot] = rng.integers(-100, 100, layer.k[:, slot].shape)
+            layer.v[:, slot] = rng.integers(-100, 100, layer.v[:, slot].shape)
+            if layer.k_scale.size:
+                layer.k_scale[:, slot] = rng.random(layer.k_scale[:, slot].shape)
+                layer.v_scale[:, slot] = rng.random(layer.v_scale[:, slot].shape)
+    cache.n_past = n
+    return cache
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_copy_prefix_takes_exactly_the_positions_below_n(kv_type):
+    """A server slot copies another slot's computed prefix (a shared system prompt): positions [0, n) with their
+    values and scales, nothing past n; refused, the cache unchanged, where a window ring lost what the next query
+    sees, or the layouts differ."""
+    rng = np.random.default_rng(0)
+    make = lambda: KVCache(n_ctx=64, n_head_kv=2, head_dim=32, windows=[0, 6], n_batch=2, kv_type=kv_type)
+    src, dst = _filled(make(), 14, rng), _filled(make(), 3, rng)
+    assert dst.copy_prefix(src, 12)  # the window layer's 7 slots hold 7..13: 7..11 is all the query at 12 sees
+    assert dst.n_past == 12
+    for d, s in zip(dst.layers, src.layers):
+        held = np.flatnonzero((s.slot_pos >= 0) & (s.slot_pos < 12))
+        assert (np.sort(d.slot_pos[d.slot_pos >= 0]) == np.sort(s.slot_pos[held])).all()
+        np.testing.assert_array_equal(d.k[:, held], s.k[:, held])
+        np.testing.assert_array_equal(d.v[:, held], s.v[:, held])
+        if s.k_scale.size:
+            np.testing.assert_array_equal(d.k_scale[:, held], s.k_scale[:, held])
+            np.testing.assert_array_equal(d.v_scale[:, held], s.v_scale[:, held])
+    assert (dst.layers[0].slot_pos < 12).all() and (dst.layers[0].slot_pos >= 0).sum() == 12
+    before = [(layer.slot_pos.copy(), layer.k.copy()) for layer in dst.layers]
+    src2 = _filled(make(), 30, rng)
+    assert not dst.copy_prefix(src2, 10)  # the ring now holds 23..29 only: position 9 is gone
+    assert not dst.copy_prefix(src, 15)   # past what src holds
+    other = KVCache(n_ctx=64, n_head_kv=2, head_dim=32, windows=[0, 6], n_batch=2,
+                    kv_type="f32" if kv_type != "f32" else "f16")
+    assert not dst.copy_prefix(_filled(other, 14, rng), 12)
+    assert dst.n_past == 12 and all((layer.slot_pos == sp).all() and (layer.k == k).all()
+                                    for layer, (sp, k) in zip(dst.layers, before))
+
+
 def test_bad_context_is_refused():
     with pytest.raises(ModelError, match="n_ctx"):
         KVCache(n_ctx=0, n_head_kv=1, head_dim=4, windows=[0], n_batch=1)

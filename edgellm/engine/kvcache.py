@@ -210,6 +210,28 @@ class KVCache:
         self.n_shifted += n_discard
         self.shift_log.append((n_keep, n_discard))
 
+    def copy_prefix(self, src: "KVCache", n: int) -> bool:
+        """Hold src's positions [0, n) and nothing else (another slot's cache of the same layout). False, this cache
+        unchanged, where src cannot give them: another layout, a shifted cache, or a window ring that already
+        overwrote a position the next query, at n, must see."""
+        if (src.capacities != self.capacities or src.kv_type.name != self.kv_type.name or src.n_head_kv != self.n_head_kv
+                or src.head_dim != self.head_dim or not 0 < n <= src.n_past or src.n_shifted):
+            return False
+        for layer in src.layers:
+            first = max(0, n - layer.window + 1) if layer.window else 0
+            needed = np.arange(first, n, dtype=np.int64)
+            if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
+                return False
+        self.reset()
+        for dst, layer in zip(self.layers, src.layers):
+            held = np.flatnonzero((layer.slot_pos != EMPTY_SLOT) & (layer.slot_pos < n))
+            dst.k[:, held], dst.v[:, held] = layer.k[:, held], layer.v[:, held]
+            if self.kv_type.block:
+                dst.k_scale[:, held], dst.v_scale[:, held] = layer.k_scale[:, held], layer.v_scale[:, held]
+            dst.slot_pos[held] = layer.slot_pos[held]
+        self.n_past = n
+        return True
+
     # -- state -----------------------------------------------------------------------------------------------
     def export_state(self) -> dict:
         """The occupied slots of every layer (values, scales, positions) and n_past: a copy, sized by use."""

@@ -231,7 +231,8 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0, "prefill_chunks": 0, "draft_tokens": 0, "accepted_tokens": 0}
+                      "decode_steps": 0, "prefill_chunks": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                      "shared_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
@@ -461,6 +462,8 @@ class Scheduler:
         if request.cancelled.is_set():
             self._finish(slot, "cancelled")
             return True
+        if request.prefilled == 0:
+            self._share_prefix(slot)
         b0, b1 = slot.batches.pop(0)
         chunk = request.ids[b0:b1]
         try:
@@ -479,6 +482,28 @@ class Scheduler:
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
         return True
+
+    def _share_prefix(self, slot) -> None:
+        """Before a prompt's first chunk: the longest re-usable prefix another slot has computed by now (the same
+        system prompt, requests admitted together) is copied into this slot's cache rather than computed again."""
+        request = slot.request
+        ids, have = request.ids, len(slot.tokens)
+        if not self.engine.reusable or len(ids) > self.seq_ctx:
+            return
+        donors = sorted(((self._plan(s.tokens, s.kinds, ids), s.index) for s in self.slots
+                         if s is not slot and len(s.tokens) > have), reverse=True)
+        for n, index in donors:
+            if n <= have:
+                break
+            donor = self.slots[index]
+            if slot.cache.copy_prefix(donor.cache, n):
+                planned, batches = prefix.plan(donor.tokens, donor.kinds, ids, self._step(len(ids)), self.row_kinds)
+                slot.tokens, slot.kinds = list(ids[:planned]), list(donor.kinds[:planned])
+                slot.batches = self._chunks(batches)
+                self.stats["reused_tokens"] += planned - request.reused
+                self.stats["shared_tokens"] += planned - have
+                request.reused = planned
+                return
 
     def _decode_step(self) -> bool:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
