@@ -128,12 +128,14 @@ async def one_request(client, args, role, rng) -> Outcome:
             return out
         stream, text_of = await _stream(client, args, kind, rng)
         leave_after = rng.randint(0, 3) if role == "disconnect" else None
-        n_chunks = 0
+        n_chunks = n_text = 0
         async for chunk in stream:
             if chunk.usage is not None:
                 out.tokens = chunk.usage.completion_tokens
-            if text_of(chunk) and out.ttft_s is None:
-                out.ttft_s = time.monotonic() - t0
+            if text_of(chunk):
+                n_text += 1
+                if out.ttft_s is None:
+                    out.ttft_s = time.monotonic() - t0
             n_chunks += 1
             if leave_after is not None and n_chunks > leave_after:
                 await stream.close()
@@ -141,6 +143,8 @@ async def one_request(client, args, role, rng) -> Outcome:
             if role == "stalled" and n_chunks == 1:
                 await asyncio.sleep(args.stall_s)  # holds the connection without reading
         out.latency_s = time.monotonic() - t0
+        if not out.tokens:  # a server that sends no usage chunk (llama-cpp-python's): a chunk of text per token
+            out.tokens = n_text
         out.ok = True
     except openai.APIStatusError as e:
         out.error = f"HTTP {e.status_code}" + ("" if openai_shaped(e) else " (not an OpenAI error body)")
