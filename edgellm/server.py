@@ -193,6 +193,23 @@ def generation_kwargs(body: dict, fields: dict) -> dict:
 # The model slot
 # ---------------------------------------------------------------------------------------------------------------
 
+def _hand_over(loop, done, fn, *args) -> None:
+    """fn(*args), on the calling thread; its result, or the exception it raised, settles the future `done` on the
+    event loop (unless already settled, or the loop is closed: the server is exiting and nobody waits)."""
+    try:
+        method, value = done.set_result, fn(*args)
+    except BaseException as e:  # handed to the awaiting request
+        method, value = done.set_exception, e
+
+    def settle():
+        if not done.done():
+            method(value)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
+
+
 class ModelSlot:
     """The scheduler's admission, as the endpoints see it: n_slots sequences decode together, `waiting` requests
     queue behind them (at most max_queue, then 503), and run(fn) runs a request's blocking call (it waits on the
@@ -222,17 +239,9 @@ class ModelSlot:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
-        def settle(method, value):
-            if not done.done():
-                method(value)
-
         def job():
             try:
-                result = fn(*args)
-            except BaseException as e:  # handed to the awaiting request
-                loop.call_soon_threadsafe(settle, done.set_exception, e)
-            else:
-                loop.call_soon_threadsafe(settle, done.set_result, result)
+                _hand_over(loop, done, fn, *args)
             finally:
                 self.worker.release()
 
@@ -358,24 +367,10 @@ class _Pump:
     def _run(self):
         try:
             while (done := self.asks.get()) is not None:
-                try:
-                    chunk = next(self.gen, None)
-                except BaseException as e:  # handed to the awaiting stream
-                    self._settle(done, done.set_exception, e)
-                else:
-                    self._settle(done, done.set_result, chunk)
+                _hand_over(self.loop, done, next, self.gen, None)
         finally:
             self.gen.close()
             self.on_exit()
-
-    def _settle(self, done, method, value):
-        def settle():
-            if not done.done():
-                method(value)
-        try:
-            self.loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the event loop is closed (the server is exiting): nobody waits
-            pass
 
     async def next(self):
         done = self.loop.create_future()
