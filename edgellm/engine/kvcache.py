@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgellm.engine import kvtypes, ops
+from edgellm.engine import kvtypes, ops, prefix
 from edgellm.errors import ModelError
 
 EMPTY_SLOT = -1
@@ -217,11 +217,8 @@ class KVCache:
         if (src.capacities != self.capacities or src.kv_type.name != self.kv_type.name or src.n_head_kv != self.n_head_kv
                 or src.head_dim != self.head_dim or not 0 < n <= src.n_past or src.n_shifted):
             return False
-        for layer in src.layers:
-            first = max(0, n - layer.window + 1) if layer.window else 0
-            needed = np.arange(first, n, dtype=np.int64)
-            if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
-                return False
+        if not prefix.next_query_sees(src.layers, n):
+            return False
         self.reset()
         for dst, layer in zip(self.layers, src.layers):
             held = np.flatnonzero((layer.slot_pos != EMPTY_SLOT) & (layer.slot_pos < n))

@@ -44,18 +44,23 @@ def plan(cached_tokens, cached_kinds, ids, step: int, row_kinds):
     return 0, batches
 
 
-def rewind(cache, n: int) -> bool:
-    """Make a KVCache hold positions [0, n) only; False when that is impossible (a window ring already overwrote
-    positions the next token must see), in which case the caller starts from an empty cache."""
-    layers = getattr(cache, "layers", None)
-    if layers is None or n > cache.n_past:
-        return False
+def next_query_sees(layers, n: int) -> bool:
+    """Whether every position a query at n attends to, n - window < p < n (all of [0, n) without a window), is still
+    in its slot of each layer's ring."""
     for layer in layers:
-        # the next query, at position n, attends to positions n - window < p < n (all of [0, n) without a window)
         first = max(0, n - layer.window + 1) if layer.window else 0
         needed = np.arange(first, n, dtype=np.int64)
         if needed.size and not np.array_equal(layer.slot_pos[needed % layer.slot_pos.shape[0]], needed):
             return False
+    return True
+
+
+def rewind(cache, n: int) -> bool:
+    """Make a KVCache hold positions [0, n) only; False when that is impossible (a window ring already overwrote
+    positions the next token must see), in which case the caller starts from an empty cache."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or n > cache.n_past or not next_query_sees(layers, n):
+        return False
     for layer in layers:
         layer.slot_pos[layer.slot_pos >= n] = -1  # kvcache.EMPTY_SLOT
     cache.n_past = n

@@ -490,19 +490,18 @@ class Scheduler:
         ids, have = request.ids, len(slot.tokens)
         if not self.engine.reusable or len(ids) > self.seq_ctx:
             return
-        donors = sorted(((self._plan(s.tokens, s.kinds, ids), s.index) for s in self.slots
-                         if s is not slot and len(s.tokens) > have), reverse=True)
-        for n, index in donors:
+        step = self._step(len(ids))
+        plans = [(prefix.plan(s.tokens, s.kinds, ids, step, self.row_kinds), s) for s in self.slots
+                 if s is not slot and len(s.tokens) > have]
+        for (n, batches), donor in sorted(plans, key=lambda p: p[0][0], reverse=True):
             if n <= have:
                 break
-            donor = self.slots[index]
             if slot.cache.copy_prefix(donor.cache, n):
-                planned, batches = prefix.plan(donor.tokens, donor.kinds, ids, self._step(len(ids)), self.row_kinds)
-                slot.tokens, slot.kinds = list(ids[:planned]), list(donor.kinds[:planned])
+                slot.tokens, slot.kinds = list(ids[:n]), list(donor.kinds[:n])
                 slot.batches = self._chunks(batches)
-                self.stats["reused_tokens"] += planned - request.reused
-                self.stats["shared_tokens"] += planned - have
-                request.reused = planned
+                self.stats["reused_tokens"] += n - request.reused
+                self.stats["shared_tokens"] += n - have
+                request.reused = n
                 return
 
     def _decode_step(self) -> bool:
