@@ -14,6 +14,8 @@ from .kernels_kquant import (ROW_CHUNK, _decoded_dot, _group_q4_k, _group_q6_k, 
                              _scales_q6_k, _scales_q45_k)
 from .dots_block32 import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
+from .simd import (f32x16_fma, f32x16_mul, f32x16_splat, load_f32x16, q4_k_pair_sums_1x1, q4_k_pair_sums_2x4,
+                   q6_k_superblock_sums_1x1, q6_k_superblock_sums_2x4, store_f32x16)
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
                    f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_byte_pairs,
@@ -324,6 +326,151 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
                     t = _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out)
 
 
+# The 512-bit prompt gemms (simd.HAS_WIDE_TILES; Q4_K here, Q6_K below): the same per-token arithmetic as
+# _gemm_q4_k_decoded, with sixteen tokens in the lanes of one vector. Weights are read as packed from the file, a 4-byte word broadcast to
+# every lane and masked to its nibbles, so no rows are decoded; the gemm tokens' activations are interleaved once
+# per call (WIDE_LANES tokens x 4 bytes per 64-byte step), and each activation load serves two rows.
+WIDE_LANES = 16
+WIDE_ROWS = 16  # rows per block: the block's accumulators and one super-block of activations stay in L1
+WIDE_PARTS = 64  # runs of blocks shared out to the threads
+
+
+@njit(cache=True, inline="always")
+def _wide_scales(w, o, p):
+    """Group pair p's (scale 2p, scale 2p+1, min 2p, min 2p+1) and the super-block's (d, dmin) as 16-lane splats."""
+    scales, mins = k_scales_mins(w, o + 4)
+    return (f32x16_splat(_F32((scales >> (16 * p)) & 63)), f32x16_splat(_F32((scales >> (16 * p + 8)) & 63)),
+            f32x16_splat(_F32((mins >> (16 * p)) & 63)), f32x16_splat(_F32((mins >> (16 * p + 8)) & 63)),
+            f32x16_splat(load_f16(w, o)), f32x16_splat(load_f16(w, o + 2)))
+
+
+@njit(cache=True, inline="always")
+def _wide_pair(acc, mn, ao, s0, s1, scales, b0, b1, dx):
+    """One group pair into a row's accumulators for sixteen tokens, as _gemm_q4_k_decoded's two FMAs: acc += (s0 sc0
+    + s1 sc1) (d dx), mn += (min0 b0 + min1 b1) (dmin dx). The integer products and sums are below 2**24, so the
+    float arithmetic before the FMAs is exact and gives the scalar kernel's integers."""
+    sc0, sc1, m0, m1, d, dmin = scales
+    isum = f32x16_fma(f32x16_mul(s0, sc0), s1, sc1)
+    store_f32x16(acc, ao, f32x16_fma(load_f32x16(acc, ao), isum, f32x16_mul(d, dx)))
+    msum = f32x16_fma(f32x16_mul(m0, b0), m1, b1)
+    store_f32x16(mn, ao, f32x16_fma(load_f32x16(mn, ao), msum, f32x16_mul(dmin, dx)))
+
+
+@njit(cache=True)
+def _wide_superblock(w, o, row_bytes, two, xt, xdt, bt, b, n_in, v0, four, acc, mn, ao, per_row):
+    """Super-block b of the row at byte o and, where `two`, the next row (its accumulators per_row lanes on), times
+    token vectors v0..v0+3 where `four`, else v0 alone."""
+    nsb, n32, tvs = n_in // 256, n_in // 32, n_in * WIDE_LANES
+    for p in range(4):
+        xo, g = v0 * tvs + (256 * b + 64 * p) * WIDE_LANES, 8 * b + 2 * p
+        first = _wide_scales(w, o, p)
+        if two and four:
+            second = _wide_scales(w, o + row_bytes, p)
+            s = q4_k_pair_sums_2x4(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
+            for j in range(4):
+                v = v0 + j
+                dx = load_f32x16(xdt, (v * nsb + b) * WIDE_LANES)
+                b0, b1 = load_f32x16(bt, (v * n32 + g) * WIDE_LANES), load_f32x16(bt, (v * n32 + g + 1) * WIDE_LANES)
+                _wide_pair(acc, mn, ao + v * WIDE_LANES, s[j], s[4 + j], first, b0, b1, dx)
+                _wide_pair(acc, mn, ao + per_row + v * WIDE_LANES, s[8 + j], s[12 + j], second,
+                           b0, b1, dx)
+        else:
+            s0, s1 = q4_k_pair_sums_1x1(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
+            _wide_pair(acc, mn, ao + v0 * WIDE_LANES, s0, s1, first, load_f32x16(bt, (v0 * n32 + g) * WIDE_LANES),
+                       load_f32x16(bt, (v0 * n32 + g + 1) * WIDE_LANES), load_f32x16(xdt, (v0 * nsb + b) * WIDE_LANES))
+
+
+@njit(cache=True)
+def _gemm_tokens(kinds):
+    """The indices of the tokens with kinds[t] set, in order."""
+    n_g = 0
+    for t in range(kinds.shape[0]):
+        n_g += kinds[t] != 0
+    toks = np.empty(n_g, np.int64)
+    n_g = 0
+    for t in range(kinds.shape[0]):
+        if kinds[t]:
+            toks[n_g] = t
+            n_g += 1
+    return toks
+
+
+@njit(cache=True)
+def _wide_tokens(xq, xd, toks, n_in):
+    """The tokens toks' activations interleaved for the lanes, WIDE_LANES tokens a vector: (xt, four bytes a token per
+    64-byte step; xdt, their super-block scales side by side). Lanes past the last token are 0."""
+    nsb, n4 = n_in // 256, n_in // 4
+    n_tv = (toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES
+    xt, xdt = np.zeros(n_tv * WIDE_LANES * n_in, np.int8), np.zeros(n_tv * nsb * WIDE_LANES, np.float32)
+    x32, xt32 = xq.view(np.int32), xt.view(np.int32)
+    for j in range(toks.shape[0]):
+        t, v, lane = toks[j], j // WIDE_LANES, j % WIDE_LANES
+        for k in range(n4):
+            xt32[(v * n4 + k) * WIDE_LANES + lane] = x32[t * n4 + k]
+        for b in range(nsb):
+            xdt[(v * nsb + b) * WIDE_LANES + lane] = xd[t * nsb + b]
+    return xt, xdt
+
+
+@njit(cache=True)
+def _wide_sums32(bsums, toks, n_in):
+    """Each token's activation sums per 32 values (Q4_K's groups) as float, exact, in the lanes."""
+    n32 = n_in // 32
+    bt = np.zeros(((toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES) * n32 * WIDE_LANES, np.float32)
+    for j in range(toks.shape[0]):
+        t, v, lane = toks[j], j // WIDE_LANES, j % WIDE_LANES
+        for g in range(n32):
+            bt[(v * n32 + g) * WIDE_LANES + lane] = _F32(bsums[t * 2 * n32 + 2 * g] + bsums[t * 2 * n32 + 2 * g + 1])
+    return bt
+
+
+@njit(cache=True)
+def _wide_block_q4_k(w, row_bytes, r0, n_rows, n_in, xt, xdt, bt, n_tv, acc, mn):
+    """Rows r0..r0 + n_rows for every token vector: acc and mn (per row, n_tv * WIDE_LANES lanes) from zero."""
+    acc[:] = 0
+    mn[:] = 0
+    per_row = n_tv * WIDE_LANES
+    for b in range(n_in // 256):
+        v0 = 0
+        while v0 < n_tv:
+            four = v0 + 4 <= n_tv
+            r = 0
+            while r < n_rows:
+                two = four and r + 1 < n_rows
+                _wide_superblock(w, (r0 + r) * row_bytes + 144 * b, row_bytes, two, xt, xdt, bt, b, n_in, v0, four,
+                                 acc, mn, r * per_row, per_row)
+                r += 2 if two else 1
+            v0 += 4 if four else 1
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """matmul_q4_k's bits with sixteen gemm tokens per vector (above; simd.HAS_WIDE_TILES only): blocks of WIDE_ROWS
+    rows in WIDE_PARTS runs, each run with its own accumulators; the gemv's tokens as matmul_q4_k."""
+    n_tokens, n_in = x.shape
+    nsb, n_out = n_in // 256, out.shape[1]
+    _quantize_tokens(x, xq, xd, bsums, kinds)
+    toks = _gemm_tokens(kinds)
+    n_tv = (toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES
+    xt, xdt = _wide_tokens(xq, xd, toks, n_in)
+    bt = _wide_sums32(bsums, toks, n_in)
+    n_blocks = (n_out + WIDE_ROWS - 1) // WIDE_ROWS
+    n_parts = min(n_blocks, WIDE_PARTS)
+    for part in prange(n_parts):  # accumulators per part, not per block: fewer allocations
+        acc = np.empty(WIDE_ROWS * n_tv * WIDE_LANES, np.float32)
+        mn = np.empty(WIDE_ROWS * n_tv * WIDE_LANES, np.float32)
+        for blk in range(part * n_blocks // n_parts, (part + 1) * n_blocks // n_parts):
+            r0 = blk * WIDE_ROWS
+            n_rows = min(WIDE_ROWS, n_out - r0)
+            _wide_block_q4_k(w, row_bytes, r0, n_rows, n_in, xt, xdt, bt, n_tv, acc, mn)
+            for r in range(n_rows):
+                for j in range(toks.shape[0]):
+                    out[toks[j], r0 + r] = acc[r * n_tv * WIDE_LANES + j] - mn[r * n_tv * WIDE_LANES + j]
+                for t in range(n_tokens):
+                    if not kinds[t]:
+                        out[t, r0 + r] = vec_dot_q4_k_q8_k(w, (r0 + r) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+
+
 # --- Q6_K ---------------------------------------------------------------------------------------------------
 
 
@@ -453,3 +600,91 @@ def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
     for r in prange(out.shape[1]):
         for t in range(n_tokens):
             out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+
+
+# The 512-bit Q6_K prompt matmul (simd.HAS_WIDE_TILES): _tiled_q6_k_decoded's arithmetic with sixteen tokens in the
+# lanes of a vector, as matmul_q4_k_wide; the rows' 6-bit codes decoded once per block of rows, each 4-byte word of
+# them broadcast from memory, and each sub-block's dot started at -32 x its activation sum (the codes' offset).
+
+
+@njit(cache=True)
+def _wide_offsets16(bsums, toks, n_in):
+    """-32 x each token's activation sum per 16 values (Q6_K's sub-blocks), int32, in the lanes."""
+    n16 = n_in // 16
+    offs = np.zeros(((toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES) * n16 * WIDE_LANES, np.int32)
+    for j in range(toks.shape[0]):
+        t, v, lane = toks[j], j // WIDE_LANES, j % WIDE_LANES
+        for k in range(n16):
+            offs[(v * n16 + k) * WIDE_LANES + lane] = -32 * bsums[t * n16 + k]
+    return offs
+
+
+@njit(cache=True, inline="always")
+def _wide_q6_k(acc, ao, total, d, dx):
+    """acc += (d_w * float(total)) * d_x with one rounding, as _tiled_q6_k_decoded, for sixteen tokens."""
+    store_f32x16(acc, ao, f32x16_fma(load_f32x16(acc, ao), f32x16_mul(d, total), dx))
+
+
+@njit(cache=True)
+def _wide_block_q6_k(w, row_bytes, r0, n_rows, n_in, codes, xt, xdt, offs, n_tv, acc):
+    """Rows r0..r0 + n_rows for every token vector into acc (per row, n_tv * WIDE_LANES lanes, from zero)."""
+    nsb, n16, L = n_in // 256, n_in // 16, WIDE_LANES
+    for r in range(n_rows):
+        for b in range(nsb):
+            o = (r0 + r) * row_bytes + 210 * b
+            for g in range(8):
+                store_i8x32(codes, r * n_in + 256 * b + 32 * g, _codes_q6_k(w, o, g))
+    acc[:] = 0
+    per_row = n_tv * L
+    for b in range(nsb):
+        v0 = 0
+        while v0 < n_tv:
+            four = v0 + 4 <= n_tv
+            r = 0
+            while r < n_rows:
+                o, co, xo, oo = (r0 + r) * row_bytes + 210 * b, r * n_in + 256 * b, v0 * n_in * L + 256 * b * L, \
+                    (v0 * n16 + 16 * b) * L
+                d = f32x16_splat(load_f16(w, o + 208))
+                if four and r + 1 < n_rows:
+                    s = q6_k_superblock_sums_2x4(codes, co, n_in, w, o + 192, row_bytes, xt, xo, n_in * L, offs, oo,
+                                                 n16 * L)
+                    d2 = f32x16_splat(load_f16(w, o + row_bytes + 208))
+                    for j in range(4):
+                        dx = load_f32x16(xdt, ((v0 + j) * nsb + b) * L)
+                        _wide_q6_k(acc, r * per_row + (v0 + j) * L, s[j], d, dx)
+                        _wide_q6_k(acc, (r + 1) * per_row + (v0 + j) * L, s[4 + j], d2, dx)
+                    r += 2
+                else:
+                    s = q6_k_superblock_sums_1x1(codes, co, n_in, w, o + 192, row_bytes, xt, xo, n_in * L, offs, oo,
+                                                 n16 * L)
+                    _wide_q6_k(acc, r * per_row + v0 * L, s[0], d, load_f32x16(xdt, (v0 * nsb + b) * L))
+                    r += 1
+            v0 += 4 if four else 1
+
+
+@njit(parallel=True, cache=True)
+def matmul_q6_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
+    """matmul_q6_k's bits with sixteen tiled tokens per vector (above; simd.HAS_WIDE_TILES only), in the row blocks
+    and runs of matmul_q4_k_wide; vec_dot's tokens as matmul_q6_k."""
+    _quantize_tokens(x, xq, xd, bsums)
+    n_tokens, n_in = x.shape
+    nsb, n_out = n_in // 256, out.shape[1]
+    toks = _gemm_tokens(kinds)
+    n_tv = (toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES
+    xt, xdt = _wide_tokens(xq, xd, toks, n_in)
+    offs = _wide_offsets16(bsums, toks, n_in)
+    n_blocks = (n_out + WIDE_ROWS - 1) // WIDE_ROWS
+    n_parts = min(n_blocks, WIDE_PARTS)
+    for part in prange(n_parts):
+        acc = np.empty(WIDE_ROWS * n_tv * WIDE_LANES, np.float32)
+        codes = np.empty(WIDE_ROWS * n_in, np.int8)
+        for blk in range(part * n_blocks // n_parts, (part + 1) * n_blocks // n_parts):
+            r0 = blk * WIDE_ROWS
+            n_rows = min(WIDE_ROWS, n_out - r0)
+            _wide_block_q6_k(w, row_bytes, r0, n_rows, n_in, codes, xt, xdt, offs, n_tv, acc)
+            for r in range(n_rows):
+                for j in range(toks.shape[0]):
+                    out[toks[j], r0 + r] = acc[r * n_tv * WIDE_LANES + j]
+                for t in range(n_tokens):
+                    if not kinds[t]:
+                        out[t, r0 + r] = vec_dot_q6_k_q8_k(w, (r0 + r) * row_bytes, nsb, xq, t * n_in, xd, bsums)

@@ -24,6 +24,9 @@ A record's fields:
                    (ROWS_*): its matmul then takes kinds[t] per token (row_kinds_of); or None
   few              with row_kinds: the matmul module also has matmul_<fmt>_few, for batches with no eight-token
                    work, which compiles much less (decode and short prompts)
+  wide_from        with row_kinds: the matmul module also has matmul_<fmt>_wide (the same bits, sixteen tokens per
+                   512-bit vector), run on CPUs with simd.HAS_WIDE_TILES for batches of at least this many gemm
+                   tokens; 0 for none
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
   rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
                    backend repacks at load and multiplies in its own order (Q4_0, MXFP4), or None; that module also
@@ -74,6 +77,7 @@ class FormatKernels:
     kgroups: tuple[str, bool] | None = None
     row_kinds: str | None = None
     few: bool = False
+    wide_from: int = 0
 
     @property
     def format(self) -> BlockFormat:
@@ -110,7 +114,12 @@ class FormatKernels:
     def row_kinds_kernel(self, kinds: np.ndarray):
         """Numba: the matmul for a batch of these row kinds: matmul_<fmt>_few where the format has one and the batch
         has no eight-token work (gemm4: no aligned group of eight gemm tokens; tiled8: no tiled token), which spares
-        decode and short prompts the eight-token kernels' compilation; else matmul_<fmt>."""
+        decode and short prompts the eight-token kernels' compilation; matmul_<fmt>_wide for enough gemm tokens where
+        the CPU has the 512-bit tiles; else matmul_<fmt>."""
+        if self.wide_from and int(np.count_nonzero(kinds)) >= self.wide_from:
+            from .simd.host import HAS_WIDE_TILES  # (here: importing the registry loads no numba)
+            if HAS_WIDE_TILES:
+                return _attr(self.matmul, f"matmul_{self.suffix}_wide")
         if self.few:
             if self.row_kinds == ROWS_TILED8:
                 eight = bool(kinds.any())
@@ -176,12 +185,12 @@ def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", bl
 
 
 def _kquant(name: str, kgroups: tuple[str, bool] | None = None, row_kinds: str | None = None,
-            quantizer: bool = True, cuda: bool = False) -> FormatKernels:
+            quantizer: bool = True, cuda: bool = False, wide_from: int = 0) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, Q8_K, f"reference:dequantize_{low}", f"kquants_quantize:quantize_{low}",
                          f"kernels_dequant:block_{low}", matmul="matmul_kgroups" if kgroups else "matmul_kquant",
                          quantizer=f"quantize_kernels:quantize_block_{low}" if quantizer else None, cuda=cuda,
-                         kgroups=kgroups, row_kinds=row_kinds, few=row_kinds is not None)
+                         kgroups=kgroups, row_kinds=row_kinds, few=row_kinds is not None, wide_from=wide_from)
 
 
 RECORDS: tuple[FormatKernels, ...] = (
@@ -195,9 +204,9 @@ RECORDS: tuple[FormatKernels, ...] = (
     _block32("Q8_0", DRIVER_PLAIN, "Q8_0_TILE_OFFSET"),
     _kquant("Q2_K", kgroups=("_scales_q2_k", False)),
     _kquant("Q3_K", kgroups=("_scales_q3_k", True)),
-    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True),
+    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True, wide_from=16),  # faster from 16 (docs/kernels.md)
     _kquant("Q5_K", kgroups=("_scales_q45_k", False), cuda=True),
-    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True),
+    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=16),
     _kquant("Q8_K", kgroups=("_scales_q8_k", True), quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False),

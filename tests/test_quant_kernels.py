@@ -551,6 +551,109 @@ def test_512_bit_tile_intrinsics_match_numpy():
                 np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
 
 
+@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
+def test_q4_k_pair_sums_match_numpy():
+    """The Q4_K tokens-in-lanes sums against numpy: for each row, group (low nibbles, then high) and vector of sixteen
+    tokens, the exact integer dot of the 32 quants with each token's 32 activations, as float lanes."""
+    from edgellm.quant.simd import q4_k_pair_sums_1x1, q4_k_pair_sums_2x4, store_f32x16
+
+    @njit
+    def sums_2x4(w, row_stride, xt, tv_stride, out):
+        s = q4_k_pair_sums_2x4(w, 3, row_stride, xt, 5, tv_stride)
+        for i in range(len(s)):
+            store_f32x16(out, 16 * i, s[i])
+
+    @njit
+    def sums_1x1(w, row_stride, xt, tv_stride, out):
+        s = q4_k_pair_sums_1x1(w, 3, row_stride, xt, 5, tv_stride)
+        for i in range(len(s)):
+            store_f32x16(out, 16 * i, s[i])
+
+    rng = np.random.default_rng(31)
+    row_stride, tv_stride = 40, 1100
+    for two in (False, True):
+        rows, tvecs = (2, 4) if two else (1, 1)
+        w = rng.integers(0, 256, 3 + row_stride * rows).astype(np.uint8)
+        xt = rng.integers(-128, 128, 5 + tv_stride * tvecs).astype(np.int8)
+        out = np.empty(2 * rows * tvecs * 16, np.float32)
+        (sums_2x4 if two else sums_1x1)(w, row_stride, xt, tv_stride, out)
+        got = out.reshape(rows, 2, tvecs, 16)
+        for r in range(rows):
+            packed = w[3 + r * row_stride: 3 + r * row_stride + 32].astype(np.int64)
+            for g, q in enumerate((packed & 15, packed >> 4)):
+                for v in range(tvecs):
+                    steps = xt[5 + v * tv_stride + 512 * g: 5 + v * tv_stride + 512 * (g + 1)].astype(np.int64)
+                    x = steps.reshape(8, 16, 4).transpose(1, 0, 2).reshape(16, 32)  # token, then its 32 values
+                    np.testing.assert_array_equal(got[r, g, v], (x @ q).astype(np.float32))
+
+
+@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
+def test_q6_k_superblock_sums_match_numpy():
+    """The Q6_K tokens-in-lanes totals against numpy: per row and vector of sixteen tokens, the exact sum over the 16
+    sub-blocks of scale x (codes x activations + the starting lanes), as float lanes."""
+    from edgellm.quant.simd import q6_k_superblock_sums_1x1, q6_k_superblock_sums_2x4, store_f32x16
+
+    @njit
+    def sums_2x4(codes, w, xt, offs, out):
+        s = q6_k_superblock_sums_2x4(codes, 2, 300, w, 1, 20, xt, 3, 4200, offs, 5, 270)
+        for i in range(len(s)):
+            store_f32x16(out, 16 * i, s[i])
+
+    @njit
+    def sums_1x1(codes, w, xt, offs, out):
+        s = q6_k_superblock_sums_1x1(codes, 2, 300, w, 1, 20, xt, 3, 4200, offs, 5, 270)
+        for i in range(len(s)):
+            store_f32x16(out, 16 * i, s[i])
+
+    rng = np.random.default_rng(32)
+    for two in (False, True):
+        rows, tvecs = (2, 4) if two else (1, 1)
+        codes = rng.integers(0, 64, 2 + 300 * rows).astype(np.int8)
+        w = rng.integers(0, 256, 1 + 20 * rows).astype(np.uint8)  # the scales: any int8
+        xt = rng.integers(-128, 128, 3 + 4200 * tvecs).astype(np.int8)
+        offs = rng.integers(-65536, 65536, 5 + 270 * tvecs).astype(np.int32)
+        out = np.empty(rows * tvecs * 16, np.float32)
+        (sums_2x4 if two else sums_1x1)(codes, w, xt, offs, out)
+        for r in range(rows):
+            q = codes[2 + 300 * r: 2 + 300 * r + 256].astype(np.int64).reshape(16, 16)
+            scale = w[1 + 20 * r: 1 + 20 * r + 16].view(np.int8).astype(np.int64)
+            for v in range(tvecs):
+                steps = xt[3 + 4200 * v: 3 + 4200 * v + 4096].astype(np.int64)
+                x = steps.reshape(64, 16, 4).transpose(1, 0, 2).reshape(16, 16, 16)  # token, sub-block, value
+                start = offs[5 + 270 * v: 5 + 270 * v + 256].astype(np.int64).reshape(16, 16).T  # token, sub-block
+                want = (((x * q).sum(axis=2) + start) * scale).sum(axis=1)
+                np.testing.assert_array_equal(out[(r * tvecs + v) * 16:(r * tvecs + v + 1) * 16],
+                                              want.astype(np.float32))
+
+
+@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n_out,n_in,sizes", [
+    (40, 512, (16,)),  # one token vector, one block of 16 rows and one of 8
+    (48, 768, (70,)),  # four token vectors and one more, the last one part-filled; gemv tokens at the end
+    (56, 256, (3, 5, 36, 1, 17)),  # gemm and gemv tokens interleaved, sequences of every kind
+    (64, 1024, (133,)),
+])
+def test_wide_kquant_matmul_gives_the_narrow_bits(name, n_out, n_in, sizes):
+    """matmul_q4_k_wide and matmul_q6_k_wide (sixteen tokens per 512-bit vector) give matmul_q4_k's and
+    matmul_q6_k's bits on every token, whichever of llama.cpp's kernels it stands for, and the registry runs them
+    from 16 such tokens on."""
+    from edgellm.quant import linear, matmul_kquant as mk
+    record = kernels_for(name)
+    narrow, wide = getattr(mk, f"matmul_{record.suffix}"), getattr(mk, f"matmul_{record.suffix}_wide")
+    layer = quant.QuantLinear(matrix(quant.format_by_name(name), n_out, n_in, seed=n_out), name, (n_out, n_in))
+    x = (np.random.default_rng(5).standard_normal((sum(sizes), n_in)) * 3).astype(np.float32)
+    kinds = record.row_kinds_of(n_out, sizes)
+    assert record.row_kinds_kernel(kinds) is wide
+    assert record.row_kinds_kernel(record.row_kinds_of(n_out, (15,))) is not wide
+    outs = []
+    for kernel in (narrow, wide):
+        out = np.full((len(kinds), n_out), np.nan, np.float32)
+        kernel(layer.data, layer.row_bytes, x, *linear._ActivationScratch(Q8_K, n_in).reserve(len(kinds)), out, kinds)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32))
+
+
 def test_dot_with_starting_lanes_matches_numpy():
     """simd.dot_u8x32_plus (the Q4_0/Q5_0 tiles' dot, vpdpbusd's accumulator where the CPU has VNNI): eight int32
     starting values plus each lane's four unsigned x signed products, as numpy sums them in int64."""
