@@ -14,8 +14,8 @@ from .kernels_kquant import (ROW_CHUNK, _decoded_dot, _group_q4_k, _group_q6_k, 
                              _scales_q6_k, _scales_q45_k)
 from .dots_block32 import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
-from .simd import (f32x16_fma, f32x16_mul, f32x16_splat, load_f32x16, q4_k_pair_sums_1x1, q4_k_pair_sums_2x4,
-                   q6_k_superblock_sums_1x1, q6_k_superblock_sums_2x4, store_f32x16)
+from .simd import (LANES, TILE_VECTORS, lanes_fma, lanes_mul, lanes_splat, load_lanes, q4_k_pair_sums_1x1,
+                   q4_k_pair_sums_tile, q6_k_superblock_sums_1x1, q6_k_superblock_sums_tile, store_lanes)
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
                    f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_byte_pairs,
@@ -326,58 +326,59 @@ def matmul_q4_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
                     t = _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, xd, bsums, out)
 
 
-# The 512-bit prompt gemms (simd.HAS_WIDE_TILES; Q4_K here, Q6_K below): the same per-token arithmetic as
-# _gemm_q4_k_decoded, with sixteen tokens in the lanes of one vector. Weights are read as packed from the file, a 4-byte word broadcast to
-# every lane and masked to its nibbles, so no rows are decoded; the gemm tokens' activations are interleaved once
-# per call (WIDE_LANES tokens x 4 bytes per 64-byte step), and each activation load serves two rows.
-WIDE_LANES = 16
+# The wide prompt gemms (Q4_K here, Q6_K below): the same per-token arithmetic as _gemm_q4_k_decoded, with one token
+# per lane of a vector (simd.token_lanes: 16 with the 512-bit tiles, else 8). Weights are read as packed from the
+# file, a 4-byte word broadcast to every lane and masked to its nibbles, so no rows are decoded; the gemm tokens'
+# activations are interleaved once per call (WIDE_LANES tokens x 4 bytes a step), and each activation load serves
+# two rows.
+WIDE_LANES = LANES  # tokens a vector: 16 with simd.HAS_WIDE_TILES, else 8
 WIDE_ROWS = 16  # rows per block: the block's accumulators and one super-block of activations stay in L1
 WIDE_PARTS = 64  # runs of blocks shared out to the threads
 
 
 @njit(cache=True, inline="always")
 def _wide_scales(w, o, p):
-    """Group pair p's (scale 2p, scale 2p+1, min 2p, min 2p+1) and the super-block's (d, dmin) as 16-lane splats."""
+    """Group pair p's (scale 2p, scale 2p+1, min 2p, min 2p+1) and the super-block's (d, dmin) as splats."""
     scales, mins = k_scales_mins(w, o + 4)
-    return (f32x16_splat(_F32((scales >> (16 * p)) & 63)), f32x16_splat(_F32((scales >> (16 * p + 8)) & 63)),
-            f32x16_splat(_F32((mins >> (16 * p)) & 63)), f32x16_splat(_F32((mins >> (16 * p + 8)) & 63)),
-            f32x16_splat(load_f16(w, o)), f32x16_splat(load_f16(w, o + 2)))
+    return (lanes_splat(_F32((scales >> (16 * p)) & 63)), lanes_splat(_F32((scales >> (16 * p + 8)) & 63)),
+            lanes_splat(_F32((mins >> (16 * p)) & 63)), lanes_splat(_F32((mins >> (16 * p + 8)) & 63)),
+            lanes_splat(load_f16(w, o)), lanes_splat(load_f16(w, o + 2)))
 
 
 @njit(cache=True, inline="always")
 def _wide_pair(acc, mn, ao, s0, s1, scales, b0, b1, dx):
-    """One group pair into a row's accumulators for sixteen tokens, as _gemm_q4_k_decoded's two FMAs: acc += (s0 sc0
+    """One group pair into a row's accumulators for a vector of tokens, as _gemm_q4_k_decoded's two FMAs: acc += (s0 sc0
     + s1 sc1) (d dx), mn += (min0 b0 + min1 b1) (dmin dx). The integer products and sums are below 2**24, so the
     float arithmetic before the FMAs is exact and gives the scalar kernel's integers."""
     sc0, sc1, m0, m1, d, dmin = scales
-    isum = f32x16_fma(f32x16_mul(s0, sc0), s1, sc1)
-    store_f32x16(acc, ao, f32x16_fma(load_f32x16(acc, ao), isum, f32x16_mul(d, dx)))
-    msum = f32x16_fma(f32x16_mul(m0, b0), m1, b1)
-    store_f32x16(mn, ao, f32x16_fma(load_f32x16(mn, ao), msum, f32x16_mul(dmin, dx)))
+    isum = lanes_fma(lanes_mul(s0, sc0), s1, sc1)
+    store_lanes(acc, ao, lanes_fma(load_lanes(acc, ao), isum, lanes_mul(d, dx)))
+    msum = lanes_fma(lanes_mul(m0, b0), m1, b1)
+    store_lanes(mn, ao, lanes_fma(load_lanes(mn, ao), msum, lanes_mul(dmin, dx)))
 
 
 @njit(cache=True)
-def _wide_superblock(w, o, row_bytes, two, xt, xdt, bt, b, n_in, v0, four, acc, mn, ao, per_row):
+def _wide_superblock(w, o, row_bytes, two, xt, xdt, bt, b, n_in, v0, tile, acc, mn, ao, per_row):
     """Super-block b of the row at byte o and, where `two`, the next row (its accumulators per_row lanes on), times
-    token vectors v0..v0+3 where `four`, else v0 alone."""
+    token vectors v0..v0 + TILE_VECTORS - 1 where `tile`, else v0 alone."""
     nsb, n32, tvs = n_in // 256, n_in // 32, n_in * WIDE_LANES
     for p in range(4):
         xo, g = v0 * tvs + (256 * b + 64 * p) * WIDE_LANES, 8 * b + 2 * p
         first = _wide_scales(w, o, p)
-        if two and four:
+        if two and tile:
             second = _wide_scales(w, o + row_bytes, p)
-            s = q4_k_pair_sums_2x4(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
-            for j in range(4):
+            s = q4_k_pair_sums_tile(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
+            for j in range(TILE_VECTORS):
                 v = v0 + j
-                dx = load_f32x16(xdt, (v * nsb + b) * WIDE_LANES)
-                b0, b1 = load_f32x16(bt, (v * n32 + g) * WIDE_LANES), load_f32x16(bt, (v * n32 + g + 1) * WIDE_LANES)
-                _wide_pair(acc, mn, ao + v * WIDE_LANES, s[j], s[4 + j], first, b0, b1, dx)
-                _wide_pair(acc, mn, ao + per_row + v * WIDE_LANES, s[8 + j], s[12 + j], second,
-                           b0, b1, dx)
+                dx = load_lanes(xdt, (v * nsb + b) * WIDE_LANES)
+                b0, b1 = load_lanes(bt, (v * n32 + g) * WIDE_LANES), load_lanes(bt, (v * n32 + g + 1) * WIDE_LANES)
+                _wide_pair(acc, mn, ao + v * WIDE_LANES, s[j], s[TILE_VECTORS + j], first, b0, b1, dx)
+                _wide_pair(acc, mn, ao + per_row + v * WIDE_LANES, s[2 * TILE_VECTORS + j], s[3 * TILE_VECTORS + j],
+                           second, b0, b1, dx)
         else:
             s0, s1 = q4_k_pair_sums_1x1(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
-            _wide_pair(acc, mn, ao + v0 * WIDE_LANES, s0, s1, first, load_f32x16(bt, (v0 * n32 + g) * WIDE_LANES),
-                       load_f32x16(bt, (v0 * n32 + g + 1) * WIDE_LANES), load_f32x16(xdt, (v0 * nsb + b) * WIDE_LANES))
+            _wide_pair(acc, mn, ao + v0 * WIDE_LANES, s0, s1, first, load_lanes(bt, (v0 * n32 + g) * WIDE_LANES),
+                       load_lanes(bt, (v0 * n32 + g + 1) * WIDE_LANES), load_lanes(xdt, (v0 * nsb + b) * WIDE_LANES))
 
 
 @njit(cache=True)
@@ -433,20 +434,20 @@ def _wide_block_q4_k(w, row_bytes, r0, n_rows, n_in, xt, xdt, bt, n_tv, acc, mn)
     for b in range(n_in // 256):
         v0 = 0
         while v0 < n_tv:
-            four = v0 + 4 <= n_tv
+            tile = v0 + TILE_VECTORS <= n_tv
             r = 0
             while r < n_rows:
-                two = four and r + 1 < n_rows
-                _wide_superblock(w, (r0 + r) * row_bytes + 144 * b, row_bytes, two, xt, xdt, bt, b, n_in, v0, four,
+                two = tile and r + 1 < n_rows
+                _wide_superblock(w, (r0 + r) * row_bytes + 144 * b, row_bytes, two, xt, xdt, bt, b, n_in, v0, tile,
                                  acc, mn, r * per_row, per_row)
                 r += 2 if two else 1
-            v0 += 4 if four else 1
+            v0 += TILE_VECTORS if tile else 1
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """matmul_q4_k's bits with sixteen gemm tokens per vector (above; simd.HAS_WIDE_TILES only): blocks of WIDE_ROWS
-    rows in WIDE_PARTS runs, each run with its own accumulators; the gemv's tokens as matmul_q4_k."""
+    """matmul_q4_k's bits with a gemm token per vector lane (above): blocks of WIDE_ROWS rows in WIDE_PARTS runs,
+    each run with its own accumulators; the gemv's tokens as matmul_q4_k."""
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
@@ -602,9 +603,9 @@ def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
             out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
 
 
-# The 512-bit Q6_K prompt matmul (simd.HAS_WIDE_TILES): _tiled_q6_k_decoded's arithmetic with sixteen tokens in the
-# lanes of a vector, as matmul_q4_k_wide; the rows' 6-bit codes decoded once per block of rows, each 4-byte word of
-# them broadcast from memory, and each sub-block's dot started at -32 x its activation sum (the codes' offset).
+# The wide Q6_K prompt matmul: _tiled_q6_k_decoded's arithmetic with a token per vector lane, as matmul_q4_k_wide;
+# the rows' 6-bit codes decoded once per block of rows, each 4-byte word of them broadcast from memory, and each
+# sub-block's dot started at -32 x its activation sum (the codes' offset).
 
 
 @njit(cache=True)
@@ -621,8 +622,8 @@ def _wide_offsets16(bsums, toks, n_in):
 
 @njit(cache=True, inline="always")
 def _wide_q6_k(acc, ao, total, d, dx):
-    """acc += (d_w * float(total)) * d_x with one rounding, as _tiled_q6_k_decoded, for sixteen tokens."""
-    store_f32x16(acc, ao, f32x16_fma(load_f32x16(acc, ao), f32x16_mul(d, total), dx))
+    """acc += (d_w * float(total)) * d_x with one rounding, as _tiled_q6_k_decoded, for a vector of tokens."""
+    store_lanes(acc, ao, lanes_fma(load_lanes(acc, ao), lanes_mul(d, total), dx))
 
 
 @njit(cache=True)
@@ -639,33 +640,33 @@ def _wide_block_q6_k(w, row_bytes, r0, n_rows, n_in, codes, xt, xdt, offs, n_tv,
     for b in range(nsb):
         v0 = 0
         while v0 < n_tv:
-            four = v0 + 4 <= n_tv
+            tile = v0 + TILE_VECTORS <= n_tv
             r = 0
             while r < n_rows:
                 o, co, xo, oo = (r0 + r) * row_bytes + 210 * b, r * n_in + 256 * b, v0 * n_in * L + 256 * b * L, \
                     (v0 * n16 + 16 * b) * L
-                d = f32x16_splat(load_f16(w, o + 208))
-                if four and r + 1 < n_rows:
-                    s = q6_k_superblock_sums_2x4(codes, co, n_in, w, o + 192, row_bytes, xt, xo, n_in * L, offs, oo,
+                d = lanes_splat(load_f16(w, o + 208))
+                if tile and r + 1 < n_rows:
+                    s = q6_k_superblock_sums_tile(codes, co, n_in, w, o + 192, row_bytes, xt, xo, n_in * L, offs, oo,
                                                  n16 * L)
-                    d2 = f32x16_splat(load_f16(w, o + row_bytes + 208))
-                    for j in range(4):
-                        dx = load_f32x16(xdt, ((v0 + j) * nsb + b) * L)
+                    d2 = lanes_splat(load_f16(w, o + row_bytes + 208))
+                    for j in range(TILE_VECTORS):
+                        dx = load_lanes(xdt, ((v0 + j) * nsb + b) * L)
                         _wide_q6_k(acc, r * per_row + (v0 + j) * L, s[j], d, dx)
-                        _wide_q6_k(acc, (r + 1) * per_row + (v0 + j) * L, s[4 + j], d2, dx)
+                        _wide_q6_k(acc, (r + 1) * per_row + (v0 + j) * L, s[TILE_VECTORS + j], d2, dx)
                     r += 2
                 else:
                     s = q6_k_superblock_sums_1x1(codes, co, n_in, w, o + 192, row_bytes, xt, xo, n_in * L, offs, oo,
                                                  n16 * L)
-                    _wide_q6_k(acc, r * per_row + v0 * L, s[0], d, load_f32x16(xdt, (v0 * nsb + b) * L))
+                    _wide_q6_k(acc, r * per_row + v0 * L, s[0], d, load_lanes(xdt, (v0 * nsb + b) * L))
                     r += 1
-            v0 += 4 if four else 1
+            v0 += TILE_VECTORS if tile else 1
 
 
 @njit(parallel=True, cache=True)
 def matmul_q6_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """matmul_q6_k's bits with sixteen tiled tokens per vector (above; simd.HAS_WIDE_TILES only), in the row blocks
-    and runs of matmul_q4_k_wide; vec_dot's tokens as matmul_q6_k."""
+    """matmul_q6_k's bits with a tiled token per vector lane (above), in the row blocks and runs of
+    matmul_q4_k_wide; vec_dot's tokens as matmul_q6_k."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]

@@ -24,9 +24,10 @@ A record's fields:
                    (ROWS_*): its matmul then takes kinds[t] per token (row_kinds_of); or None
   few              with row_kinds: the matmul module also has matmul_<fmt>_few, for batches with no eight-token
                    work, which compiles much less (decode and short prompts)
-  wide_from        with row_kinds: the matmul module also has matmul_<fmt>_wide (the same bits, sixteen tokens per
-                   512-bit vector), run on CPUs with simd.HAS_WIDE_TILES for batches of at least this many gemm
-                   tokens; 0 for none
+  wide_from        with row_kinds: the matmul module also has matmul_<fmt>_wide (the same bits, one token per vector
+                   lane), run for batches of at least this many gemm tokens on CPUs with simd.HAS_WIDE_TILES (16
+                   lanes); 0 for none
+  wide_on_avx2     whether matmul_<fmt>_wide also runs on other AVX2 CPUs (8 lanes), where it is faster too
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
   rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
                    backend repacks at load and multiplies in its own order (Q4_0, MXFP4), or None; that module also
@@ -78,6 +79,7 @@ class FormatKernels:
     row_kinds: str | None = None
     few: bool = False
     wide_from: int = 0
+    wide_on_avx2: bool = False
 
     @property
     def format(self) -> BlockFormat:
@@ -117,8 +119,8 @@ class FormatKernels:
         decode and short prompts the eight-token kernels' compilation; matmul_<fmt>_wide for enough gemm tokens where
         the CPU has the 512-bit tiles; else matmul_<fmt>."""
         if self.wide_from and int(np.count_nonzero(kinds)) >= self.wide_from:
-            from .simd.host import HAS_WIDE_TILES  # (here: importing the registry loads no numba)
-            if HAS_WIDE_TILES:
+            from .simd.host import HAS_AVX2, HAS_WIDE_TILES  # (here: importing the registry loads no numba)
+            if HAS_WIDE_TILES or (self.wide_on_avx2 and HAS_AVX2):
                 return _attr(self.matmul, f"matmul_{self.suffix}_wide")
         if self.few:
             if self.row_kinds == ROWS_TILED8:
@@ -185,12 +187,14 @@ def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", bl
 
 
 def _kquant(name: str, kgroups: tuple[str, bool] | None = None, row_kinds: str | None = None,
-            quantizer: bool = True, cuda: bool = False, wide_from: int = 0) -> FormatKernels:
+            quantizer: bool = True, cuda: bool = False, wide_from: int = 0,
+            wide_on_avx2: bool = False) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, Q8_K, f"reference:dequantize_{low}", f"kquants_quantize:quantize_{low}",
                          f"kernels_dequant:block_{low}", matmul="matmul_kgroups" if kgroups else "matmul_kquant",
                          quantizer=f"quantize_kernels:quantize_block_{low}" if quantizer else None, cuda=cuda,
-                         kgroups=kgroups, row_kinds=row_kinds, few=row_kinds is not None, wide_from=wide_from)
+                         kgroups=kgroups, row_kinds=row_kinds, few=row_kinds is not None, wide_from=wide_from,
+                         wide_on_avx2=wide_on_avx2)
 
 
 RECORDS: tuple[FormatKernels, ...] = (
@@ -204,9 +208,10 @@ RECORDS: tuple[FormatKernels, ...] = (
     _block32("Q8_0", DRIVER_PLAIN, "Q8_0_TILE_OFFSET"),
     _kquant("Q2_K", kgroups=("_scales_q2_k", False)),
     _kquant("Q3_K", kgroups=("_scales_q3_k", True)),
-    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True, wide_from=16),  # faster from 16 (docs/kernels.md)
+    # the wide kernels: faster from 16 tokens; Q4_K's 8-lane form is slower than its narrow one (docs/kernels.md)
+    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True, wide_from=16),
     _kquant("Q5_K", kgroups=("_scales_q45_k", False), cuda=True),
-    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=16),
+    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=16, wide_on_avx2=True),
     _kquant("Q8_K", kgroups=("_scales_q8_k", True), quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False),

@@ -332,10 +332,18 @@ for name in FORMATS:
     out = np.empty((13, 12), np.float32)
     layer.matmul(x, out)
     np.save(f"{OUT}/{name}.npy", out)
+for name in BATCH_FORMATS:  # batches long enough for the wide K-quant matmuls where this CPU runs them
+    fmt = quant.format_by_name(name)
+    layer = quant.QuantLinear(random_matrix_bytes(fmt, 40, 512, rng), name, (40, 512))
+    x = rng.standard_normal((37, 512)).astype(np.float32)
+    out = np.empty((37, 40), np.float32)
+    layer.matmul(x, out)
+    np.save(f"{OUT}/{name}_batch.npy", out)
 """
 
 
 PORTABLE_FORMATS = tuple(Q8_0_ACT_FORMATS) + ("Q6_K", "F16")
+BATCH_FORMATS = ("Q4_K", "Q6_K")
 
 
 # Other CPUs' builds, each compiled in a child process that runs beside the other tests (tests/background.py):
@@ -355,7 +363,7 @@ def _other_cpu_job(name):
     out = background.temp_dir(f"kernels-{name}")
     env = background.child_env(NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features, NUMBA_CACHE_DIR=out / "cache")
     code = (f"OUT = {str(out)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
-            f"FORMATS = {PORTABLE_FORMATS}\n" + PORTABLE_CHECK)
+            f"FORMATS = {PORTABLE_FORMATS}\nBATCH_FORMATS = {BATCH_FORMATS}\n" + PORTABLE_CHECK)
     return background.Job(f"kernels-{name}", [sys.executable, "-c", code], env=env), out
 
 
@@ -376,11 +384,21 @@ def _kernels_for_cpu_match(name, exact):
         x = rng.standard_normal((13, 512)).astype(np.float32)
         out = np.empty((13, 12), np.float32)
         layer.matmul(x, out)
-        theirs = np.load(out_dir / f"{fmt_name}.npy")
-        if exact:
-            np.testing.assert_array_equal(theirs, out)
-        else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
-            np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+        _same_products(np.load(out_dir / f"{fmt_name}.npy"), out, exact)
+    for fmt_name in BATCH_FORMATS:
+        fmt = quant.format_by_name(fmt_name)
+        layer = quant.QuantLinear(random_matrix_bytes(fmt, 40, 512, rng), fmt_name, (40, 512))
+        x = rng.standard_normal((37, 512)).astype(np.float32)
+        out = np.empty((37, 40), np.float32)
+        layer.matmul(x, out)
+        _same_products(np.load(out_dir / f"{fmt_name}_batch.npy"), out, exact)
+
+
+def _same_products(theirs, out, exact):
+    if exact:
+        np.testing.assert_array_equal(theirs, out)
+    else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
+        np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
 
 
 @pytest.mark.parametrize("cpu", ["generic"])
@@ -397,7 +415,8 @@ def test_generic_code_paths_match_avx2(cpu):
 @pytest.mark.background(jobs=_other_cpu_jobs)
 def test_avx2_without_vnni_gives_the_same_bits(cpu):
     """On AVX2 CPUs without AVX-VNNI (Haswell to Ice Lake clients, Zen 1-3) the dots are vpmaddubsw + vpmaddwd
-    instead of vpdpbusd: the same integer lanes, so the same bits. Compiled for such a CPU in a subprocess."""
+    instead of vpdpbusd, and the wide K-quant matmuls take 8 tokens a vector, not 16: the same integer lanes, so
+    the same bits. Compiled for such a CPU in a subprocess."""
     _kernels_for_cpu_match(cpu, exact=True)
 
 
@@ -551,100 +570,101 @@ def test_512_bit_tile_intrinsics_match_numpy():
                 np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
 
 
-@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
 def test_q4_k_pair_sums_match_numpy():
-    """The Q4_K tokens-in-lanes sums against numpy: for each row, group (low nibbles, then high) and vector of sixteen
-    tokens, the exact integer dot of the 32 quants with each token's 32 activations, as float lanes."""
-    from edgellm.quant.simd import q4_k_pair_sums_1x1, q4_k_pair_sums_2x4, store_f32x16
+    """The Q4_K tokens-in-lanes sums against numpy (simd.LANES tokens a vector: 16 with the 512-bit tiles, else 8):
+    for each row, group (low nibbles, then high) and token vector, the exact integer dot of the 32 quants with each
+    token's 32 activations, as float lanes."""
+    from edgellm.quant.simd import LANES, TILE_VECTORS, q4_k_pair_sums_1x1, q4_k_pair_sums_tile, store_lanes
 
     @njit
-    def sums_2x4(w, row_stride, xt, tv_stride, out):
-        s = q4_k_pair_sums_2x4(w, 3, row_stride, xt, 5, tv_stride)
+    def sums_tile(w, row_stride, xt, tv_stride, out):
+        s = q4_k_pair_sums_tile(w, 3, row_stride, xt, 5, tv_stride)
         for i in range(len(s)):
-            store_f32x16(out, 16 * i, s[i])
+            store_lanes(out, LANES * i, s[i])
 
     @njit
     def sums_1x1(w, row_stride, xt, tv_stride, out):
         s = q4_k_pair_sums_1x1(w, 3, row_stride, xt, 5, tv_stride)
         for i in range(len(s)):
-            store_f32x16(out, 16 * i, s[i])
+            store_lanes(out, LANES * i, s[i])
 
     rng = np.random.default_rng(31)
-    row_stride, tv_stride = 40, 1100
-    for two in (False, True):
-        rows, tvecs = (2, 4) if two else (1, 1)
+    row_stride, tv_stride = 40, 70 * LANES
+    for tile in (False, True):
+        rows, tvecs = (2, TILE_VECTORS) if tile else (1, 1)
         w = rng.integers(0, 256, 3 + row_stride * rows).astype(np.uint8)
         xt = rng.integers(-128, 128, 5 + tv_stride * tvecs).astype(np.int8)
-        out = np.empty(2 * rows * tvecs * 16, np.float32)
-        (sums_2x4 if two else sums_1x1)(w, row_stride, xt, tv_stride, out)
-        got = out.reshape(rows, 2, tvecs, 16)
+        out = np.empty(2 * rows * tvecs * LANES, np.float32)
+        (sums_tile if tile else sums_1x1)(w, row_stride, xt, tv_stride, out)
+        got = out.reshape(rows, 2, tvecs, LANES)
         for r in range(rows):
             packed = w[3 + r * row_stride: 3 + r * row_stride + 32].astype(np.int64)
             for g, q in enumerate((packed & 15, packed >> 4)):
                 for v in range(tvecs):
-                    steps = xt[5 + v * tv_stride + 512 * g: 5 + v * tv_stride + 512 * (g + 1)].astype(np.int64)
-                    x = steps.reshape(8, 16, 4).transpose(1, 0, 2).reshape(16, 32)  # token, then its 32 values
+                    at = 5 + v * tv_stride + 32 * LANES * g
+                    steps = xt[at: at + 32 * LANES].astype(np.int64)
+                    x = steps.reshape(8, LANES, 4).transpose(1, 0, 2).reshape(LANES, 32)  # token, its 32 values
                     np.testing.assert_array_equal(got[r, g, v], (x @ q).astype(np.float32))
 
 
-@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
 def test_q6_k_superblock_sums_match_numpy():
-    """The Q6_K tokens-in-lanes totals against numpy: per row and vector of sixteen tokens, the exact sum over the 16
-    sub-blocks of scale x (codes x activations + the starting lanes), as float lanes."""
-    from edgellm.quant.simd import q6_k_superblock_sums_1x1, q6_k_superblock_sums_2x4, store_f32x16
+    """The Q6_K tokens-in-lanes totals against numpy: per row and token vector, the exact sum over the 16 sub-blocks
+    of scale x (codes x activations + the starting lanes), as float lanes."""
+    from edgellm.quant.simd import LANES, TILE_VECTORS, q6_k_superblock_sums_1x1, q6_k_superblock_sums_tile, store_lanes
 
     @njit
-    def sums_2x4(codes, w, xt, offs, out):
-        s = q6_k_superblock_sums_2x4(codes, 2, 300, w, 1, 20, xt, 3, 4200, offs, 5, 270)
+    def sums_tile(codes, w, xt, xs, offs, os, out):
+        s = q6_k_superblock_sums_tile(codes, 2, 300, w, 1, 20, xt, 3, xs, offs, 5, os)
         for i in range(len(s)):
-            store_f32x16(out, 16 * i, s[i])
+            store_lanes(out, LANES * i, s[i])
 
     @njit
-    def sums_1x1(codes, w, xt, offs, out):
-        s = q6_k_superblock_sums_1x1(codes, 2, 300, w, 1, 20, xt, 3, 4200, offs, 5, 270)
+    def sums_1x1(codes, w, xt, xs, offs, os, out):
+        s = q6_k_superblock_sums_1x1(codes, 2, 300, w, 1, 20, xt, 3, xs, offs, 5, os)
         for i in range(len(s)):
-            store_f32x16(out, 16 * i, s[i])
+            store_lanes(out, LANES * i, s[i])
 
     rng = np.random.default_rng(32)
-    for two in (False, True):
-        rows, tvecs = (2, 4) if two else (1, 1)
+    xs, os = 260 * LANES, 17 * LANES  # token vector strides
+    for tile in (False, True):
+        rows, tvecs = (2, TILE_VECTORS) if tile else (1, 1)
         codes = rng.integers(0, 64, 2 + 300 * rows).astype(np.int8)
         w = rng.integers(0, 256, 1 + 20 * rows).astype(np.uint8)  # the scales: any int8
-        xt = rng.integers(-128, 128, 3 + 4200 * tvecs).astype(np.int8)
-        offs = rng.integers(-65536, 65536, 5 + 270 * tvecs).astype(np.int32)
-        out = np.empty(rows * tvecs * 16, np.float32)
-        (sums_2x4 if two else sums_1x1)(codes, w, xt, offs, out)
+        xt = rng.integers(-128, 128, 3 + xs * tvecs).astype(np.int8)
+        offs = rng.integers(-65536, 65536, 5 + os * tvecs).astype(np.int32)
+        out = np.empty(rows * tvecs * LANES, np.float32)
+        (sums_tile if tile else sums_1x1)(codes, w, xt, xs, offs, os, out)
         for r in range(rows):
             q = codes[2 + 300 * r: 2 + 300 * r + 256].astype(np.int64).reshape(16, 16)
             scale = w[1 + 20 * r: 1 + 20 * r + 16].view(np.int8).astype(np.int64)
             for v in range(tvecs):
-                steps = xt[3 + 4200 * v: 3 + 4200 * v + 4096].astype(np.int64)
-                x = steps.reshape(64, 16, 4).transpose(1, 0, 2).reshape(16, 16, 16)  # token, sub-block, value
-                start = offs[5 + 270 * v: 5 + 270 * v + 256].astype(np.int64).reshape(16, 16).T  # token, sub-block
+                steps = xt[3 + xs * v: 3 + xs * v + 256 * LANES].astype(np.int64)
+                x = steps.reshape(64, LANES, 4).transpose(1, 0, 2).reshape(LANES, 16, 16)  # token, sub-block, value
+                start = offs[5 + os * v: 5 + os * v + 16 * LANES].astype(np.int64).reshape(16, LANES).T
                 want = (((x * q).sum(axis=2) + start) * scale).sum(axis=1)
-                np.testing.assert_array_equal(out[(r * tvecs + v) * 16:(r * tvecs + v + 1) * 16],
+                np.testing.assert_array_equal(out[(r * tvecs + v) * LANES:(r * tvecs + v + 1) * LANES],
                                               want.astype(np.float32))
 
 
-@pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI: on an AVX2-only host this tests nothing")
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("n_out,n_in,sizes", [
     (40, 512, (16,)),  # one token vector, one block of 16 rows and one of 8
-    (48, 768, (70,)),  # four token vectors and one more, the last one part-filled; gemv tokens at the end
+    (48, 768, (70,)),  # whole tiles and one more token vector, the last one part-filled; gemv tokens at the end
     (56, 256, (3, 5, 36, 1, 17)),  # gemm and gemv tokens interleaved, sequences of every kind
     (64, 1024, (133,)),
 ])
 def test_wide_kquant_matmul_gives_the_narrow_bits(name, n_out, n_in, sizes):
-    """matmul_q4_k_wide and matmul_q6_k_wide (sixteen tokens per 512-bit vector) give matmul_q4_k's and
-    matmul_q6_k's bits on every token, whichever of llama.cpp's kernels it stands for, and the registry runs them
-    from 16 such tokens on."""
+    """matmul_q4_k_wide and matmul_q6_k_wide (one token per vector lane) give matmul_q4_k's and matmul_q6_k's bits
+    on every token, whichever of llama.cpp's kernels it stands for; the registry runs them from 16 such tokens where
+    they are the faster kernel (16 lanes; Q6_K also at AVX2's 8)."""
     from edgellm.quant import linear, matmul_kquant as mk
     record = kernels_for(name)
     narrow, wide = getattr(mk, f"matmul_{record.suffix}"), getattr(mk, f"matmul_{record.suffix}_wide")
     layer = quant.QuantLinear(matrix(quant.format_by_name(name), n_out, n_in, seed=n_out), name, (n_out, n_in))
     x = (np.random.default_rng(5).standard_normal((sum(sizes), n_in)) * 3).astype(np.float32)
     kinds = record.row_kinds_of(n_out, sizes)
-    assert record.row_kinds_kernel(kinds) is wide
+    runs_wide = simd.HAS_WIDE_TILES or (name == "Q6_K" and simd.HAS_AVX2)
+    assert (record.row_kinds_kernel(kinds) is wide) == runs_wide
     assert record.row_kinds_kernel(record.row_kinds_of(n_out, (15,))) is not wide
     outs = []
     for kernel in (narrow, wide):
