@@ -414,15 +414,29 @@ def _wide_tokens(xq, xd, toks, n_in):
 
 
 @njit(cache=True)
-def _wide_sums32(bsums, toks, n_in):
-    """Each token's activation sums per 32 values (Q4_K's groups) as float, exact, in the lanes."""
-    n32 = n_in // 32
-    bt = np.zeros(((toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES) * n32 * WIDE_LANES, np.float32)
+def _wide_sums(bsums, toks, n_in, per, factor, dst):
+    """factor x each token's activation sums per `per` values (a multiple of 16), in the lanes of dst (float32 for
+    Q4_K's groups, int32 for Q6_K's sub-blocks; exact either way). Lanes past the last token stay as dst has them."""
+    n, halves = n_in // per, per // 16
     for j in range(toks.shape[0]):
         t, v, lane = toks[j], j // WIDE_LANES, j % WIDE_LANES
-        for g in range(n32):
-            bt[(v * n32 + g) * WIDE_LANES + lane] = _F32(bsums[t * 2 * n32 + 2 * g] + bsums[t * 2 * n32 + 2 * g + 1])
-    return bt
+        for g in range(n):
+            total = 0
+            for h in range(halves):
+                total += bsums[(t * n + g) * halves + h]
+            dst[(v * n + g) * WIDE_LANES + lane] = factor * total
+    return dst
+
+
+@njit(cache=True)
+def _wide_results(out, toks, r0, n_rows, per_row, acc, mn):
+    """A block's gemm tokens into out[:, r0:r0 + n_rows]: acc - mn (mn None: acc)."""
+    for r in range(n_rows):
+        for j in range(toks.shape[0]):
+            if mn is None:
+                out[toks[j], r0 + r] = acc[r * per_row + j]
+            else:
+                out[toks[j], r0 + r] = acc[r * per_row + j] - mn[r * per_row + j]
 
 
 @njit(cache=True)
@@ -448,13 +462,12 @@ def _wide_block_q4_k(w, row_bytes, r0, n_rows, n_in, xt, xdt, bt, n_tv, acc, mn)
 def matmul_q4_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """matmul_q4_k's bits with a gemm token per vector lane (above): blocks of WIDE_ROWS rows in WIDE_PARTS runs,
     each run with its own accumulators; the gemv's tokens as matmul_q4_k."""
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
+    n_in, n_out = x.shape[1], out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
     toks = _gemm_tokens(kinds)
     n_tv = (toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES
     xt, xdt = _wide_tokens(xq, xd, toks, n_in)
-    bt = _wide_sums32(bsums, toks, n_in)
+    bt = _wide_sums(bsums, toks, n_in, 32, 1, np.zeros(n_tv * (n_in // 32) * WIDE_LANES, np.float32))
     n_blocks = (n_out + WIDE_ROWS - 1) // WIDE_ROWS
     n_parts = min(n_blocks, WIDE_PARTS)
     for part in prange(n_parts):  # accumulators per part, not per block: fewer allocations
@@ -464,12 +477,11 @@ def matmul_q4_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
             r0 = blk * WIDE_ROWS
             n_rows = min(WIDE_ROWS, n_out - r0)
             _wide_block_q4_k(w, row_bytes, r0, n_rows, n_in, xt, xdt, bt, n_tv, acc, mn)
-            for r in range(n_rows):
-                for j in range(toks.shape[0]):
-                    out[toks[j], r0 + r] = acc[r * n_tv * WIDE_LANES + j] - mn[r * n_tv * WIDE_LANES + j]
-                for t in range(n_tokens):
-                    if not kinds[t]:
-                        out[t, r0 + r] = vec_dot_q4_k_q8_k(w, (r0 + r) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+            _wide_results(out, toks, r0, n_rows, n_tv * WIDE_LANES, acc, mn)
+            for t in range(x.shape[0]):  # the gemv's tokens
+                if not kinds[t]:
+                    for r in range(r0, r0 + n_rows):
+                        out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, n_in // 256, xq, t * n_in, xd, bsums)
 
 
 # --- Q6_K ---------------------------------------------------------------------------------------------------
@@ -608,18 +620,6 @@ def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
 # sub-block's dot started at -32 x its activation sum (the codes' offset).
 
 
-@njit(cache=True)
-def _wide_offsets16(bsums, toks, n_in):
-    """-32 x each token's activation sum per 16 values (Q6_K's sub-blocks), int32, in the lanes."""
-    n16 = n_in // 16
-    offs = np.zeros(((toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES) * n16 * WIDE_LANES, np.int32)
-    for j in range(toks.shape[0]):
-        t, v, lane = toks[j], j // WIDE_LANES, j % WIDE_LANES
-        for k in range(n16):
-            offs[(v * n16 + k) * WIDE_LANES + lane] = -32 * bsums[t * n16 + k]
-    return offs
-
-
 @njit(cache=True, inline="always")
 def _wide_q6_k(acc, ao, total, d, dx):
     """acc += (d_w * float(total)) * d_x with one rounding, as _tiled_q6_k_decoded, for a vector of tokens."""
@@ -668,12 +668,11 @@ def matmul_q6_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """matmul_q6_k's bits with a tiled token per vector lane (above), in the row blocks and runs of
     matmul_q4_k_wide; vec_dot's tokens as matmul_q6_k."""
     _quantize_tokens(x, xq, xd, bsums)
-    n_tokens, n_in = x.shape
-    nsb, n_out = n_in // 256, out.shape[1]
+    n_in, n_out = x.shape[1], out.shape[1]
     toks = _gemm_tokens(kinds)
     n_tv = (toks.shape[0] + WIDE_LANES - 1) // WIDE_LANES
     xt, xdt = _wide_tokens(xq, xd, toks, n_in)
-    offs = _wide_offsets16(bsums, toks, n_in)
+    offs = _wide_sums(bsums, toks, n_in, 16, -32, np.zeros(n_tv * (n_in // 16) * WIDE_LANES, np.int32))
     n_blocks = (n_out + WIDE_ROWS - 1) // WIDE_ROWS
     n_parts = min(n_blocks, WIDE_PARTS)
     for part in prange(n_parts):
@@ -683,9 +682,8 @@ def matmul_q6_k_wide(w, row_bytes, x, xq, xd, bsums, out, kinds):
             r0 = blk * WIDE_ROWS
             n_rows = min(WIDE_ROWS, n_out - r0)
             _wide_block_q6_k(w, row_bytes, r0, n_rows, n_in, codes, xt, xdt, offs, n_tv, acc)
-            for r in range(n_rows):
-                for j in range(toks.shape[0]):
-                    out[toks[j], r0 + r] = acc[r * n_tv * WIDE_LANES + j]
-                for t in range(n_tokens):
-                    if not kinds[t]:
-                        out[t, r0 + r] = vec_dot_q6_k_q8_k(w, (r0 + r) * row_bytes, nsb, xq, t * n_in, xd, bsums)
+            _wide_results(out, toks, r0, n_rows, n_tv * WIDE_LANES, acc, None)
+            for t in range(x.shape[0]):  # vec_dot's tokens
+                if not kinds[t]:
+                    for r in range(r0, r0 + n_rows):
+                        out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, n_in // 256, xq, t * n_in, xd, bsums)

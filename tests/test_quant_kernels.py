@@ -378,27 +378,19 @@ def _kernels_for_cpu_match(name, exact):
     done = background.result(job)
     assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(0)
-    for fmt_name in PORTABLE_FORMATS:
+    runs = [(name, 12, 13, f"{name}.npy") for name in PORTABLE_FORMATS]
+    runs += [(name, 40, 37, f"{name}_batch.npy") for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
+    for fmt_name, n_out, n_tokens, saved in runs:
         fmt = quant.format_by_name(fmt_name)
-        layer = quant.QuantLinear(random_matrix_bytes(fmt, 12, 512, rng), fmt_name, (12, 512))
-        x = rng.standard_normal((13, 512)).astype(np.float32)
-        out = np.empty((13, 12), np.float32)
+        layer = quant.QuantLinear(random_matrix_bytes(fmt, n_out, 512, rng), fmt_name, (n_out, 512))
+        x = rng.standard_normal((n_tokens, 512)).astype(np.float32)
+        out = np.empty((n_tokens, n_out), np.float32)
         layer.matmul(x, out)
-        _same_products(np.load(out_dir / f"{fmt_name}.npy"), out, exact)
-    for fmt_name in BATCH_FORMATS:
-        fmt = quant.format_by_name(fmt_name)
-        layer = quant.QuantLinear(random_matrix_bytes(fmt, 40, 512, rng), fmt_name, (40, 512))
-        x = rng.standard_normal((37, 512)).astype(np.float32)
-        out = np.empty((37, 40), np.float32)
-        layer.matmul(x, out)
-        _same_products(np.load(out_dir / f"{fmt_name}_batch.npy"), out, exact)
-
-
-def _same_products(theirs, out, exact):
-    if exact:
-        np.testing.assert_array_equal(theirs, out)
-    else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
-        np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+        theirs = np.load(out_dir / saved)
+        if exact:
+            np.testing.assert_array_equal(theirs, out)
+        else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
+            np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
 
 
 @pytest.mark.parametrize("cpu", ["generic"])

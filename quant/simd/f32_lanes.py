@@ -1,5 +1,6 @@
 """Float lanes: F32x8 (FMAs, sums in llama.cpp's reduction orders, loads and stores, float16 and bfloat16 widening,
-activation quantization) and F32x4 (two rows' block scales side by side).
+activation quantization), F32x4 (two rows' block scales side by side) and F32x16's loads, stores, splats, products
+and FMAs (the 512-bit token lanes).
 
 Multiply-adds are explicit llvm.fma calls (one rounding, on every target: an FMA instruction where the CPU has one,
 a correctly rounded libm call where not) and nothing is reassociated, so each lane's sum keeps its order and a
@@ -10,7 +11,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vector_ir import (F32x4, F32x8, I32x8, _F32, _I8, _I16, _I32, _I64, _call_intrinsic, _cast_ptr, _f16_to_f32,
+from .vector_ir import (F32x4, F32x8, F32x16, I32x8, _F32, _I8, _I16, _I32, _I64, _call_intrinsic, _cast_ptr, _f16_to_f32,
                         _load, _ptr, _shuffle, _splat, _vec)
 
 @intrinsic
@@ -30,12 +31,21 @@ def f32x8_fma_i32(typingctx, acc, v, scale):
     return F32x8(acc, v, types.float32), codegen
 
 
-@intrinsic
-def f32x8_fma(typingctx, acc, a, b):
-    """acc + a * b with one rounding per lane, all F32x8."""
-    def codegen(context, builder, sig, args):
-        return _call_intrinsic(builder, "llvm.fma.v8f32", _vec(_F32, 8), [args[1], args[2], args[0]])
-    return F32x8(acc, a, b), codegen
+def _float_fma(vector_type, n, name):
+    """An intrinsic `name`(acc, a, b): acc + a * b with one rounding per lane, all vector_type (n lanes)."""
+    def typer(typingctx, acc, a, b):
+        if acc is not vector_type or a is not vector_type or b is not vector_type:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _call_intrinsic(builder, f"llvm.fma.v{n}f32", _vec(_F32, n), [args[1], args[2], args[0]])
+        return vector_type(acc, a, b), codegen
+    typer.__name__, typer.__doc__ = name, f"acc + a * b with one rounding per lane, all {vector_type.name}."
+    return intrinsic(typer)
+
+
+f32x8_fma = _float_fma(F32x8, 8, "f32x8_fma")
+f32x16_fma = _float_fma(F32x16, 16, "f32x16_fma")
 
 
 @intrinsic
@@ -78,6 +88,7 @@ f32x8_add = _float_binary(F32x8, "f32x8_add", "fadd", "a + b per lane.")
 f32x8_sub = _float_binary(F32x8, "f32x8_sub", "fsub", "a - b per lane.")
 f32x8_mul = _float_binary(F32x8, "f32x8_mul", "fmul",
                           "a * b per lane (one rounding each: the same bits as scalar products).")
+f32x16_mul = _float_binary(F32x16, "f32x16_mul", "fmul", "a * b per lane, one rounding each.")
 
 
 @intrinsic
@@ -129,12 +140,18 @@ def f32x8_hsum_split(typingctx, p, q):
     return types.UniTuple(types.float32, 2)(p, q), codegen
 
 
-@intrinsic
-def f32x8_splat(typingctx, x):
-    """8 lanes of the float32 scalar x."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), 8)
-    return F32x8(x), codegen
+def _float_splat(vector_type, n, name):
+    """An intrinsic `name`(x): n lanes of the scalar x as float32."""
+    def typer(typingctx, x):
+        def codegen(context, builder, sig, args):
+            return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), n)
+        return vector_type(x), codegen
+    typer.__name__, typer.__doc__ = name, f"{n} lanes of the scalar x as float32."
+    return intrinsic(typer)
+
+
+f32x8_splat = _float_splat(F32x8, 8, "f32x8_splat")
+f32x16_splat = _float_splat(F32x16, 16, "f32x16_splat")
 
 
 def _pair_splats(name, vector_type, times, doc):
@@ -169,25 +186,34 @@ def f32x8_hsum_pairs(typingctx, v):
     return types.float32(v), codegen
 
 
-@intrinsic
-def store_f32x8(typingctx, buf, offset, v):
-    """Write the 8 lanes of v to buf[offset:offset + 8] (a float32 array)."""
-    if v is not F32x8:
-        return None
+def _float_store(vector_type, n, name):
+    """An intrinsic `name`(buf, offset, v): write the n lanes of v to buf[offset:offset + n] (a float32 array)."""
+    def typer(typingctx, buf, offset, v):
+        if v is not vector_type:
+            return None
 
-    def codegen(context, builder, sig, args):
-        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=4)
-        return context.get_dummy_value()
-    return types.none(buf, offset, v), codegen
+        def codegen(context, builder, sig, args):
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
+            builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=4)
+            return context.get_dummy_value()
+        return types.none(buf, offset, v), codegen
+    typer.__name__, typer.__doc__ = name, f"Write the {n} lanes of v to buf[offset:offset + {n}] (a float32 array)."
+    return intrinsic(typer)
 
 
-@intrinsic
-def load_f32x8(typingctx, buf, offset):
-    """8 float32 at buf[offset] (element offset for float32 arrays, byte offset for uint8 buffers)."""
-    def codegen(context, builder, sig, args):
-        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, 8))
-    return F32x8(buf, offset), codegen
+def _float_load(vector_type, n, name):
+    """An intrinsic `name`(buf, offset): n float32 at buf[offset] (element offset for float32 arrays, byte offset for
+    uint8 buffers)."""
+    def typer(typingctx, buf, offset):
+        def codegen(context, builder, sig, args):
+            return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, n))
+        return vector_type(buf, offset), codegen
+    typer.__name__, typer.__doc__ = name, f"{n} float32 at buf[offset]."
+    return intrinsic(typer)
+
+
+store_f32x8, store_f32x16 = _float_store(F32x8, 8, "store_f32x8"), _float_store(F32x16, 16, "store_f32x16")
+load_f32x8, load_f32x16 = _float_load(F32x8, 8, "load_f32x8"), _float_load(F32x16, 16, "load_f32x16")
 
 
 @intrinsic

@@ -4,7 +4,7 @@ bytes of each token, so no horizontal sums are needed and each activation load s
 
 LANES tokens a vector: 16 in 512-bit vectors where the CPU has AVX-512 with VNNI (one vpdpbusd a step), else 8 in
 256-bit ones through simd.dots' lanes (AVX2's vpmaddubsw + vpmaddwd, AVX-VNNI, AArch64 sdot or the generic ops).
-The float helpers (lanes_*) are the F32x16 or F32x8 ones to match.
+The float steps (lanes_*, load_lanes, store_lanes) are simd.f32_lanes' F32x16 or F32x8 ones to match.
 """
 
 from llvmlite import ir
@@ -12,9 +12,10 @@ from numba import types
 from numba.extending import intrinsic
 
 from .dots import _dot_lanes
-from .f32_lanes import f32x8_fma, f32x8_mul, f32x8_splat, load_f32x8, store_f32x8
+from .f32_lanes import (f32x8_fma, f32x8_mul, f32x8_splat, f32x16_fma, f32x16_mul, f32x16_splat, load_f32x8,
+                        load_f32x16, store_f32x8, store_f32x16)
 from .host import HAS_WIDE_TILES
-from .vector_ir import F32x8, F32x16, _F32, _I8, _I32, _call_intrinsic, _cast_ptr, _load, _ptr, _splat, _vec
+from .vector_ir import F32x8, F32x16, _F32, _I8, _I32, _call_intrinsic, _load, _ptr, _splat, _vec
 
 LANES = 16 if HAS_WIDE_TILES else 8
 # token vectors a tile takes beside its two rows: the integer sums (2 rows x 2 groups x TILE_VECTORS for Q4_K) fill
@@ -120,54 +121,6 @@ def _q6_k_superblock_sums(name, rows, tvecs):
 
 q6_k_superblock_sums_tile = _q6_k_superblock_sums("q6_k_superblock_sums_tile", 2, TILE_VECTORS)
 q6_k_superblock_sums_1x1 = _q6_k_superblock_sums("q6_k_superblock_sums_1x1", 1, 1)
-
-
-@intrinsic
-def load_f32x16(typingctx, buf, offset):
-    """16 float32 at buf[offset] (a float32 array)."""
-    def codegen(context, builder, sig, args):
-        return _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, 16))
-    return F32x16(buf, offset), codegen
-
-
-@intrinsic
-def store_f32x16(typingctx, buf, offset, v):
-    """Write the 16 lanes of v to buf[offset:offset + 16] (a float32 array)."""
-    if v is not F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=4)
-        return context.get_dummy_value()
-    return types.none(buf, offset, v), codegen
-
-
-@intrinsic
-def f32x16_splat(typingctx, x):
-    """16 lanes of the scalar x as float32."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), 16)
-    return F32x16(x), codegen
-
-
-@intrinsic
-def f32x16_mul(typingctx, a, b):
-    """a * b per lane, one rounding each."""
-    if a is not F32x16 or b is not F32x16:
-        return None
-    return F32x16(a, b), lambda context, builder, sig, args: builder.fmul(args[0], args[1])
-
-
-@intrinsic
-def f32x16_fma(typingctx, acc, a, b):
-    """acc + a * b per lane, one rounding each (an FMA)."""
-    if acc is not F32x16 or a is not F32x16 or b is not F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _call_intrinsic(builder, "llvm.fma.v16f32", _vec(_F32, 16), [args[1], args[2], args[0]])
-    return F32x16(acc, a, b), codegen
 
 
 # the float steps at the lane count above
