@@ -337,12 +337,19 @@ WIDE_PARTS = 64  # runs of blocks shared out to the threads
 
 
 @njit(cache=True, inline="always")
-def _wide_scales(w, o, p):
-    """Group pair p's (scale 2p, scale 2p+1, min 2p, min 2p+1) and the super-block's (d, dmin) as splats."""
+def _wide_scales(w, o):
+    """A super-block's (scales word, mins word, d, dmin): k_scales_mins and the two float16 scales, read once."""
     scales, mins = k_scales_mins(w, o + 4)
+    return scales, mins, load_f16(w, o), load_f16(w, o + 2)
+
+
+@njit(cache=True, inline="always")
+def _pair_scales(words, p):
+    """Group pair p's (scale 2p, scale 2p+1, min 2p, min 2p+1) and the super-block's (d, dmin) as splats."""
+    scales, mins, d, dmin = words
     return (lanes_splat(_F32((scales >> (16 * p)) & 63)), lanes_splat(_F32((scales >> (16 * p + 8)) & 63)),
             lanes_splat(_F32((mins >> (16 * p)) & 63)), lanes_splat(_F32((mins >> (16 * p + 8)) & 63)),
-            lanes_splat(load_f16(w, o)), lanes_splat(load_f16(w, o + 2)))
+            lanes_splat(d), lanes_splat(dmin))
 
 
 @njit(cache=True, inline="always")
@@ -362,11 +369,13 @@ def _wide_superblock(w, o, row_bytes, two, xt, xdt, bt, b, n_in, v0, tile, acc, 
     """Super-block b of the row at byte o and, where `two`, the next row (its accumulators per_row lanes on), times
     token vectors v0..v0 + TILE_VECTORS - 1 where `tile`, else v0 alone."""
     nsb, n32, tvs = n_in // 256, n_in // 32, n_in * WIDE_LANES
+    words = _wide_scales(w, o)
+    words2 = _wide_scales(w, o + row_bytes) if two else words
     for p in range(4):
         xo, g = v0 * tvs + (256 * b + 64 * p) * WIDE_LANES, 8 * b + 2 * p
-        first = _wide_scales(w, o, p)
+        first = _pair_scales(words, p)
         if two and tile:
-            second = _wide_scales(w, o + row_bytes, p)
+            second = _pair_scales(words2, p)
             s = q4_k_pair_sums_tile(w, o + 16 + 32 * p, row_bytes, xt, xo, tvs)
             for j in range(TILE_VECTORS):
                 v = v0 + j

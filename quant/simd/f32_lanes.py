@@ -11,8 +11,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vector_ir import (F32x4, F32x8, F32x16, I32x8, _F32, _I8, _I16, _I32, _I64, _call_intrinsic, _cast_ptr, _f16_to_f32,
-                        _load, _ptr, _shuffle, _splat, _vec)
+from .vector_ir import (F32x4, F32x8, F32x16, I32x8, _F32, _I8, _I16, _I32, _I64, _call_intrinsic,
+                        _f16_to_f32, _load, _ptr, _shuffle, _splat, _store, _vec)
 
 @intrinsic
 def f32x8_zero(typingctx):
@@ -194,7 +194,7 @@ def _float_store(vector_type, n, name):
 
         def codegen(context, builder, sig, args):
             ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-            builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=4)
+            _store(builder, ptr, args[2], align=4)
             return context.get_dummy_value()
         return types.none(buf, offset, v), codegen
     typer.__name__, typer.__doc__ = name, f"Write the {n} lanes of v to buf[offset:offset + {n}] (a float32 array)."
@@ -260,7 +260,7 @@ def _quantize_values(name, n, clamp, doc):
                 ints = builder.select(builder.icmp_signed(">", ints, hi), hi, ints)
                 ints = builder.select(builder.icmp_signed("<", ints, lo), lo, ints)
             qp = _ptr(context, builder, sig.args[3], args[3], args[4])
-            builder.store(builder.trunc(ints, _vec(_I8, n)), _cast_ptr(builder, qp, _vec(_I8, n)), align=1)
+            _store(builder, qp, builder.trunc(ints, _vec(_I8, n)))
             return _call_intrinsic(builder, f"llvm.vector.reduce.add.v{n}i32", _I32, [ints])
         return types.int32(x, offset, types.float32, q, q_offset), codegen
     typer.__name__, typer.__doc__ = name, doc

@@ -6,7 +6,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vector_ir import I8x32, _I1, _I8, _I32, _as_i8x32, _cast_ptr, _load, _ptr, _shuffle, _splat, _vec
+from .vector_ir import I8x32, _I1, _I8, _I32, _as_i8x32, _load, _ptr, _shuffle, _splat, _store, _vec
 
 
 @intrinsic
@@ -25,7 +25,7 @@ def store_i8x32(typingctx, buf, offset, v):
 
     def codegen(context, builder, sig, args):
         ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], _cast_ptr(builder, ptr, args[2].type), align=1)
+        _store(builder, ptr, args[2])
         return context.get_dummy_value()
     return types.none(buf, offset, v), codegen
 
@@ -39,7 +39,7 @@ def store_pair64(typingctx, dst, d_offset, src, a_offset, b_offset):
         b = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[4]), _vec(_I8, 32))
         v = _shuffle(builder, a, b, list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64)))
         ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(v, _cast_ptr(builder, ptr, v.type), align=1)
+        _store(builder, ptr, v)
         return context.get_dummy_value()
     return types.none(dst, d_offset, src, a_offset, b_offset), codegen
 
@@ -55,7 +55,7 @@ def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult):
         total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
         total = builder.mul(total, _splat(builder, args[4], 8))
         ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(total, _cast_ptr(builder, ptr, total.type), align=4)
+        _store(builder, ptr, total, align=4)
         return context.get_dummy_value()
     return types.none(dst, d_offset, src, s_offset, types.int32), codegen
 

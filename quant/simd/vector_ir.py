@@ -54,6 +54,10 @@ def _load(builder, ptr, llvm_type):
     return builder.load(_cast_ptr(builder, ptr, llvm_type), typ=llvm_type, align=1)
 
 
+def _store(builder, ptr, value, align=1):
+    builder.store(value, _cast_ptr(builder, ptr, value.type), align=align)
+
+
 def _splat(builder, value, n):
     vt = _vec(value.type, n)
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
