@@ -8,8 +8,10 @@ quant.dots_iq4_nl, supplies the same four functions):
                              8 float lanes, the lanes summed at the end)
   vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode); the formats with mins take the token's scales and sums in
                              pairs (_pack_pairs), Q5_0 its lane sums (_pack_lane_sums)
-  vec_dot4_<fmt>_q8_0(...)   one row x four tokens: each weight block is decoded once and used four times
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (_pack_tiles8)
+  tile4_<fmt>(...)           one row x four tokens, the same tile with two pairs (_pack_tiles4); a format without
+                             one (registry: tile4=False) gives vec_dot4_<fmt>_q8_0, each block decoded once for
+                             four tokens
 Every (row, token) sum runs in the same order in each of them, so they give the same bits.
 
 The matmul contract (quant.matmul_block32):
@@ -99,11 +101,31 @@ def _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt):
                 xt[sums + (g * nb + b) * 8 + j] = xs[(8 * g + j) * nb + b]
 
 
+# A batch's four tokens after its eight-token groups (tokens n8 to n4 = n8 + 4, when T % 8 >= 4) go through a
+# four-token tile: the same pairs, two a block instead of four, laid out after the eight-token groups:
+#   xp[n8*n_in + (b*2 + k)*64 ...]          pair k of block b, as above
+#   xt[2*n8*nb + 4*b + j]                   d of token n8+j           (the tile reads eight: lanes 4-7 go unused)
+#   xt[2*n8*nb + 4*nb + 4*b + j]            s of token n8+j
+
+
+@njit(cache=True)
+def _pack_tiles4(xq, xd, xs, n_in, n8, xp, xt):
+    nb = n_in // 32
+    scales = 2 * n8 * nb
+    for b in range(nb):
+        for k in range(2):
+            ta, tb = n8 + 2 * k, n8 + 2 * k + 1
+            store_pair64(xp, n8 * n_in + (b * 2 + k) * 64, xq, ta * n_in + b * 32, tb * n_in + b * 32)
+        for j in range(4):
+            xt[scales + 4 * b + j] = xd[(n8 + j) * nb + b]
+            xt[scales + 4 * nb + 4 * b + j] = xs[(n8 + j) * nb + b]
+
+
 @njit(cache=True)
 def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
     """For the two-row dots of the formats with mins (Q4_1, Q5_1): each single token's (d, s) per block side by side,
-    token t >= n4 from xt[base + 2 (t - n4) nb], after the eight-token tiles' part of xt. Returns base."""
-    base = 2 * n8 * nb
+    token t >= n4 from xt[base + 2 (t - n4) nb], after the tiles' part of xt. Returns base."""
+    base = 2 * n8 * nb + 2 * (n4 - n8) * nb
     for t in range(n4, n_tokens):
         for b in range(nb):
             xt[base + 2 * ((t - n4) * nb + b)] = xd[t * nb + b]
@@ -154,8 +176,10 @@ def _prepare(x, xq, xd, xs, offset):
     xp, xl, xt = _tile_scratch(xq, xd, n_tokens, n_in)
     _quantize_tokens(x, xq, xd, xs)
     _pack_tiles8(xq, xd, xs, n_in, n8, xp, xt)
+    if n4 > n8:
+        _pack_tiles4(xq, xd, xs, n_in, n8, xp, xt)
     if offset:  # the tiles' lane sums, at xp's byte offsets in xl
-        _lane_sums(xp[:n8 * n_in], -offset, xl[:n8 * n_in].view(np.int32))
+        _lane_sums(xp[:n4 * n_in], -offset, xl[:n4 * n_in].view(np.int32))
     return nb, n8, n4, xp, xt, xl
 
 
@@ -170,7 +194,7 @@ def _row_blocks(out):
 # order, so its bits are vec_dot's, but two independent FMA chains keep the vector units busy where one row waits on
 # its FMA's latency (in cache: Q8_0 1.4x). Two rows read as two interleaved streams, which the hardware prefetcher
 # serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
-# prefetches each row PREFETCH_BYTES ahead. The four- and eight-token kernels (vec_dot4, tile8) hint their one row
+# prefetches each row PREFETCH_BYTES ahead. The four- and eight-token kernels (tile4, tile8) hint their one row
 # the same way: a small batch (batched decoding, T = 4..16) streams each weight once, and without the hint the
 # stream's latency added to the tiles' compute. The distance that does best differs by machine kind (AVX2 hosts
 # want it short, AVX-512 ones long: docs/kernels.md has the measurements).
@@ -280,6 +304,62 @@ def _tile8_sums_mins(acc, mins):
             r[6] + f32x8_lane(mins, 6), r[7] + f32x8_lane(mins, 7))
 
 
+# Four-token tiles: pairs 0 and 1 of the above (the scales' lanes 4-7 are read and left unused).
+
+
+@njit(cache=True)
+def _tile4_pairs_256(acc, q, d, xp, xo, xt, so, kind, xl):
+    a0, a1, a2, a3 = acc
+    lo, hi = i8x32_dup_lo(q), i8x32_dup_hi(q)
+    s0, s1, _, _ = f32x8_pair_splats(f32x8_mul(d, load_f32x8(xt, so)))
+    a0 = f32x8_fma_lanes(a0, _tile_dot(lo, xp, xo, kind, xl), s0)
+    a1 = f32x8_fma_lanes(a1, _tile_dot(hi, xp, xo + 32, kind, xl), s0)
+    a2 = f32x8_fma_lanes(a2, _tile_dot(lo, xp, xo + 64, kind, xl), s1)
+    a3 = f32x8_fma_lanes(a3, _tile_dot(hi, xp, xo + 96, kind, xl), s1)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True)
+def _tile4_zero_256():
+    z = f32x8_zero()
+    return z, z, z, z
+
+
+@njit(cache=True)
+def _tile4_sums_256(acc):
+    r0, r1 = f32x8_hsum_split(acc[0], acc[1])
+    r2, r3 = f32x8_hsum_split(acc[2], acc[3])
+    return r0, r1, r2, r3
+
+
+@njit(cache=True)
+def _tile4_pairs_wide(acc, q, d, xp, xo, xt, so, kind, xl):
+    a0, a1 = acc
+    w = i8x64_tile_quants(q)
+    s0, s1, _, _ = f32x16_pair_scales(f32x8_mul(d, load_f32x8(xt, so)))
+    return _tile_step_wide(a0, w, xp, xo, s0, kind, xl), _tile_step_wide(a1, w, xp, xo + 64, s1, kind, xl)
+
+
+@njit(cache=True)
+def _tile4_zero_wide():
+    z = f32x16_zero()
+    return z, z
+
+
+@njit(cache=True)
+def _tile4_sums_wide(acc):
+    a0, a1 = f32x16_halves(acc[0])
+    a2, a3 = f32x16_halves(acc[1])
+    return _tile4_sums_256((a0, a1, a2, a3))
+
+
+@njit(cache=True)
+def _tile4_sums_mins(acc, mins):
+    r = _tile4_sums(acc)
+    return (r[0] + f32x8_lane(mins, 0), r[1] + f32x8_lane(mins, 1), r[2] + f32x8_lane(mins, 2),
+            r[3] + f32x8_lane(mins, 3))
+
+
 # --- block decoders ------------------------------------------------------------------------------------------
 # Q4_0: d f16 | qs[16]          Q4_1: d | m | qs[16]          Q8_0: d | qs int8[32]
 # Q5_0: d | qh u32 | qs[16]     Q5_1: d | m | qh u32 | qs[16]   (bit j of qh is bit 4 of quant j)
@@ -372,11 +452,13 @@ def _quants_q8_0_plus128(w, o):
 
 if HAS_WIDE_TILES:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_wide, _tile8_pairs_wide, _tile8_sums_wide
+    _tile4_zero, _tile4_pairs, _tile4_sums = _tile4_zero_wide, _tile4_pairs_wide, _tile4_sums_wide
     _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
         _tile64_q4_0, _tile64_q4_1, _tile64_q5_0, _tile64_q5_1, _quants_q8_0_plus128)
     Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_OFFSET, 128  # (the offset: _prepare's lane sums)
 else:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_256, _tile8_pairs_256, _tile8_sums_256
+    _tile4_zero, _tile4_pairs, _tile4_sums = _tile4_zero_256, _tile4_pairs_256, _tile4_sums_256
     _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
         _quants_q4_0_unsigned, _quants_q4_1, _quants_q5_0_unsigned, _quants_q5_1, _quants_q8_0)
     Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_SIGNED, 0
@@ -411,20 +493,6 @@ def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
 
 
 @njit(cache=True)
-def vec_dot4_q4_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(nb):
-        prefetch(w, o + PREFETCH_BYTES)
-        q, d, k = _quants_q4_0(w, o), load_f16(w, o), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
-        o += 18
-    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
-
-
-@njit(cache=True)
 def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
     acc = _tile8_zero()
@@ -435,6 +503,18 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
                            so + 8 * b, TILE_OFFSET, xl)
         o += 18
     return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q4_0(w, o, nb, xp, xo, xt, so, xl):
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt,
+                           so + 4 * b, TILE_OFFSET, xl)
+        o += 18
+    return _tile4_sums(acc)
 
 
 # --- Q4_1: w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) -------------------------------------------------
@@ -471,25 +551,6 @@ def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
 
 
 @njit(cache=True)
-def vec_dot4_q4_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    m0 = m1 = m2 = m3 = np.float32(0)
-    for b in range(nb):
-        prefetch(w, o + PREFETCH_BYTES)
-        q, d, m, k = _quants_q4_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_u8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_u8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
-        m0 += m * load_f32(xs, xdo + b)
-        m1 += m * load_f32(xs, xdo + nb + b)
-        m2 += m * load_f32(xs, xdo + 2 * nb + b)
-        m3 += m * load_f32(xs, xdo + 3 * nb + b)
-        o += 20
-    return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
-
-
-@njit(cache=True)
 def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
     acc = _tile8_zero()
     mins = f32x8_zero()
@@ -501,6 +562,20 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
                            so + 8 * b, TILE_UNSIGNED, xp)
         o += 20
     return _tile8_sums_mins(acc, mins)
+
+
+@njit(cache=True)
+def tile4_q4_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile4_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt,
+                           so + 4 * b, TILE_UNSIGNED, xp)
+        o += 20
+    return _tile4_sums_mins(acc, mins)
 
 
 # --- Q5_0 -------------------------------------------------------------------------------------------------
@@ -536,20 +611,6 @@ def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
 
 
 @njit(cache=True)
-def vec_dot4_q5_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(nb):
-        prefetch(w, o + PREFETCH_BYTES)
-        q, d, k = _quants_q5_0(w, o), load_f16(w, o), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
-        o += 22
-    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
-
-
-@njit(cache=True)
 def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
     acc = _tile8_zero()
@@ -560,6 +621,18 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
                            so + 8 * b, TILE_OFFSET, xl)
         o += 22
     return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q5_0(w, o, nb, xp, xo, xt, so, xl):
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt,
+                           so + 4 * b, TILE_OFFSET, xl)
+        o += 22
+    return _tile4_sums(acc)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
@@ -594,25 +667,6 @@ def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
 
 
 @njit(cache=True)
-def vec_dot4_q5_1_q8_0(w, o, nb, xq, xo, x_stride, xd, xs, xdo):
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    m0 = m1 = m2 = m3 = np.float32(0)
-    for b in range(nb):
-        prefetch(w, o + PREFETCH_BYTES)
-        q, d, m, k = _quants_q5_1(w, o), load_f16(w, o), load_f16(w, o + 2), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_u8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_u8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_u8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_u8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
-        m0 += m * load_f32(xs, xdo + b)
-        m1 += m * load_f32(xs, xdo + nb + b)
-        m2 += m * load_f32(xs, xdo + 2 * nb + b)
-        m3 += m * load_f32(xs, xdo + 3 * nb + b)
-        o += 24
-    return f32x8_hsum(a0) + m0, f32x8_hsum(a1) + m1, f32x8_hsum(a2) + m2, f32x8_hsum(a3) + m3
-
-
-@njit(cache=True)
 def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
     acc = _tile8_zero()
     mins = f32x8_zero()
@@ -624,6 +678,20 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
                            so + 8 * b, TILE_UNSIGNED, xp)
         o += 24
     return _tile8_sums_mins(acc, mins)
+
+
+@njit(cache=True)
+def tile4_q5_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile4_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt,
+                           so + 4 * b, TILE_UNSIGNED, xp)
+        o += 24
+    return _tile4_sums_mins(acc, mins)
 
 
 # --- Q8_0 -------------------------------------------------------------------------------------------------
@@ -655,20 +723,6 @@ def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
 
 
 @njit(cache=True)
-def vec_dot4_q8_0_q8_0(w, o, nb, xq, xo, x_stride, xd, xdo):
-    a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
-    for b in range(nb):
-        prefetch(w, o + PREFETCH_BYTES)
-        q, d, k = _quants_q8_0(w, o), load_f16(w, o), xo + b * 32
-        a0 = f32x8_fma_i32(a0, dot_i8x32(q, load_i8x32(xq, k)), d * load_f32(xd, xdo + b))
-        a1 = f32x8_fma_i32(a1, dot_i8x32(q, load_i8x32(xq, k + x_stride)), d * load_f32(xd, xdo + nb + b))
-        a2 = f32x8_fma_i32(a2, dot_i8x32(q, load_i8x32(xq, k + 2 * x_stride)), d * load_f32(xd, xdo + 2 * nb + b))
-        a3 = f32x8_fma_i32(a3, dot_i8x32(q, load_i8x32(xq, k + 3 * x_stride)), d * load_f32(xd, xdo + 3 * nb + b))
-        o += 34
-    return f32x8_hsum(a0), f32x8_hsum(a1), f32x8_hsum(a2), f32x8_hsum(a3)
-
-
-@njit(cache=True)
 def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
     """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 from the lane sums times -128
     (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""
@@ -680,3 +734,15 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
                            so + 8 * b, Q8_0_TILE_KIND, xl)
         o += 34
     return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q8_0(w, o, nb, xp, xo, xt, so, xl):
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q8_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt,
+                           so + 4 * b, Q8_0_TILE_KIND, xl)
+        o += 34
+    return _tile4_sums(acc)

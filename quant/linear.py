@@ -23,6 +23,7 @@ import numpy as np
 from .formats import format_by_name
 from .reference import as_checked_bytes, check_shape
 from .registry import FLOAT, Q8_0, kernels_for
+from .simd import HAS_WIDE_TILES
 
 
 class _ActivationScratch:
@@ -201,20 +202,23 @@ class QuantLinear:
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # an output with no row blocks to compute (of a group of two, a lone matrix)
 
-# A batch whose last 5-7 rows would go as a four-token dot plus single tokens runs them as one eight-token tile,
-# padded with copies of its last row: a tile costs about as much as a four-token dot and a single token (SmolLM2
-# Q4_1 at one thread: 8 tokens 30 ms, 4 tokens 25 ms, 5 tokens 40 ms), and its rows have the same bits as the
-# one-token dots (every block32 format with Q8_0 activations: its rows do not depend on the batch).
-_PAD_TO_TILE = 5
+# A batch's last rows past its eight-token tiles go as a four-token tile (T % 8 = 4) and single tokens; where a
+# bigger tile costs less than that, they are padded with copies of the last row to one: 5-7 rows to an eight-token
+# tile, and with the 512-bit tiles 3 rows to a four-token one. In single-token times, at one thread (SmolLM2 Q4_1
+# shapes), 512-bit: 3 singles 2.6, a four-token tile 1.9, an eight-token tile 2.7-3.1; AVX2: 2.8, 3.0, 5.2. The
+# padded rows have the same bits as the one-token dots (every block32 format with Q8_0 activations: its rows do
+# not depend on the batch).
+_PAD_ROWS = {3: 1, 5: 3, 6: 2, 7: 1} if HAS_WIDE_TILES else {5: 3, 6: 2, 7: 1}
 
 
 def _block32_tiles(kernel, weights, row_bytes, x, outs, scratch_key) -> None:
     """kernel (a matmul3_<fmt>) over x into outs (three, the unused ones _NO_COLUMNS), the tail padded to a tile."""
     n_tokens = x.shape[0]
-    if n_tokens % 8 < _PAD_TO_TILE:
+    pad = _PAD_ROWS.get(n_tokens % 8, 0)
+    if not pad:
         kernel(*weights, row_bytes, x, *_scratch_for(scratch_key).reserve(n_tokens), *outs)
         return
-    n = n_tokens + 8 - n_tokens % 8
+    n = n_tokens + pad
     xp = np.empty((n, x.shape[1]), np.float32)
     xp[:n_tokens] = x
     xp[n_tokens:] = x[n_tokens - 1]

@@ -2,9 +2,9 @@
 template there and rerun it.
 
 The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block
-of ROW_BLOCK rows x every token (eight-token tiles, four-token tiles, then single tokens two rows at a
-time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The contract, the
-dots they call and the activation layouts are in quant.dots_block32.
+of ROW_BLOCK rows x every token (eight-token tiles, a four-token tile or dots, then single tokens two
+rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The
+contract, the dots they call and the activation layouts are in quant.dots_block32.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .dots_block32 import (Q8_0_TILE_OFFSET, ROW_BLOCK, TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare,
-                           _row_blocks, tile8_q4_0, tile8_q4_1, tile8_q5_0, tile8_q5_1, tile8_q8_0, vec_dot2_q4_0_q8_0,
-                           vec_dot2_q4_1_q8_0, vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0,
-                           vec_dot4_q4_0_q8_0, vec_dot4_q4_1_q8_0, vec_dot4_q5_0_q8_0, vec_dot4_q5_1_q8_0,
-                           vec_dot4_q8_0_q8_0, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0,
-                           vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
+                           _row_blocks, tile4_q4_0, tile4_q4_1, tile4_q5_0, tile4_q5_1, tile4_q8_0, tile8_q4_0,
+                           tile8_q4_1, tile8_q5_0, tile8_q5_1, tile8_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0,
+                           vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0,
+                           vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
 
@@ -28,8 +27,8 @@ from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4
 
 @njit(cache=True)
 def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -37,10 +36,10 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_0(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
@@ -77,8 +76,8 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -86,10 +85,10 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q4_1_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_1(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
@@ -128,8 +127,8 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -137,10 +136,10 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_0(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
@@ -179,8 +178,8 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -188,10 +187,10 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q5_1_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, xs, t * nb)
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_1(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
@@ -230,8 +229,8 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -239,10 +238,10 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_q8_0_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q8_0(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
@@ -279,8 +278,8 @@ def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token dots, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -328,8 +327,8 @@ def matmul3_iq4_nl(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 @njit(cache=True)
 def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token dots, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)

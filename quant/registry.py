@@ -13,8 +13,11 @@ A record's fields:
   reference_quantize  "module:function" of the numpy quantizer, or None; see `reference_quantize` for the forms
   dequantize_block "module:function" of the Numba block decoder `f(w, o, out, p)`, expanded by
                    tools/gen_kernels.py into quant.dequantize_rows.dequantize_rows_<fmt>
-  dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0, vec_dot2_, vec_dot4_ and tile8_<fmt>,
-                   expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>
+  dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0, vec_dot2_, tile8_<fmt> and tile4_<fmt>
+                   (vec_dot4_<fmt>_q8_0 where tile4 is False), expanded into quant.matmul_block32.matmul_<fmt> /
+                   matmul3_<fmt>
+  tile4            for Q8_0 activations, whether a batch's four tokens after its eight-token tiles go through a
+                   four-token tile (tile4_<fmt>) rather than a four-token dot (vec_dot4_<fmt>_q8_0)
   driver           for Q8_0 activations, how the single-token dots take the activations' sums (DRIVER_*)
   tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
   matmul           for the other activations, the module holding matmul_<fmt>
@@ -71,6 +74,7 @@ class FormatKernels:
     dots: str | None = None
     driver: str | None = None
     tile_offset: int | str = 0
+    tile4: bool = False
     matmul: str | None = None
     quantizer: str | None = None
     cuda: bool = False
@@ -177,13 +181,13 @@ def _float(name: str) -> FormatKernels:
 
 def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
              quantizer: str | None = "quantize_kernels", reference_quantize: bool = True,
-             cuda: bool = True, rows8: str | None = None) -> FormatKernels:
+             cuda: bool = True, rows8: str | None = None, tile4: bool = True) -> FormatKernels:
     low = name.lower()
     return FormatKernels(name, Q8_0, f"reference:dequantize_{low}",
                          f"reference:quantize_{low}" if reference_quantize else None,
                          f"{block}:block_{low}", dots=dots, driver=driver, tile_offset=tile_offset,
                          quantizer=f"{quantizer}:quantize_block_{low}" if quantizer else None, cuda=cuda,
-                         rows8=rows8)
+                         rows8=rows8, tile4=tile4)
 
 
 def _kquant(name: str, kgroups: tuple[str, bool] | None = None, row_kinds: str | None = None,
@@ -214,11 +218,11 @@ RECORDS: tuple[FormatKernels, ...] = (
     _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=16, wide_on_avx2=True),
     _kquant("Q8_K", kgroups=("_scales_q8_k", True), quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
-             cuda=False),
+             cuda=False, tile4=False),
     FormatKernels("IQ4_XS", Q8_K, "reference:dequantize_iq4_xs", "reference:quantize_iq4_xs", "iq4_xs:block_iq4_xs",
                   matmul="iq4_xs", quantizer="iq4_xs:quantize_block_iq4_xs", row_kinds=ROWS_TILED8),
     _block32("MXFP4", DRIVER_PLAIN, "TILE_OFFSET_MXFP4", dots="mxfp4", block="mxfp4", quantizer="mxfp4", cuda=False,
-             rows8="mxfp4:matmul_mxfp4_rows8"),
+             rows8="mxfp4:matmul_mxfp4_rows8", tile4=False),
 )
 
 

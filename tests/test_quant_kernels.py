@@ -169,7 +169,8 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
     batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
-    for n_tokens in (45, 13, 1, 3, 4, 6, 7, 14, 9):  # 45: tiles of 8, a padded tile (5 + 3 copies); 9 last
+    for n_tokens in (45, 13, 1, 2, 3, 4, 6, 7, 12, 14, 9):  # 45: tiles of 8, a padded tile (5 + 3 copies); 12: a
+        # four-token tile; 3: padded to one with the 512-bit tiles; 9 last
         ones = np.empty((n_tokens, n_out), np.float32)
         for t in range(n_tokens):
             layer.matvec(x[t], ones[t])
@@ -755,6 +756,28 @@ def test_pack_tiles8_matches_numpy(n_tokens):
     want_xp, want_xt = pack_tiles8_reference(xq, xd, xs, n_tokens, n_in)
     np.testing.assert_array_equal(xp[:n8 * n_in], want_xp)
     np.testing.assert_array_equal(xt[:2 * n8 * n_in // 32], want_xt)
+
+
+@pytest.mark.parametrize("n_tokens", [4, 13])
+def test_pack_tiles4_matches_numpy(n_tokens):
+    """The four tokens after the eight-token groups, as the four-token tile reads them: two pairs a block, then
+    four scales a block and four sums a block after the eight-token groups' scales and sums."""
+    from edgellm.quant.dots_block32 import _pack_tiles4
+    n_in = 96
+    nb = n_in // 32
+    rng = np.random.default_rng(n_tokens)
+    xq = rng.integers(-127, 128, n_tokens * n_in).astype(np.int8)
+    xd, xs = rng.standard_normal((2, n_tokens * nb)).astype(np.float32)
+    n8 = n_tokens - n_tokens % 8
+    xp, xt = np.zeros(n_tokens * n_in, np.int8), np.zeros(5 * n_tokens * nb, np.float32)
+    _pack_tiles4(xq, xd, xs, n_in, n8, xp, xt)
+    q = xq[n8 * n_in:(n8 + 4) * n_in].reshape(2, 2, nb, 2, 16)  # pair, token of pair, block, half, 16
+    np.testing.assert_array_equal(xp[n8 * n_in:(n8 + 4) * n_in], q.transpose(2, 0, 3, 1, 4).reshape(-1))
+    base = 2 * n8 * nb
+    np.testing.assert_array_equal(xt[base:base + 4 * nb], xd[n8 * nb:(n8 + 4) * nb].reshape(4, nb).T.reshape(-1))
+    np.testing.assert_array_equal(xt[base + 4 * nb:base + 8 * nb],
+                                  xs[n8 * nb:(n8 + 4) * nb].reshape(4, nb).T.reshape(-1))
+    assert not xp[:n8 * n_in].any() and not xt[:base].any()  # the eight-token groups' part is left alone
 
 
 @pytest.mark.parametrize("mult", [-16, -8, -128, 3])

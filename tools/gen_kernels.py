@@ -91,19 +91,15 @@ ROW_BLOCK_HEAD = Template('''
 
 @njit(cache=True)
 def _row_block_$fmt(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token tiles, then single tokens two rows
-    at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then $four, then single tokens two
+    rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
     for t in range(0, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)
-    for r in range(r0, r1):
-        for t in range(n8, n4, TOKEN_TILE):
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_${fmt}_q8_0(
-                w, r * row_bytes, nb, xq, t * n_in, n_in, $dot_act)
+             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step
     for t in range(n4, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(
@@ -113,14 +109,30 @@ def _row_block_$fmt(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, ou
             out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
 ''')
 
+# The four tokens after the eight-token tiles (T % 8 >= 4): a four-token tile (its scales after the eight-token
+# tiles' scales and sums, quant.dots_block32._pack_tiles4), or for a format without one four-token dots.
+FOUR_STEPS = {
+    True: ("a four-token tile", """
+    if n4 > n8:
+        for r in range(r0, r1):
+            out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_$fmt(
+                w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, $tile4_last)"""),
+    False: ("four-token dots", """
+    for r in range(r0, r1):
+        for t in range(n8, n4, TOKEN_TILE):
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_${fmt}_q8_0(
+                w, r * row_bytes, nb, xq, t * n_in, n_in, $dot_act)"""),
+}
+
 DRIVER_ARGS = {  # aux (the row block's extra argument), its setup line, and how each dot takes the activations
-    registry.DRIVER_PLAIN: dict(aux="", setup="", tile_last="xl", dot_act="xd, t * nb",
+    registry.DRIVER_PLAIN: dict(aux="", setup="", tile_last="xl", tile4_last="xl", dot_act="xd, t * nb",
                                 dot2_act="xd, t * nb"),
     registry.DRIVER_MINS: dict(aux=", pairs", setup="pairs = _pack_pairs(xd, xs, nb, n8, n4, x.shape[0], xt)",
-                               tile_last="n8 * nb + t * nb", dot_act="xd, xs, t * nb",
+                               tile_last="n8 * nb + t * nb", tile4_last="2 * n8 * nb + 4 * nb",
+                               dot_act="xd, xs, t * nb",
                                dot2_act="xt, pairs + 2 * (t - n4) * nb"),
     registry.DRIVER_LANE_SUMS: dict(aux=", lane_sums", setup="lane_sums = _pack_lane_sums(xq, nb, n8, n4, x.shape[0])",
-                                    tile_last="xl", dot_act="xd, t * nb",
+                                    tile_last="xl", tile4_last="xl", dot_act="xd, t * nb",
                                     dot2_act="xd, t * nb, lane_sums, 8 * nb * (t - n4)"),
 }
 
@@ -158,10 +170,13 @@ def matmul_block32() -> str:
     for r in registry.records(registry.Q8_0):
         fmt = r.suffix
         imports.setdefault(r.dots, []).extend(
-            [f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0", f"vec_dot4_{fmt}_q8_0", f"tile8_{fmt}"])
+            [f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0", f"tile4_{fmt}" if r.tile4 else f"vec_dot4_{fmt}_q8_0",
+             f"tile8_{fmt}"])
         if isinstance(r.tile_offset, str):
             imports[r.dots].append(r.tile_offset)
-        args = dict(DRIVER_ARGS[r.driver], fmt=fmt, offset=r.tile_offset)
+        four, step = FOUR_STEPS[r.tile4]
+        args = dict(DRIVER_ARGS[r.driver], fmt=fmt, offset=r.tile_offset, four=four)
+        args["four_step"] = Template(step).substitute(args)
         if r.driver == registry.DRIVER_PLAIN:  # nothing to set up: no line at all
             template = Template(MATMUL.template.replace("\n    $setup", ""))
         else:
@@ -169,9 +184,9 @@ def matmul_block32() -> str:
         body.append(f"\n\n# --- {r.name} " + "-" * (110 - len(r.name)) + "\n")
         body.append(ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
     doc = ("The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block\n"
-           "of ROW_BLOCK rows x every token (eight-token tiles, four-token tiles, then single tokens two rows at a\n"
-           "time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The contract, the\n"
-           "dots they call and the activation layouts are in quant.dots_block32.")
+           "of ROW_BLOCK rows x every token (eight-token tiles, a four-token tile or dots, then single tokens two\n"
+           "rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The\n"
+           "contract, the dots they call and the activation layouts are in quant.dots_block32.")
     head = ("import numpy as np\nfrom numba import njit, prange\n"
             "from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)\n\n")
     return _module(doc, head + _imports(imports) + "".join(body))
