@@ -15,7 +15,7 @@ from edgellm.errors import SamplingError
 from edgellm.generation.options import parse_options
 from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import Scheduler
-from edgellm.generation.speculative import DraftLength, Speculator
+from edgellm.generation.speculative import ForwardCosts, Speculator
 
 # text that repeats itself, so prompt lookup finds drafts (and a random tiny model's loops repeat it too)
 REPEATING = "hello world hello world STOP or hello world or hello he ll world hello world hello"
@@ -39,8 +39,8 @@ def tiny_pair(tmp_path_factory):
 def cheap_drafts(monkeypatch):
     """A fixed, low cost per drafted row instead of timed ones: the tiny models' drafts (and rejections) are then
     the same on any machine and load."""
-    monkeypatch.setattr(DraftLength, "BETA_START", 0.02)
-    monkeypatch.setattr(DraftLength, "timed_verification", lambda self, rows, seconds, n_seqs=1: None)
+    monkeypatch.setattr(ForwardCosts, "BETA_START", 0.02)
+    monkeypatch.setattr(ForwardCosts, "timed_verification", lambda self, rows, seconds, n_seqs=1: None)
 
 
 def run_together(model, speculative, extra=None):

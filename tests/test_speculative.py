@@ -15,7 +15,7 @@ from edgellm.engine import gguf as gguf_reader
 from edgellm.engine.models import build_model
 from edgellm.errors import ModelError, SamplingError
 from edgellm.generation.sampling import Sampler, SamplingParams
-from edgellm.generation.speculative import DRAFT_MAX, DraftLength, PromptLookup
+from edgellm.generation.speculative import DRAFT_MAX, DraftLength, ForwardCosts, PromptLookup, Speculator
 from edgellm.tokenizer import Tokenizer
 
 # Text that repeats itself, so that prompt lookup finds drafts (and a random tiny model's loops repeat it too).
@@ -267,11 +267,19 @@ def test_lookup_sampling_keeps_the_target_distribution_end_to_end():
 
 # --- the draft length ------------------------------------------------------------------------------------------------
 
+def _accepting(length, p):
+    """Every position's acceptance estimate set to p."""
+    length.accepted = [p] * len(length.accepted)
+    length.seen = [1.0] * len(length.seen)
+    return length
+
+
 def test_draft_length_grows_with_acceptance_and_pauses_without():
     good = DraftLength(12)
-    for _ in range(6):
+    first = good.want()
+    for _ in range(12):
         good.update(good.want(), good.want())
-    assert good.want() >= 8
+    assert good.want() >= max(6, first + 3)  # every draft accepted: longer drafts
     bad = DraftLength(12)
     wants = []
     for _ in range(60):
@@ -281,38 +289,74 @@ def test_draft_length_grows_with_acceptance_and_pauses_without():
     assert wants.count(0) > 45  # paused most of the time: open-ended text costs little
     bad.update(1, 1)
     assert bad.pause == DraftLength.PAUSE_FIRST  # an accepted draft ends the long pauses
+    unpaused = _accepting(DraftLength(12, pauses=False), 0.05)
+    unpaused.timed_step(1.0)
+    for rows in range(2, 14):
+        unpaused.timed_verification(rows, 1.0 + 0.2 * rows)
+    assert [unpaused.want() for _ in range(3)] == [0, 0, 0] and unpaused.paused == 0
+    for j in range(1, 13):  # seen without drafting (prompt lookup's finds against what followed): drafts at once
+        for _ in range(8):
+            unpaused.observe(j, True)
+    assert unpaused.want() >= 8
 
 
 def test_draft_length_weighs_the_batch():
     # a decode step of n sequences costs 1 + 0.3 (n - 1) single steps, and each drafted row 0.3 more
-    def timed(n_seqs):
-        length = DraftLength(8)
-        length.accepted, length.rejected = 0.6, 0.4  # alpha 0.6
+    def timed(n_seqs, p=0.6):
+        length = _accepting(DraftLength(8), p)
         length.timed_step(1.0, 1)
         length.timed_step(1.9, 4)
-        for _ in range(30):
-            length.timed_verification(n_seqs + 2, (1.0 if n_seqs == 1 else 1.9) + 0.6, n_seqs)
+        for extra in range(1, 9):
+            length.timed_verification(n_seqs + extra, (1.0 if n_seqs == 1 else 1.9) + 0.3 * extra, n_seqs)
         return length
-    alone, batched = timed(1), timed(4)
-    assert alone.row_cost(1) == pytest.approx(0.3, rel=1e-3)
-    assert batched.row_cost(4) == pytest.approx(0.3 / 1.9, rel=1e-3)
-    assert alone.want(1) >= 1  # alone, a draft accepted 60% of the time pays for its rows
-    assert batched.want(4) == 0  # in a batch of 4 the same rows slow four sequences' step for too few tokens
-    high = timed(4)
-    high.accepted, high.rejected = 0.95, 0.05
-    assert high.want(4) >= 2  # copying text: the draft still pays for the batch
-    # a batch size not timed plainly: measured against the nearest one's step, scaled by a row's cost
+    assert timed(1).want(1) >= 1  # alone, a draft accepted 60% of the time pays for its rows
+    assert timed(4).want(4) == 0  # in a batch of 4 the same rows slow four sequences' step for too few tokens
+    assert timed(4, 0.95).want(4) >= 2  # copying text: the draft still pays for the batch
+    # a batch size not timed plainly: the nearest one's step, scaled as 1 + 0.3 (n - 1) single steps
     scaled = DraftLength(8)
     scaled.timed_step(1.0, 1)
-    scaled.timed_verification(6, 1.9 + 0.6, 4)
-    assert scaled.plain_s(4) == pytest.approx(1.9) and scaled.row_cost(4) == pytest.approx(0.3 / 1.9, rel=1e-3)
-    scaled.timed_verification(5, 1.0 + 3 * 0.3 + 0.1, 4)  # a cheaper row, seen at 4 sequences: cheaper alone too
-    assert scaled.row_s == pytest.approx(0.7 * 0.3 + 0.3 * 0.1) and scaled.row_cost(1) == pytest.approx(scaled.row_s)
+    assert scaled.plain_s(4) == pytest.approx(1.9) and scaled.plain_s(1) == 1.0
+
+
+def test_draft_length_follows_timed_costs_by_rows():
+    """Forwards cost far from linearly in their rows (the matmuls' token tiles): each size is timed, so a draft of
+    3 (4 rows) is taken where 4 rows cost less than 3, and a size between two timed ones is interpolated."""
+    length = _accepting(DraftLength(8), 0.9)
+    length.timed_step(1.0, 1)
+    for rows, seconds in ((2, 1.8), (3, 2.6), (4, 1.9), (8, 2.7)):
+        length.timed_verification(rows, seconds)
+    assert length.want(1, available=3) == 3  # 4 rows: 3.7 tokens for 1.9 steps
+    assert length.want(1, available=2) == 1  # 3 rows would cost 2.6 steps for 2.7 tokens: 1 (1.9 for 1.8) is better
+    assert length.forward_s(1, 6) == pytest.approx(ForwardCosts.UNTIMED * (1.9 + 0.8 * 2 / 4))
+    assert length.forward_s(1, 4) == 1.9 and length.forward_s(1, 1) == 1.0
+    linear = _accepting(DraftLength(8), 0.9)  # before any verification: a row costs BETA_START of a step
+    linear.timed_step(1.0, 1)
+    assert linear.forward_s(1, 3) == pytest.approx(ForwardCosts.UNTIMED * (1 + 2 * ForwardCosts.BETA_START))
+
+
+def test_lookup_counts_what_followed_its_finds():
+    """Prompt lookup's finds are compared with the tokens that followed, drafted or not: after open text (drafting
+    off), copying is seen as it starts and drafting resumes without a probe."""
+    spec = Speculator("lookup", None, PromptLookup())
+    _accepting(spec.length, 0.02)
+    spec.length.timed_step(1.0)
+    for rows in range(2, 14):
+        spec.length.timed_verification(rows, 1.0 + 0.2 * rows)
+    text = list(range(100, 140))
+    history = text + [7]
+    assert spec.propose(history, 8) is None  # nothing found yet
+    history += text[:3]  # the text starts again: found, but not worth a draft at 2%
+    assert spec.propose(history, 8) is None
+    for t in text[3:12]:  # decoded plainly, and every find was right
+        history.append(t)
+        spec.propose(history, 8)
+    assert spec.length.p(1) > 0.8 and spec.drafted == 0
+    drafted = spec.propose(history + [text[12]], 8)
+    assert drafted is not None and drafted[0] == text[13:13 + len(drafted[0])] and len(drafted[0]) >= 4
 
 
 def test_draft_length_bounds():
-    length = DraftLength(5, 3)
-    length.accepted, length.rejected = 0.4, 0.6  # alone, the best draft is short
+    length = _accepting(DraftLength(5, 3), 0.4)  # alone, the best draft is short
     assert length.best()[0] < 3 and length.want() == 3  # a draft is at least k_min long
     assert DraftLength(0).want() == 0  # draft_max 0: speculation off
 

@@ -238,6 +238,7 @@ class Scheduler:
 
     def _start_speculation(self, mode, draft_max) -> None:
         self.speculative = speculative_mod.check_mode(mode, getattr(self.model, "draft_model", None) is not None)
+        self.forward_costs = speculative_mod.ForwardCosts()  # timed by every slot's steps, used by all of them
         if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
                                       or not 1 <= draft_max <= speculative_mod.DRAFT_LIMIT):
             raise ValueError(f"draft_max must be an integer from 1 to {speculative_mod.DRAFT_LIMIT}, got {draft_max!r}")
@@ -267,7 +268,7 @@ class Scheduler:
             drafter.sampler = None if opts.sampling.greedy else Sampler(
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
         k_max = self.draft_max if opts.draft_max is None else opts.draft_max
-        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min)
+        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min, self.forward_costs)
 
     # -- any thread ------------------------------------------------------------------------------------------
     def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:

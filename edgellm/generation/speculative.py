@@ -191,112 +191,154 @@ def check_same_vocabulary(target, draft) -> None:
 # The draft length
 # ---------------------------------------------------------------------------------------------------------------
 
+class ForwardCosts:
+    """What the target's forwards cost, per number of rows, timed as they run: plain steps per batch size n (n rows),
+    verifications per total rows R (n sequences plus drafted rows, drafting included). Costs are far from linear in
+    the rows (the matmuls run tokens in tiles of 8 and 4: on a small model 4 rows can cost less than 3), so each
+    size is timed; an untimed size is interpolated between timed ones, past them extrapolated at the average extra
+    row's cost (before any verification is timed, BETA_START of a single step a row), and taken UNTIMED lower, so
+    that each size worth it gets tried once. They belong to the model and the machine, not the text: one table
+    serves every generation of a model (edgellm.api) or a scheduler's slots."""
+
+    DECAY = 0.7  # weight of the past in the running times, per timed forward
+    BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
+    UNTIMED = 0.8
+
+    def __init__(self):
+        self.steps = {}  # sequences in a plain forward -> its running seconds
+        self.verified = {}  # rows in a verifying forward -> its running seconds, drafting included
+
+    def _running(self, table: dict, key: int, seconds: float) -> None:
+        old = table.get(key)
+        table[key] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
+
+    def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
+        self._running(self.steps, n_seqs, seconds)
+
+    def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
+        if rows > n_seqs:
+            self._running(self.verified, rows, seconds)
+
+    def plain_s(self, n_seqs: int) -> float:
+        """A plain step of n_seqs sequences: timed, else the nearest timed batch size's scaled as 1 + BETA_START
+        (n - 1) single steps are; in single steps before any is timed."""
+        if n_seqs in self.steps:
+            return self.steps[n_seqs]
+        if not self.steps:
+            return self._shape(n_seqs)
+        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
+        return self.steps[near] * self._shape(n_seqs) / self._shape(near)
+
+    def _shape(self, n_seqs: int) -> float:
+        return 1 + self.BETA_START * (n_seqs - 1)
+
+    def forward_s(self, n_seqs: int, rows: int) -> float:
+        """A forward of n_seqs sequences and rows - n_seqs drafted rows, drafting included (see the class)."""
+        plain = self.plain_s(n_seqs)
+        if rows <= n_seqs:
+            return plain
+        if rows in self.verified:
+            return self.verified[rows]
+        below = [r for r in self.verified if n_seqs < r < rows]
+        above = [r for r in self.verified if r > rows]
+        r0, t0 = (max(below), self.verified[max(below)]) if below else (n_seqs, plain)
+        if above:
+            r1 = min(above)
+            guess = t0 + (self.verified[r1] - t0) * (rows - r0) / (r1 - r0)
+        else:
+            row = (t0 - plain) / (r0 - n_seqs) if r0 > n_seqs else self.BETA_START * plain / self._shape(n_seqs)
+            guess = t0 + max(0.0, row) * (rows - r0)
+        return max(plain, self.UNTIMED * guess)  # (never below the plain step: it has the same rows and more)
+
+
 class DraftLength:
-    """How many tokens to draft next, from two running estimates: alpha, the chance that the target accepts a
-    drafted token given it accepted the ones before (accepted / (accepted + rejections) over recent drafts), and
-    beta, what each extra drafted and verified row costs relative to the same forward without drafts (timed: the
-    seconds a row adds, one estimate for every batch size, over the plain step of as many sequences, so a forward
-    of n sequences plus E drafted rows costs about 1 + beta E plain steps of n sequences; on a small model on a CPU
-    the kernels are compute-bound enough that beta is 0.1-0.4 at n = 1, not ~0).
+    """How many tokens to draft next, from p_j, the chance that the target accepts drafted token j given it
+    accepted the ones before, per position j (drafts that start right tend to stay right: text being copied), as
+    decayed counts over recent drafts, and what forwards cost per number of rows (ForwardCosts).
 
     The choice is the batch's: a forward of n sequences gives n tokens plainly; k drafted rows of this sequence
-    add (1 - alpha^(k+1)) / (1 - alpha) - 1 expected tokens for beta k more of the step. The k that maximises the
-    batch's tokens per second, (n + gained) / (n (1 + beta k)), is drafted; at n = 1 that is the single sequence's
-    speed-up. So in a batch a draft must gain more than n beta k tokens: its rows slow every other sequence's step.
-    Where even the best ratio is below 1 (open-ended text: drafts rejected; a big batch) drafting pauses, for a
+    add p_1 + p_1 p_2 + ... + p_1..p_k expected tokens for the cost of n + k rows. The k that maximises the batch's
+    tokens per second is drafted (at most `available`, what the drafter found, when it is known first); at n = 1
+    that is the single sequence's speed-up. Where no k beats plain decoding (open-ended text: drafts rejected; a
+    big batch) drafting pauses (unless `pauses` is off: a drafter whose finds are checked without drafting), for a
     pause that doubles while it stays so and resets when a draft is accepted again. k_min: a shorter draft is not
     verified (want() asks for at least k_min)."""
 
-    DECAY = 0.7  # weight of the past in the running estimates, per draft (or per timed step)
-    ALPHA_START, BETA_START = 0.5, 0.3
+    ACCEPT_DECAY = 0.9  # weight of the past in the acceptance counts, per observation
+    ALPHA_START = 0.8  # every position's first estimate
     PAUSE_FIRST, PAUSE_MAX = 4, 128
 
-    def __init__(self, k_max: int, k_min: int = 0):
-        self.k_max, self.k_min = k_max, min(k_min, k_max)
-        self.accepted, self.rejected = self.ALPHA_START, 1.0 - self.ALPHA_START  # decayed counts
-        self.steps = {}  # sequences in the forward -> running time of a plain step
-        self.row_s = None  # running seconds one extra verified row adds to a forward, whatever its batch
+    def __init__(self, k_max: int, k_min: int = 0, pauses: bool = True, costs: ForwardCosts | None = None):
+        self.k_max, self.k_min, self.pauses = k_max, min(k_min, k_max), pauses
+        self.costs = ForwardCosts() if costs is None else costs
+        n = max(k_max, 0) + 1
+        self.accepted = [self.ALPHA_START] * n  # [j - 1]: decayed counts of drafted token j accepted / tried
+        self.seen = [1.0] * n  # (tried: every token before it was accepted)
         self.pause, self.paused = self.PAUSE_FIRST, 0
+
+    def p(self, j: int) -> float:
+        """The chance that drafted token j (from 1) is accepted, given the ones before it were."""
+        return self.accepted[j - 1] / self.seen[j - 1]
 
     @property
     def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        return self.p(1) if self.k_max > 0 else 0.0
 
-    @property
-    def beta(self) -> float:
-        return self.row_cost(1)
+    def plain_s(self, n_seqs: int) -> float:
+        return self.costs.plain_s(n_seqs)
 
-    @property
-    def step_s(self):
-        return self.steps.get(1)
+    def forward_s(self, n_seqs: int, rows: int) -> float:
+        return self.costs.forward_s(n_seqs, rows)
 
-    def plain_s(self, n_seqs: int):
-        """A plain step of n_seqs sequences: timed, else the nearest batch size's, each other sequence's row costing
-        what a drafted one does (at most a whole step more each, at least none); None before any is timed."""
-        if n_seqs in self.steps or not self.steps:
-            return self.steps.get(n_seqs)
-        near = min(self.steps, key=lambda n: (abs(n - n_seqs), n))
-        s = self.steps[near]
-        row = self.BETA_START * s if self.row_s is None else max(0.0, self.row_s)
-        return min(max(s + row * (n_seqs - near), min(s, s * n_seqs / near)), max(s, s * n_seqs / near))
+    def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
+        """A plain forward of n_seqs sequences took `seconds`."""
+        self.costs.timed_step(seconds, n_seqs)
 
-    def row_cost(self, n_seqs: int = 1) -> float:
-        """beta in a forward of n_seqs sequences: the measured seconds of a row over that forward's plain step; before
-        both are timed, the start value with the batch's own rows costing what a drafted one does (a plain step of
-        n sequences: 1 + BETA_START (n - 1) single steps)."""
-        plain = self.plain_s(n_seqs)
-        if self.row_s is None or not plain:
-            return self.BETA_START / (1 + self.BETA_START * (n_seqs - 1))
-        return max(0.0, self.row_s) / plain
+    def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
+        """A forward of `rows` rows (n_seqs sequences and their drafted rows) took `seconds`, drafting included."""
+        self.costs.timed_verification(rows, seconds, n_seqs)
 
-    def best(self, n_seqs: int = 1) -> tuple[int, float]:
+    def best(self, n_seqs: int = 1, available: int | None = None) -> tuple[int, float]:
         """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
-        in a forward of n_seqs sequences."""
-        a, beta, n = min(self.alpha, 0.999), self.row_cost(n_seqs), max(1, n_seqs)
-        best_k, best_gain = 0, 1.0
-        for k in range(1, self.k_max + 1):
-            gain = (n - 1 + (1 - a ** (k + 1)) / (1 - a)) / (n * (1 + beta * k))
+        in a forward of n_seqs sequences, with at most `available` tokens to draft (None: k_max)."""
+        n = max(1, n_seqs)
+        plain_rate = n / self.plain_s(n)
+        best_k, best_gain, tokens, run = 0, 1.0, float(n), 1.0
+        for k in range(1, min(self.k_max, self.k_max if available is None else available) + 1):
+            run *= min(self.p(k), 0.999)
+            tokens += run
+            gain = tokens / self.forward_s(n, n + k) / plain_rate
             if gain > best_gain:
                 best_k, best_gain = k, gain
         return best_k, best_gain
 
-    def want(self, n_seqs: int = 1) -> int:
-        """Tokens to draft now (0: decode plainly), in a forward of n_seqs sequences."""
+    def want(self, n_seqs: int = 1, available: int | None = None) -> int:
+        """Tokens to draft now (0: decode plainly), in a forward of n_seqs sequences, at most `available`."""
         if self.k_max <= 0:
             return 0
         if self.paused > 0:
             self.paused -= 1
             return 0 if self.paused else max(1, self.k_min)  # the pause's last step probes with a short draft
-        k, _ = self.best(n_seqs)
-        if k == 0:
+        k, _ = self.best(n_seqs, available)
+        if k == 0 and self.pauses:
             self.paused = self.pause
             self.pause = min(self.PAUSE_MAX, 2 * self.pause)
             return 0
         return max(k, self.k_min)
 
     def update(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
-        d = self.DECAY
-        self.accepted = d * self.accepted + accepted
-        self.rejected = d * self.rejected + (accepted < drafted)
+        """A verification's outcome: drafted tokens 1..accepted were accepted, the next one (if any) was not."""
+        for j in range(1, min(drafted, accepted + 1) + 1):
+            self.observe(j, j <= accepted)
         if accepted:
             self.pause = self.PAUSE_FIRST
 
-    def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
-        """A plain forward of n_seqs sequences took `seconds`."""
-        old = self.steps.get(n_seqs)
-        self.steps[n_seqs] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
-
-    def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
-        """A forward of n_seqs sequences and rows - n_seqs drafted rows (theirs and the others') took `seconds`,
-        drafting included: what a row added, against the plain step of as many sequences."""
-        plain = self.plain_s(n_seqs)
-        if plain is None or rows <= n_seqs:
-            return
-        row = (seconds - plain) / (rows - n_seqs)  # unclipped: a noisy host's errors either way average out
-        old = self.row_cost(n_seqs) * plain if self.row_s is None else self.row_s
-        self.row_s = self.DECAY * old + (1 - self.DECAY) * row
+    def observe(self, j: int, accepted: bool) -> None:
+        """Drafted token j (from 1), after j - 1 accepted ones, was accepted or not."""
+        if 1 <= j <= self.k_max:
+            d = self.ACCEPT_DECAY
+            self.seen[j - 1] = d * self.seen[j - 1] + 1
+            self.accepted[j - 1] = d * self.accepted[j - 1] + accepted
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -316,22 +358,52 @@ class Speculator:
     """Drives one generation's drafts against the target's forward model. draft(): propose and verify; settle():
     after the decode loop has stepped through the rows, drop the rejected ones and update the counts."""
 
-    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None, k_min: int = 0):
+    def __init__(self, mode: str, target_forward, drafter, k_max: int | None = None, k_min: int = 0,
+                 costs: ForwardCosts | None = None):
         self.mode, self.target, self.drafter = mode, target_forward, drafter
-        self.length = DraftLength(DRAFT_MAX[mode] if k_max is None else k_max, k_min)
+        self.lookup = isinstance(drafter, PromptLookup)
+        # a lookup costs a few dictionary look-ups, so it runs every step and needs no pauses (see propose)
+        self.length = DraftLength(DRAFT_MAX[mode] if k_max is None else k_max, k_min, pauses=not self.lookup,
+                                  costs=costs)
         self.drafted = self.accepted = self.verifications = 0
+        self._found = []  # lookup: [history length, the tokens found then, how many are compared yet]
 
     def propose(self, history, room: int, n_seqs: int = 1):
         """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens, in a forward of
-        n_seqs sequences; None when no draft is worth it now (paused, nothing found, shorter than k_min, no room)."""
+        n_seqs sequences; None when no draft is worth it now (paused, nothing found, shorter than k_min, no room).
+        Prompt lookup looks every step, drafting or not, and its finds are compared with the tokens that follow
+        them, so the acceptance estimates see every position, drafted or not (what a longer draft would have got,
+        and when copying starts again after open text); the length is chosen knowing how many tokens it found."""
+        if self.lookup:
+            self._compare_found(history)
+            found = self.drafter.propose(history, self.length.k_max) if self.length.k_max > 0 else []
+            if not found:
+                return None
+            self._found.append([len(history), found, 0])
+            k = min(self.length.want(n_seqs, len(found)), room)
+            return self.choices(found[:k], None) if k > 0 else None
         k = self.plan(room, n_seqs)
         if k == 0:
             return None
-        if isinstance(self.drafter, PromptLookup):
-            tokens, qs = self.drafter.propose(history, k), None
-        else:
-            tokens, qs = self.drafter.propose(history, k)
+        tokens, qs = self.drafter.propose(history, k)
         return self.choices(tokens, qs)
+
+    def _compare_found(self, history) -> None:
+        """Each earlier find against the tokens that have followed it since the last step: each position counts
+        once, as it is seen, up to the find's first wrong token."""
+        waiting = []
+        for entry in self._found:
+            start, found, j = entry
+            while j < len(found) and start + j < len(history):
+                right = history[start + j] == found[j]
+                j += 1
+                self.length.observe(j, right)
+                if not right:
+                    j = len(found)
+            if j < len(found):
+                entry[2] = j
+                waiting.append(entry)
+        self._found = waiting
 
     def plan(self, room: int, n_seqs: int = 1) -> int:
         """How many tokens to draft now, at most room (0: none)."""
@@ -375,4 +447,5 @@ class Speculator:
         self.drafted += drafted
         self.accepted += accepted
         self.verifications += 1
-        self.length.update(drafted, accepted)
+        if not self.lookup:  # (a lookup's finds are counted as what followed them shows, in _compare_found)
+            self.length.update(drafted, accepted)
