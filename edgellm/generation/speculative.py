@@ -202,7 +202,7 @@ class ForwardCosts:
 
     DECAY = 0.7  # weight of the past in the running times, per timed forward
     BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
-    UNTIMED = 0.8
+    UNTIMED = 0.8  # an untimed size's estimate, times this: optimistic, so that it gets timed
 
     def __init__(self):
         self.steps = {}  # sequences in a plain forward -> its running seconds
@@ -279,10 +279,6 @@ class DraftLength:
     def p(self, j: int) -> float:
         """The chance that drafted token j (from 1) is accepted, given the ones before it were."""
         return self.accepted[j - 1] / self.seen[j - 1]
-
-    @property
-    def alpha(self) -> float:
-        return self.p(1) if self.k_max > 0 else 0.0
 
     def plain_s(self, n_seqs: int) -> float:
         return self.costs.plain_s(n_seqs)
