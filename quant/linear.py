@@ -202,12 +202,10 @@ class QuantLinear:
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # an output with no row blocks to compute (of a group of two, a lone matrix)
 
-# A batch's last rows past its eight-token tiles go as a four-token tile (T % 8 = 4) and single tokens; where a
+# A batch's last rows past its eight-token tiles go as a four-token tile (T % 8 >= 4) and single tokens; where a
 # bigger tile costs less than that, they are padded with copies of the last row to one: 5-7 rows to an eight-token
-# tile, and with the 512-bit tiles 3 rows to a four-token one. In single-token times, at one thread (SmolLM2 Q4_1
-# shapes), 512-bit: 3 singles 2.6, a four-token tile 1.9, an eight-token tile 2.7-3.1; AVX2: 2.8, 3.0, 5.2. The
-# padded rows have the same bits as the one-token dots (every block32 format with Q8_0 activations: its rows do
-# not depend on the batch).
+# tile, and with the 512-bit tiles 3 rows to a four-token one (docs/kernels.md has the timings). The padded rows
+# have the same bits as the one-token dots (every block32 format: its rows do not depend on the batch).
 _PAD_ROWS = {3: 1, 5: 3, 6: 2, 7: 1} if HAS_WIDE_TILES else {5: 3, 6: 2, 7: 1}
 
 
