@@ -13,16 +13,45 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .dots_block32 import (Q8_0_TILE_OFFSET, ROW_BLOCK, TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare,
-                           _row_blocks, tile4_q4_0, tile4_q4_1, tile4_q5_0, tile4_q5_1, tile4_q8_0, tile8_q4_0,
-                           tile8_q4_1, tile8_q5_0, tile8_q5_1, tile8_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0,
-                           vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0,
-                           vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
+from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE_OFFSET, TILE_UNSIGNED,
+                           TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare, _row_blocks, _tile4_pairs, _tile4_sums,
+                           _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums, _tile8_sums_mins, _tile8_zero,
+                           _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1,
+                           _tile_quants_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0, vec_dot2_q5_0_q8_0,
+                           vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0,
+                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
+from .simd import f32x8_add, f32x8_mul, f32x8_splat, f32x8_zero, load_f16, load_f32x8, prefetch
 
 
 # --- Q4_0 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
+    acc = _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
+                           xl)
+        o += 18
+    return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q4_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..15); the tile's lane sums (times -8) take the offset out."""
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
+                           xl)
+        o += 18
+    return _tile4_sums(acc)
 
 
 @njit(cache=True)
@@ -72,6 +101,34 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q4_1 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
+                           xp)
+        o += 20
+    return _tile8_sums_mins(acc, mins)
+
+
+@njit(cache=True)
+def tile4_q4_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile4_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q4_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
+                           xp)
+        o += 20
+    return _tile4_sums_mins(acc, mins)
 
 
 @njit(cache=True)
@@ -126,6 +183,32 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True)
+def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
+    acc = _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
+                           xl)
+        o += 22
+    return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q5_0(w, o, nb, xp, xo, xt, so, xl):
+    """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
+                           xl)
+        o += 22
+    return _tile4_sums(acc)
+
+
+@njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
     rows at a time."""
@@ -177,6 +260,34 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True)
+def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile8_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
+                           xp)
+        o += 24
+    return _tile8_sums_mins(acc, mins)
+
+
+@njit(cache=True)
+def tile4_q5_1(w, o, nb, xp, xo, xt, so, mo):
+    acc = _tile4_zero()
+    mins = f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q5_1(w, o)
+        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
+                           xp)
+        o += 24
+    return _tile4_sums_mins(acc, mins)
+
+
+@njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
     rows at a time."""
@@ -225,6 +336,34 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q8_0 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
+    """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 from the lane sums times -128
+    (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""
+    acc = _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q8_0(w, o)
+        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, Q8_0_TILE_KIND,
+                           xl)
+        o += 34
+    return _tile8_sums(acc)
+
+
+@njit(cache=True)
+def tile4_q8_0(w, o, nb, xp, xo, xt, so, xl):
+    """256-bit: the signed quants (dot_i8x32's sign flip). 512-bit: the quants + 128 from the lane sums times -128
+    (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""
+    acc = _tile4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_q8_0(w, o)
+        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, Q8_0_TILE_KIND,
+                           xl)
+        o += 34
+    return _tile4_sums(acc)
 
 
 @njit(cache=True)

@@ -13,11 +13,12 @@ A record's fields:
   reference_quantize  "module:function" of the numpy quantizer, or None; see `reference_quantize` for the forms
   dequantize_block "module:function" of the Numba block decoder `f(w, o, out, p)`, expanded by
                    tools/gen_kernels.py into quant.dequantize_rows.dequantize_rows_<fmt>
-  dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0, vec_dot2_, tile8_<fmt> and tile4_<fmt>
-                   (vec_dot4_<fmt>_q8_0 where tile4 is False), expanded into quant.matmul_block32.matmul_<fmt> /
-                   matmul3_<fmt>
-  tile4            for Q8_0 activations, whether a batch's four tokens after its eight-token tiles go through a
-                   four-token tile (tile4_<fmt>) rather than a four-token dot (vec_dot4_<fmt>_q8_0)
+  dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0 and vec_dot2_ (and where tile4 is
+                   False, vec_dot4_ and tile8_<fmt>), expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>
+  tile4            for Q8_0 activations, whether the format's tiles, tile8_<fmt> and the four-token tile4_<fmt>, are
+                   generated (tools/gen_kernels.py's TILE) from quant.dots_block32's steps and its _tile_quants_<fmt>
+                   (a block of an f16 scale, an f16 min for the formats with mins, then the quants); otherwise its
+                   module's tile8_<fmt> and four-token dots (vec_dot4_<fmt>_q8_0) serve
   driver           for Q8_0 activations, how the single-token dots take the activations' sums (DRIVER_*)
   tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
   matmul           for the other activations, the module holding matmul_<fmt>

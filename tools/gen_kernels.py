@@ -109,6 +109,49 @@ def _row_block_$fmt(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl$aux, ou
             out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
 ''')
 
+# The tiles of a format whose block is one f16 scale (and for the formats with mins, an f16 min after it) and
+# quants that dots_block32._tile_quants_<fmt> decodes: the same loop for eight tokens (four pairs) and four (two),
+# by the steps of quant.dots_block32 (the layouts and the arithmetic are described there).
+TILE = Template('''
+
+@njit(cache=True)
+def tile${n}_$fmt(w, o, nb, xp, xo, xt, so, $last):$doc
+    acc = _tile${n}_zero()$mins_init
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q = _tile_quants_$fmt(w, o)$mins_step
+        acc = _tile${n}_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + $xstep * b, xt, so + $n * b, $kind,
+                           $kind_arg)
+        o += $block_bytes
+    return $sums
+''')
+
+
+def tiles(r) -> str:
+    """tile8_<fmt> and tile4_<fmt> for a record with tile4 (see TILE)."""
+    mins = r.driver == registry.DRIVER_MINS
+    if isinstance(r.tile_offset, str):  # Q8_0: signed for the 256-bit tiles, + 128 for the 512-bit ones
+        kind, kind_arg = "Q8_0_TILE_KIND", "xl"
+        doc = ('\n    """256-bit: the signed quants (dot_i8x32\'s sign flip). 512-bit: the quants + 128 from the '
+               'lane sums times -128\n    (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""')
+    elif r.tile_offset:
+        kind, kind_arg = "TILE_OFFSET", "xl"
+        doc = (f'\n    """The quants unsigned (0..{2 * r.tile_offset - 1}); the tile\'s lane sums '
+               f'(times -{r.tile_offset}) take the offset out."""')
+    else:
+        kind, kind_arg, doc = "TILE_UNSIGNED", "xp", ""
+    out = []
+    for n in (8, 4):
+        args = dict(n=n, fmt=r.suffix, last="mo" if mins else "xl", doc=doc, kind=kind, kind_arg=kind_arg,
+                    xstep=32 * n, block_bytes=r.format.type_size,
+                    mins_init="\n    mins = f32x8_zero()" if mins else "",
+                    mins_step=("\n        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), "
+                               f"load_f32x8(xt, mo + {n} * b)))") if mins else "",
+                    sums=f"_tile{n}_sums_mins(acc, mins)" if mins else f"_tile{n}_sums(acc)")
+        out.append(TILE.substitute(args))
+    return "".join(out)
+
+
 # The four tokens after the eight-token tiles (T % 8 >= 4): a four-token tile (its scales after the eight-token
 # tiles' scales and sums, quant.dots_block32._pack_tiles4), or for a format without one four-token dots.
 FOUR_STEPS = {
@@ -169,9 +212,18 @@ def matmul_block32() -> str:
     body = []
     for r in registry.records(registry.Q8_0):
         fmt = r.suffix
-        imports.setdefault(r.dots, []).extend(
-            [f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0", f"tile4_{fmt}" if r.tile4 else f"vec_dot4_{fmt}_q8_0",
-             f"tile8_{fmt}"])
+        imports.setdefault(r.dots, []).extend([f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0"])
+        if r.tile4:  # its tiles made here
+            imports["dots_block32"] += [f"_tile_quants_{fmt}", "PREFETCH_BYTES", "_tile8_zero", "_tile8_pairs",
+                                        "_tile4_zero", "_tile4_pairs"]
+            imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
+                                        else ["_tile8_sums", "_tile4_sums"])
+            imports["dots_block32"].append({0: "TILE_UNSIGNED", "Q8_0_TILE_OFFSET": "Q8_0_TILE_KIND"}.get(
+                r.tile_offset, "TILE_OFFSET"))
+            imports["simd"] = imports.get("simd", []) + ["f32x8_splat", "load_f16", "prefetch"] + (
+                ["f32x8_add", "f32x8_mul", "f32x8_zero", "load_f32x8"] if r.driver == registry.DRIVER_MINS else [])
+        else:
+            imports[r.dots] += [f"vec_dot4_{fmt}_q8_0", f"tile8_{fmt}"]
         if isinstance(r.tile_offset, str):
             imports[r.dots].append(r.tile_offset)
         four, step = FOUR_STEPS[r.tile4]
@@ -182,7 +234,7 @@ def matmul_block32() -> str:
         else:
             template = MATMUL
         body.append(f"\n\n# --- {r.name} " + "-" * (110 - len(r.name)) + "\n")
-        body.append(ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
+        body.append((tiles(r) if r.tile4 else "") + ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
     doc = ("The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block\n"
            "of ROW_BLOCK rows x every token (eight-token tiles, a four-token tile or dots, then single tokens two\n"
            "rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The\n"
