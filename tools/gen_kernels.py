@@ -127,19 +127,26 @@ def tile${n}_$fmt(w, o, nb, xp, xo, xt, so, $last):$doc
 ''')
 
 
+def _tile_kind(r) -> tuple[str, str]:
+    """How a record's tiles take their quants (a quant.dots_block32 constant) and the array the tile steps get
+    for it: the lane sums where an offset is taken out, else an unused one."""
+    if isinstance(r.tile_offset, str):  # Q8_0: signed for the 256-bit tiles, + 128 for the 512-bit ones
+        return "Q8_0_TILE_KIND", "xl"
+    return ("TILE_OFFSET", "xl") if r.tile_offset else ("TILE_UNSIGNED", "xp")
+
+
 def tiles(r) -> str:
     """tile8_<fmt> and tile4_<fmt> for a record with tile4 (see TILE)."""
     mins = r.driver == registry.DRIVER_MINS
-    if isinstance(r.tile_offset, str):  # Q8_0: signed for the 256-bit tiles, + 128 for the 512-bit ones
-        kind, kind_arg = "Q8_0_TILE_KIND", "xl"
+    kind, kind_arg = _tile_kind(r)
+    if isinstance(r.tile_offset, str):
         doc = ('\n    """256-bit: the signed quants (dot_i8x32\'s sign flip). 512-bit: the quants + 128 from the '
                'lane sums times -128\n    (Q8_0_TILE_KIND, Q8_0_TILE_OFFSET)."""')
     elif r.tile_offset:
-        kind, kind_arg = "TILE_OFFSET", "xl"
         doc = (f'\n    """The quants unsigned (0..{2 * r.tile_offset - 1}); the tile\'s lane sums '
                f'(times -{r.tile_offset}) take the offset out."""')
     else:
-        kind, kind_arg, doc = "TILE_UNSIGNED", "xp", ""
+        doc = ""
     out = []
     for n in (8, 4):
         args = dict(n=n, fmt=r.suffix, last="mo" if mins else "xl", doc=doc, kind=kind, kind_arg=kind_arg,
@@ -218,8 +225,7 @@ def matmul_block32() -> str:
                                         "_tile4_zero", "_tile4_pairs"]
             imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
                                         else ["_tile8_sums", "_tile4_sums"])
-            imports["dots_block32"].append({0: "TILE_UNSIGNED", "Q8_0_TILE_OFFSET": "Q8_0_TILE_KIND"}.get(
-                r.tile_offset, "TILE_OFFSET"))
+            imports["dots_block32"].append(_tile_kind(r)[0])
             imports["simd"] = imports.get("simd", []) + ["f32x8_splat", "load_f16", "prefetch"] + (
                 ["f32x8_add", "f32x8_mul", "f32x8_zero", "load_f32x8"] if r.driver == registry.DRIVER_MINS else [])
         else:

@@ -607,17 +607,17 @@ class Scheduler:
         self.stats["decode_steps"] += 1
         extra = sum(len(choices) for _, _, choices, _ in stepped)
         n_seqs, draft_s = len(stepped), sum(d for _, _, _, d in stepped)  # every draft delays the whole forward
+        if any(slot.spec is not None for slot in slots):  # the step's cost, once, in the table all slots share
+            if drafted:
+                self.forward_costs.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
+            else:
+                self.forward_costs.timed_step(step_s, n_seqs)
         offset = 0
         for slot, fed, choices, _ in stepped:
             own = rows[offset:offset + len(fed)]
             offset += len(fed)
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
-            if slot.spec is not None:  # what the extra rows cost this step, against a plain one of as many sequences
-                if drafted:
-                    slot.spec.length.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
-                else:
-                    slot.spec.length.timed_step(step_s, n_seqs)
             if not choices:
                 slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
                 self._note_shifts(slot)
