@@ -203,7 +203,6 @@ class Model:
         self.n_vocab = forward_model.n_vocab
         self.n_ctx = forward_model.n_ctx
         self.last_completion: Completion | None = None
-        self._forward_costs = {}  # speculation mode -> ForwardCosts: timed once for the model, used by every call
         # guards _busy / _busy_thread; reentrant because a stream's finalizer (it releases the model) can run
         # inside a garbage collection triggered while this thread holds it
         self._state = threading.Condition(threading.RLock())
@@ -594,8 +593,7 @@ class Model:
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
             drafter = speculative_mod.DraftModel(self.draft_model, sampler)
             drafter.start(seq.history)
-        costs = self._forward_costs.setdefault(mode, speculative_mod.ForwardCosts())
-        return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min, costs)
+        return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min)
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

@@ -238,7 +238,6 @@ class Scheduler:
 
     def _start_speculation(self, mode, draft_max) -> None:
         self.speculative = speculative_mod.check_mode(mode, getattr(self.model, "draft_model", None) is not None)
-        self.forward_costs = speculative_mod.ForwardCosts()  # timed by every slot's steps, used by all of them
         if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
                                       or not 1 <= draft_max <= speculative_mod.DRAFT_LIMIT):
             raise ValueError(f"draft_max must be an integer from 1 to {speculative_mod.DRAFT_LIMIT}, got {draft_max!r}")
@@ -268,7 +267,7 @@ class Scheduler:
             drafter.sampler = None if opts.sampling.greedy else Sampler(
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
         k_max = self.draft_max if opts.draft_max is None else opts.draft_max
-        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min, self.forward_costs)
+        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min)
 
     # -- any thread ------------------------------------------------------------------------------------------
     def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:
@@ -607,17 +606,17 @@ class Scheduler:
         self.stats["decode_steps"] += 1
         extra = sum(len(choices) for _, _, choices, _ in stepped)
         n_seqs, draft_s = len(stepped), sum(d for _, _, _, d in stepped)  # every draft delays the whole forward
-        if any(slot.spec is not None for slot in slots):  # the step's cost, once, in the table all slots share
-            if drafted:
-                self.forward_costs.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
-            else:
-                self.forward_costs.timed_step(step_s, n_seqs)
         offset = 0
         for slot, fed, choices, _ in stepped:
             own = rows[offset:offset + len(fed)]
             offset += len(fed)
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
+            if slot.spec is not None:  # what the extra rows cost this step, against a plain one of as many sequences
+                if drafted:
+                    slot.spec.length.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
+                else:
+                    slot.spec.length.timed_step(step_s, n_seqs)
             if not choices:
                 slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
                 self._note_shifts(slot)

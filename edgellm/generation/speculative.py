@@ -197,8 +197,8 @@ class ForwardCosts:
     the rows (the matmuls run tokens in tiles of 8 and 4: on a small model 4 rows can cost less than 3), so each
     size is timed; an untimed size is interpolated between timed ones, past them extrapolated at the average extra
     row's cost (before any verification is timed, BETA_START of a single step a row), and taken UNTIMED lower, so
-    that each size worth it gets tried once. They belong to the model and the machine, not the text: one table
-    serves every generation of a model (edgellm.api) or a scheduler's slots."""
+    that each size worth it gets tried once. One table per generation: a table kept across calls would keep a
+    noisy size's time for good, since a size judged too dear is not tried (and timed) again."""
 
     DECAY = 0.7  # weight of the past in the running times, per timed forward
     BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
