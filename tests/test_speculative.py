@@ -271,6 +271,7 @@ def _accepting(length, p):
     """Every position's acceptance estimate set to p."""
     length.accepted = [p] * len(length.accepted)
     length.seen = [1.0] * len(length.seen)
+    length.prior_weight = [0.0] * len(length.prior_weight)
     return length
 
 
@@ -332,6 +333,34 @@ def test_draft_length_follows_timed_costs_by_rows():
     linear = _accepting(DraftLength(8), 0.9)  # before any verification: a row costs BETA_START of a step
     linear.timed_step(1.0, 1)
     assert linear.forward_s(1, 3) == pytest.approx(ForwardCosts.UNTIMED * (1 + 2 * ForwardCosts.BETA_START))
+
+
+def test_a_position_never_reached_is_judged_as_the_one_before():
+    """Open text: the first drafted token is rejected every time, so the later positions are never tried. Their
+    estimates follow the first one down instead of keeping the start value: no long draft is bet on them."""
+    length = DraftLength(8, pauses=False)
+    length.timed_step(1.0, 1)
+    for rows in range(2, 10):
+        length.timed_verification(rows, 1.0 + 0.1 * (rows - 1))  # cheap rows: only acceptance holds drafts back
+    assert length.want() >= 6  # nothing seen yet: every position at the start value
+    for _ in range(6):
+        length.observe(1, False)
+    p = length.estimates(8)
+    assert p[0] < 0.3 and all(later <= p[0] + 1e-12 for later in p[1:])
+    assert length.want() == 0
+    # a position seen often keeps its own estimate: copied text after a first token that is often wrong
+    for _ in range(20):
+        length.observe(2, True)
+    assert length.p(2) > 0.9 and length.p(3) <= length.p(2)
+
+
+def test_a_draft_needs_more_than_a_marginal_gain():
+    length = _accepting(DraftLength(4, pauses=False), 0.1)
+    length.timed_step(1.0, 1)
+    length.timed_verification(2, 1.07)  # one drafted row: 1.1 tokens for 1.07 steps, a 3% gain
+    assert length.best(1, available=1) == (0, 1.0) and length.want(1, available=1) == 0
+    length.timed_verification(2, 0.6)  # now clearly worth it (running average 0.93)
+    assert length.want(1, available=1) == 1
 
 
 def test_lookup_counts_what_followed_its_finds():

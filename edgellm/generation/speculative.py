@@ -265,20 +265,34 @@ class DraftLength:
     verified (want() asks for at least k_min)."""
 
     ACCEPT_DECAY = 0.9  # weight of the past in the acceptance counts, per observation
-    ALPHA_START = 0.8  # every position's first estimate
+    ALPHA_START = 0.8  # the first position's first estimate
     PAUSE_FIRST, PAUSE_MAX = 4, 128
+    MIN_GAIN = 1.05  # a draft is verified only for at least this expected speed-up: less is within the costs' noise
 
     def __init__(self, k_max: int, k_min: int = 0, pauses: bool = True, costs: ForwardCosts | None = None):
         self.k_max, self.k_min, self.pauses = k_max, min(k_min, k_max), pauses
         self.costs = ForwardCosts() if costs is None else costs
         n = max(k_max, 0) + 1
-        self.accepted = [self.ALPHA_START] * n  # [j - 1]: decayed counts of drafted token j accepted / tried
-        self.seen = [1.0] * n  # (tried: every token before it was accepted)
+        self.accepted = [0.0] * n  # [j - 1]: decayed counts of drafted token j accepted / tried
+        self.seen = [0.0] * n  # (tried: every token before it was accepted)
+        # each estimate starts as one observation of its prior, decayed as the real ones come: ALPHA_START, or the
+        # estimate before it where that is lower, so a position rarely reached (its predecessors rejected) is judged
+        # as they are, not as a fresh guess
+        self.prior_weight = [1.0] * n
         self.pause, self.paused = self.PAUSE_FIRST, 0
+
+    def estimates(self, k: int) -> list[float]:
+        """[p_1, ..., p_k]: p_j, the chance that drafted token j is accepted, given the ones before it were."""
+        out, p = [], self.ALPHA_START
+        for i in range(k):
+            w = self.prior_weight[i]
+            p = (self.accepted[i] + w * min(p, self.ALPHA_START)) / (self.seen[i] + w)
+            out.append(p)
+        return out
 
     def p(self, j: int) -> float:
         """The chance that drafted token j (from 1) is accepted, given the ones before it were."""
-        return self.accepted[j - 1] / self.seen[j - 1]
+        return self.estimates(j)[-1]
 
     def plain_s(self, n_seqs: int) -> float:
         return self.costs.plain_s(n_seqs)
@@ -296,17 +310,19 @@ class DraftLength:
 
     def best(self, n_seqs: int = 1, available: int | None = None) -> tuple[int, float]:
         """(k, expected speed-up of the batch's tokens per second over plain decoding) of the best draft length now,
-        in a forward of n_seqs sequences, with at most `available` tokens to draft (None: k_max)."""
+        in a forward of n_seqs sequences, with at most `available` tokens to draft (None: k_max); (0, 1.0) when no
+        length reaches MIN_GAIN."""
         n = max(1, n_seqs)
         plain_rate = n / self.plain_s(n)
-        best_k, best_gain, tokens, run = 0, 1.0, float(n), 1.0
-        for k in range(1, min(self.k_max, self.k_max if available is None else available) + 1):
-            run *= min(self.p(k), 0.999)
+        best_k, best_gain, tokens, run = 0, self.MIN_GAIN, float(n), 1.0
+        k_top = min(self.k_max, self.k_max if available is None else available)
+        for k, p in enumerate(self.estimates(max(k_top, 0)), start=1):
+            run *= min(p, 0.999)
             tokens += run
             gain = tokens / self.forward_s(n, n + k) / plain_rate
             if gain > best_gain:
                 best_k, best_gain = k, gain
-        return best_k, best_gain
+        return best_k, best_gain if best_k else 1.0
 
     def want(self, n_seqs: int = 1, available: int | None = None) -> int:
         """Tokens to draft now (0: decode plainly), in a forward of n_seqs sequences, at most `available`."""
@@ -335,6 +351,7 @@ class DraftLength:
             d = self.ACCEPT_DECAY
             self.seen[j - 1] = d * self.seen[j - 1] + 1
             self.accepted[j - 1] = d * self.accepted[j - 1] + accepted
+            self.prior_weight[j - 1] *= d
 
 
 # ---------------------------------------------------------------------------------------------------------------
