@@ -84,6 +84,7 @@ def test_concurrent_requests_equal_each_served_alone(model, alone):
     # sequences shared decode steps: fewer steps than tokens
     assert stats["decode_steps"] < stats["generated_tokens"]
     assert stats["prefill_chunks"] > len(REQUESTS)  # the long prompt ran in several chunks
+    assert stats["mixed_steps"] > 0  # chunks ran in decode steps' forwards, and the outputs above still equal
     assert scheduler.n_active == 0 and scheduler.n_queued == 0
 
 

@@ -11,8 +11,10 @@ One turn of the loop:
   2. prefill: one chunk (at most `prefill_chunk` tokens) of the oldest request still prefilling;
   3. decode: one step of every decoding sequence whose buffer has room: each samples its next token with its own
      SequenceState (sampling, seed, stop strings, logprobs, constraint), and one forward_multi feeds them all.
-So a long prompt holds the running streams for one chunk at a time, never for its whole length, and a request
-that arrives joins at the next turn.
+     The chunk runs in that same forward (forward_mixed: the weights read once for both) where it fits beside the
+     decode rows in n_batch and no draft is verified in the step; else in a forward of its own before it.
+So a long prompt holds the running streams for one chunk at a time, never for its whole length (and a short one
+adds its rows to a decode step instead of a forward of its own), and a request that arrives joins at the next turn.
 
 Speculative decoding (`speculative="lookup"` or `"draft"`), per sequence: in the decode step each sequence may add
 the tokens its drafter proposes after its next token (prompt lookup, or a draft model on a KV cache of its own per
@@ -31,8 +33,9 @@ not, and an unexpected fault in a turn ends the requests in slots with it and th
 checks, while it waits, that the loop's thread is alive. So no reader is ever left waiting on a loop that is gone.
 
 Exactness: a chunk is a whole fresh batch of the prompt (edgellm.engine.prefix), or a part of one whose rows keep
-the kinds the whole batch gives them, and forward_multi's rows equal single-sequence decoding bit for bit; so a
-greedy request gives the same tokens as served alone, whatever else runs beside it.
+the kinds the whole batch gives them (beside decode rows too: its rows are a group of their own, computed as a
+batch of its size alone), and forward_multi's rows equal single-sequence decoding bit for bit; so a greedy request
+gives the same tokens as served alone, whatever else runs beside it.
 """
 from __future__ import annotations
 
@@ -166,6 +169,14 @@ class _PoolEngine:
     def verify(self, slots, token_lists) -> np.ndarray:
         return self.fm.forward_verify_multi(token_lists, [s.cache for s in slots])
 
+    def can_mix(self, slot, n_tokens: int, n_decode: int) -> bool:
+        """Whether a prompt chunk of n_tokens for slot can run in one forward with n_decode decode rows."""
+        return hasattr(self.fm, "forward_mixed") and n_tokens + n_decode <= self.fm.n_batch \
+            and slot.cache.n_past + n_tokens <= slot.cache.n_ctx
+
+    def mixed(self, slots, tokens, slot, chunk) -> np.ndarray:
+        return self.fm.forward_mixed(tokens, [s.cache for s in slots], chunk, slot.cache)
+
 
 class _SingleEngine:
     """One slot on the model's own cache (models without forward_multi: the GPU's, test doubles)."""
@@ -181,6 +192,9 @@ class _SingleEngine:
 
     def decode(self, slots, tokens) -> np.ndarray:
         return self.fm.forward(np.asarray(tokens, np.int32))[-1:]
+
+    def can_mix(self, slot, n_tokens: int, n_decode: int) -> bool:
+        return False  # (one slot: never a chunk beside decode rows)
 
 
 def supports_batching(fm) -> bool:
@@ -231,8 +245,8 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0, "prefill_chunks": 0, "draft_tokens": 0, "accepted_tokens": 0,
-                      "shared_tokens": 0}
+                      "decode_steps": 0, "prefill_chunks": 0, "mixed_steps": 0, "draft_tokens": 0,
+                      "accepted_tokens": 0, "shared_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
@@ -354,9 +368,9 @@ class Scheduler:
     def _turn(self) -> bool:
         """One turn (see the module docstring); False when nothing could run."""
         progressed = self._admit()
-        progressed |= self._prefill_one()
-        progressed |= self._decode_step()
-        return progressed
+        taken, chunk = self._take_chunk()
+        progressed |= self._decode_step(chunk)
+        return progressed or taken
 
     def _admit(self) -> bool:
         progressed = False
@@ -453,35 +467,46 @@ class Scheduler:
                 out.append((b0, b1))
         return out
 
-    def _prefill_one(self) -> bool:
+    def _take_chunk(self):
+        """(progressed, chunk): the next prompt chunk to run, (slot, b0, b1) of the oldest request still prefilling,
+        or None (none, or that request was cancelled: progressed then)."""
         prefilling = [s for s in self.slots if s.request is not None and s.request.status == "prefill"]
         if not prefilling:
-            return False
+            return False, None
         slot = min(prefilling, key=lambda s: s.request.submitted)
         request = slot.request
         if request.cancelled.is_set():
             self._finish(slot, "cancelled")
-            return True
+            return True, None
         if request.prefilled == 0:
             self._share_prefix(slot)
         b0, b1 = slot.batches.pop(0)
-        chunk = request.ids[b0:b1]
+        return True, (slot, b0, b1)
+
+    def _run_chunk(self, chunk) -> None:
+        """A prompt chunk in a forward of its own."""
+        slot, b0, b1 = chunk
         try:
-            logits = self.engine.prefill(slot, chunk)
+            logits = self.engine.prefill(slot, slot.request.ids[b0:b1])
         except EdgeLLMError as e:
             self._fail(slot, e)
-            return True
+            return
+        self._chunk_done(chunk, logits)
+
+    def _chunk_done(self, chunk, logits) -> None:
+        """A prompt chunk ran (logits: its last row's); after the prompt's last, the request decodes."""
+        slot, b0, b1 = chunk
+        request = slot.request
         request.prefilled += b1 - b0
         self.stats["prefilled_tokens"] += b1 - b0
         self.stats["prefill_chunks"] += 1
-        slot.tokens += chunk
+        slot.tokens += request.ids[b0:b1]
         slot.kinds += prefix.kinds_of([(b0, b1)], self.row_kinds).tolist()  # as this chunk ran
         self._note_shifts(slot)
         if not slot.batches:
             slot.logits = np.array(logits, copy=True)
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
-        return True
 
     def _share_prefix(self, slot) -> None:
         """Before a prompt's first chunk: the longest re-usable prefix another slot has computed by now (the same
@@ -504,9 +529,10 @@ class Scheduler:
                 request.reused = n
                 return
 
-    def _decode_step(self) -> bool:
+    def _decode_step(self, chunk=None) -> bool:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
-        left pending), and any drafted tokens after it; one forward feeds them all."""
+        left pending), and any drafted tokens after it; one forward feeds them all, and `chunk` (a prompt chunk,
+        _take_chunk's) with them where it fits beside plain decode rows, else in a forward of its own before."""
         decoding = [s for s in self.slots if s.request is not None and s.request.status == "decode"]
         stepped, drafting, progressed, now = [], [], False, time.monotonic()
         room = getattr(self.engine.fm, "n_batch", 1) - len(decoding)  # rows left for drafts in this forward
@@ -550,8 +576,12 @@ class Scheduler:
             stepped.append([slot, fed, choices, draft_s])
         if drafting:
             self._draft_together(stepped, drafting)
+        if chunk is not None and not (stepped and not any(choices for _, _, choices, _ in stepped)
+                                      and self.engine.can_mix(chunk[0], chunk[2] - chunk[1], len(stepped))):
+            self._run_chunk(chunk)
+            chunk = None
         if stepped:
-            self._feed(stepped)
+            self._feed(stepped, chunk)
         return progressed
 
     def _draft_together(self, stepped, drafting) -> None:
@@ -589,21 +619,30 @@ class Scheduler:
             return False
         return True
 
-    def _feed(self, stepped) -> None:
+    def _feed(self, stepped, chunk=None) -> None:
+        """One forward for the stepped sequences (and a prompt chunk beside plain decode rows), then each walks its
+        rows."""
         slots = [s for s, _, _, _ in stepped]
         drafted = any(choices for _, _, choices, _ in stepped)
         t0 = time.perf_counter()
         try:
             if drafted:
                 rows = self.engine.verify(slots, [fed for _, fed, _, _ in stepped])
+            elif chunk is not None:
+                c_slot, b0, b1 = chunk
+                rows = self.engine.mixed(slots, [fed[0] for _, fed, _, _ in stepped], c_slot,
+                                         c_slot.request.ids[b0:b1])
             else:
                 rows = self.engine.decode(slots, [fed[0] for _, fed, _, _ in stepped])
         except EdgeLLMError as e:
-            for slot in slots:
+            for slot in slots + ([chunk[0]] if chunk is not None else []):
                 self._fail(slot, e)
             return
         step_s = time.perf_counter() - t0
         self.stats["decode_steps"] += 1
+        if chunk is not None:
+            self.stats["mixed_steps"] += 1
+            self._chunk_done(chunk, rows[len(stepped)])
         extra = sum(len(choices) for _, _, choices, _ in stepped)
         n_seqs, draft_s = len(stepped), sum(d for _, _, _, d in stepped)  # every draft delays the whole forward
         offset = 0
@@ -612,7 +651,7 @@ class Scheduler:
             offset += len(fed)
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
-            if slot.spec is not None:  # what the extra rows cost this step, against a plain one of as many sequences
+            if slot.spec is not None and chunk is None:  # what extra rows cost, against a plain step as big
                 if drafted:
                     slot.spec.length.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
                 else:

@@ -56,20 +56,28 @@ class Batch:
         decode step, one single-row group per sequence when forward_multi decodes several.
     sizes: the groups' row counts when there are several, else None: the matmuls give each group's rows the
         arithmetic of a batch of its own size, as if it ran alone (quant.linear).
-    pool, seqs: set when every row is its own sequence of one KVPool that ops.attention_rows serves: the pool, and
-        [T] int32 each row's sequence in it; attention then runs as one call over all the rows."""
+    pool, seqs, n_pool: set when the first n_pool >= 2 rows are each its own sequence of one KVPool that
+        ops.attention_rows serves: the pool, and [n_pool] int32 each row's sequence in it; attention then runs as one
+        call over those rows (and per group over the rest: a prompt chunk decoded beside them).
+    logit_rows: [k] rows whose logits logits_out [k, n_vocab] gets, each computed as a one-row batch's; None: the
+        last logits_out.shape[0] rows."""
 
-    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs")
+    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs", "n_pool", "logit_rows")
 
-    def __init__(self, tokens, positions, logits_out, groups, head_dim: int):
+    def __init__(self, tokens, positions, logits_out, groups, head_dim: int, logit_rows=None):
         self.tokens, self.positions, self.logits_out, self.groups = tokens, positions, logits_out, groups
+        self.logit_rows = logit_rows
         self.sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
         self.pool = self.seqs = None
+        self.n_pool = 0
         pool = groups[0][2].pool
+        n = 0
+        while n < len(groups) and groups[n][1] - groups[n][0] == 1 and groups[n][2].pool is pool:
+            n += 1
         # (rows of one sequence must take the per-group path: each row attends before the next one stores its keys)
-        if len(groups) == len(tokens) > 1 and pool is not None and all(c.pool is pool for _, _, c in groups) \
-                and len({id(c) for _, _, c in groups}) == len(groups) and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
-            self.pool, self.seqs = pool, np.array([c.pool_index for _, _, c in groups], np.int32)
+        if n > 1 and pool is not None and len({id(c) for _, _, c in groups}) == len(groups) \
+                and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
+            self.pool, self.seqs, self.n_pool = pool, np.array([c.pool_index for _, _, c in groups[:n]], np.int32), n
 
     @property
     def n_tokens(self) -> int:
@@ -210,9 +218,7 @@ class DecoderModel:
         if not 0 < n <= self.n_batch or cache.n_past + n > cache.n_ctx:
             raise ModelError(f"forward_verify needs 1 to n_batch ({self.n_batch}) tokens that fit the context: "
                              f"{n} tokens after {cache.n_past} of {cache.n_ctx}")
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
-                             f"vocabulary [0, {self.n_vocab})")
+        self._check_ids(tokens)
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
         logits = np.empty((n, self.n_vocab), np.float32)
         start = cache.n_past
@@ -234,9 +240,7 @@ class DecoderModel:
             raise ModelError(f"forward_verify_multi needs 1 to n_batch ({self.n_batch}) rows, at least one per "
                              f"distinct cache; got {counts} rows for {len(caches)} caches")
         tokens = np.ascontiguousarray(np.concatenate([np.asarray(t).reshape(-1) for t in token_lists]), np.int32)
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
-                             f"vocabulary [0, {self.n_vocab})")
+        self._check_ids(tokens)
         positions, groups, row = np.empty(n, np.int32), [], 0
         for k, cache in zip(counts, caches):
             if cache.n_past + k > cache.n_ctx:
@@ -291,12 +295,13 @@ class DecoderModel:
         n_discard = min(max(needed, (n_past - n_keep) // 2), n_past - n_keep)
         cache.shift(n_keep, n_discard, self.layer_rope)
 
-    def forward_batch(self, tokens, positions, logits_out, groups=None):
-        """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only) or None.
-        groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences (batched decoding);
-        None: all rows are one sequence in self.cache."""
+    def forward_batch(self, tokens, positions, logits_out, groups=None, logit_rows=None):
+        """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only), [len(logit_rows),
+        n_vocab] or None. groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences
+        (batched decoding); None: all rows are one sequence in self.cache. logit_rows: the rows logits_out gets (each
+        as a one-row batch's), instead of the last ones."""
         groups = groups or ((0, len(tokens), self.cache),)
-        self.forward_pass(Batch(tokens, positions, logits_out, groups, self.config.head_dim))
+        self.forward_pass(Batch(tokens, positions, logits_out, groups, self.config.head_dim, logit_rows))
 
     def forward_pass(self, b: Batch) -> None:
         """The architecture's math over one batch: embed b.tokens, run the layers (attend() between the q/k/v
@@ -310,10 +315,14 @@ class DecoderModel:
         logits_out = b.logits_out
         if logits_out is None:
             return
-        rows = s.x[b.n_tokens - logits_out.shape[0]:]
+        sizes = b.sizes
+        if b.logit_rows is not None:
+            rows, sizes = s.x[b.logit_rows], (1,) * len(b.logit_rows)
+        else:
+            rows = s.x[b.n_tokens - logits_out.shape[0]:]
         normed = s.xn[: rows.shape[0]]
         ops.rms_norm(rows, self.output_norm, self.config.norm_eps, normed)
-        self.output.matmul(normed, logits_out, b.sizes)
+        self.output.matmul(normed, logits_out, sizes)
         if not np.isfinite(normed).all():
             logits_out[~np.isfinite(normed).all(axis=1)] = np.nan
 
@@ -325,14 +334,16 @@ class DecoderModel:
         qkv = (s.q_heads, s.k_heads, s.v_heads)
         bias_norm = (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias, layer.attn_q_norm, layer.attn_k_norm,
                      cfg.norm_eps)
-        if b.pool is not None:  # one row per sequence of one KVPool: one call for all the rows
-            stacked = b.pool.stacked[il]
-            ops.finish_qkv_rows(*qkv, *bias_norm, rope.cos, rope.sin, rope.neox, b.positions, b.seqs, stacked,
+        groups = b.groups
+        if b.pool is not None:  # the first rows each one sequence of one KVPool: one call for all of them
+            stacked, n = b.pool.stacked[il], b.n_pool
+            q, k, v, pos = (a[:n] for a in (*qkv, b.positions))
+            ops.finish_qkv_rows(q, k, v, *bias_norm, rope.cos, rope.sin, rope.neox, pos, b.seqs, stacked,
                                 cfg.q_scale)
-            ops.attention_rows(s.q_heads, stacked, b.seqs, b.positions, cfg.attn_scale, s.attn_heads,
+            ops.attention_rows(q, stacked, b.seqs, pos, cfg.attn_scale, s.attn_heads[:n],
                                self.attn_scratch(b.groups[0][2].layers[il]))
-            return
-        for b0, b1, cache in b.groups:
+            groups = groups[n:]
+        for b0, b1, cache in groups:
             kv = cache.layers[il]
             if b0 == 0 and b1 == b.n_tokens:
                 q, k, v, cos, sin, pos, out = *qkv, rope.cos, rope.sin, b.positions, s.attn_heads
@@ -355,23 +366,66 @@ class DecoderModel:
         if n == 0 or n != len(caches) or n > self.n_batch:
             raise ModelError(f"forward_multi needs 1 to n_batch ({self.n_batch}) tokens, one per cache; got "
                              f"{n} tokens for {len(caches)} caches")
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
-                             f"vocabulary [0, {self.n_vocab})")
+        self._check_ids(tokens)
         if len({id(c) for c in caches}) != n:
             raise ModelError("forward_multi needs a distinct cache per sequence")
         positions = np.empty(n, np.int32)
+        self._next_positions(caches, positions)
+        logits = self._multi_rows(n)
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        for cache in caches:
+            cache.n_past += 1
+        return logits
+
+    def _check_ids(self, tokens) -> None:
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ModelError(f"token id {int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])} is outside the "
+                             f"vocabulary [0, {self.n_vocab})")
+
+    def _next_positions(self, caches, positions) -> None:
+        """positions[i] <- the position of caches[i]'s next token, each full cache shifted first (or refused)."""
         for i, cache in enumerate(caches):
             if cache.n_past + 1 > cache.n_ctx:
                 if not self.context_shift:
                     raise ModelError(f"context full for sequence {i}: {cache.n_past} cached, n_ctx {cache.n_ctx}")
                 self._shift_context(cache, 1)
             positions[i] = cache.n_past
+
+    def _multi_rows(self, n: int) -> np.ndarray:
+        """[n, n_vocab] of the logits buffer the batched forwards reuse."""
         if self._multi_logits is None or self._multi_logits.shape[0] < n:
             self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
-        logits = self._multi_logits[:n]
+        return self._multi_logits[:n]
+
+    def forward_mixed(self, tokens, caches, chunk, chunk_cache) -> np.ndarray:
+        """forward_multi's decode step for len(tokens) sequences and, in the same forward, a prompt chunk appended to
+        chunk_cache (another cache of the same pool): the weights are read once for both, so a prompt is prefilled
+        without holding the running sequences for a forward of its own. The chunk's rows get the arithmetic of the
+        chunk run alone (its own group: the matmuls' sizes, its own attention), the decode rows a decode step's.
+        Returns logits [len(tokens) + 1, n_vocab]: the decode rows', then the chunk's last row's (reused by the next
+        call). The chunk must fit without a context shift, and all the rows in n_batch."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        chunk = np.ascontiguousarray(chunk, dtype=np.int32).reshape(-1)
+        n, m = tokens.shape[0], chunk.shape[0]
+        if not self.SUPPORTS_MULTI or n == 0 or m == 0 or n != len(caches) or n + m > self.n_batch \
+                or len({id(c) for c in (*caches, chunk_cache)}) != n + 1:
+            raise ModelError(f"forward_mixed needs 1 to n_batch ({self.n_batch}) rows in all, one token per distinct "
+                             f"cache and a chunk on another; got {n} tokens for {len(caches)} caches and a chunk "
+                             f"of {m}")
+        if chunk_cache.n_past + m > chunk_cache.n_ctx:
+            raise ModelError(f"a chunk of {m} tokens does not fit after {chunk_cache.n_past} of {chunk_cache.n_ctx} "
+                             "cached positions")
+        both = np.concatenate([tokens, chunk])
+        self._check_ids(both)
+        positions = np.empty(n + m, np.int32)
+        self._next_positions(caches, positions)
+        positions[n:] = self._all_positions[chunk_cache.n_past:chunk_cache.n_past + m]
+        logits = self._multi_rows(n + 1)
+        groups = tuple((i, i + 1, c) for i, c in enumerate(caches)) + ((n, n + m, chunk_cache),)
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
-        self.forward_batch(tokens, positions, logits, groups=tuple((i, i + 1, c) for i, c in enumerate(caches)))
+        self.forward_batch(both, positions, logits, groups=groups, logit_rows=np.append(np.arange(n), n + m - 1))
         for cache in caches:
             cache.n_past += 1
+        chunk_cache.n_past += m
         return logits
