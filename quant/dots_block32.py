@@ -36,7 +36,7 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 
-from .simd import (HAS_WIDE_TILES, dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x16_halves, f32x16_pair_scales,
+from .simd import (HAS_WIDE_TILES, cpu_name, dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x16_halves, f32x16_pair_scales,
                    f32x16_tile_step, f32x16_zero, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_fma_i32,
                    f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_zero,
                    i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, i8x32_xor, i8x64_tile_quants,
@@ -197,9 +197,9 @@ def _row_blocks(out):
 # serves poorly (from DRAM, 4096x576 Q8_0 without a hint ran 1.5x slower than one row at a time), so the pair
 # prefetches each row PREFETCH_BYTES ahead. The four- and eight-token kernels (tile4, tile8) hint their one row
 # the same way: a small batch (batched decoding, T = 4..16) streams each weight once, and without the hint the
-# stream's latency added to the tiles' compute. The distance that does best differs by machine kind (AVX2 hosts
-# want it short, AVX-512 ones long: docs/kernels.md has the measurements).
-PREFETCH_BYTES = 3072 if HAS_WIDE_TILES else 1024
+# stream's latency added to the tiles' compute. The distance that does best differs by CPU: Intel's AVX-512 cores
+# want it long, AMD's (Zen 3 and Zen 4 measured) and the rest short (docs/kernels.md has the measurements).
+PREFETCH_BYTES = 3072 if HAS_WIDE_TILES and not cpu_name().startswith("znver") else 1024
 
 
 @njit(cache=True)

@@ -34,7 +34,7 @@ Kernels import every name from this package; the modules above are where each on
 """
 
 from .. import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from .host import HAS_AVX2, HAS_DOTPROD, HAS_I8MM, HAS_VNNI, HAS_WIDE_TILES, IS_AARCH64, NATIVE_F16
+from .host import HAS_AVX2, HAS_DOTPROD, HAS_I8MM, HAS_VNNI, HAS_WIDE_TILES, IS_AARCH64, NATIVE_F16, cpu_name
 from .vector_ir import F32x4, F32x8, F32x16, I8x32, I8x64, I32x8
 from .loads import (f16_bits_to_f32, f32_bits, load_bf16, load_f16, load_f16_pair, load_f16_portable, load_f32,
                     load_i32, load_i8, load_u32, load_u8, prefetch)
@@ -59,7 +59,7 @@ from .scalar_float import f32_from_bits, f32_shl23_add, f32_to_f16, f32_to_f16_p
 __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "HAS_VNNI", "HAS_WIDE_TILES", "I32x8",
            "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_VECTORS", "absmax_f32x32", "dot_i8x32",
            "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales", "dot_u8x32_byte_scale", "dot_u8x32_plus",
-           "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add", "f32_to_f16",
+           "cpu_name", "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add", "f32_to_f16",
            "f32_to_f16_portable", "f32x16_halves", "f32x16_pair_scales", "f32x16_tile_step", "f32x16_zero",
            "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma", "f32x8_fma_i32",
            "f32x8_fma_lanes", "f32x8_from_i32", "f32x8_hsum", "f32x8_hsum_pairs", "f32x8_hsum_split", "f32x8_lane",

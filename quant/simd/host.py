@@ -16,11 +16,20 @@ def _is_aarch64() -> bool:
     return llvm_binding.get_process_triple().startswith(("aarch64", "arm64"))
 
 
+def _pinned() -> bool:
+    return bool(numba_config.CPU_NAME) and numba_config.CPU_NAME != "host"
+
+
+def cpu_name() -> str:
+    """The CPU Numba compiles for: NUMBA_CPU_NAME when pinned, else LLVM's name for the host (e.g. znver4)."""
+    return numba_config.CPU_NAME if _pinned() else llvm_binding.get_host_cpu_name()
+
+
 def _host_has(feature: str) -> bool:
     """Whether the CPU Numba compiles for has an x86 feature (honours NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
     if not _is_x86():
         return False
-    if numba_config.CPU_NAME and numba_config.CPU_NAME != "host":
+    if _pinned():
         return f"+{feature}" in (numba_config.CPU_FEATURES or "").split(",")
     return bool(llvm_binding.get_host_cpu_features().get(feature))
 
@@ -54,12 +63,10 @@ def _arm_has(feature: str) -> bool:
         return False
     if any(f"+{n}" in explicit for n in names):
         return True
-    pinned = numba_config.CPU_NAME and numba_config.CPU_NAME != "host"
-    cpu = numba_config.CPU_NAME if pinned else llvm_binding.get_host_cpu_name()
     table = _ARM_I8MM_CPUS if feature == "i8mm" else _ARM_DOTPROD_CPUS
-    if cpu in table:
+    if cpu_name() in table:
         return True
-    if pinned or numba_config.CPU_FEATURES is not None:  # Numba compiles for exactly what was named
+    if _pinned() or numba_config.CPU_FEATURES is not None:  # Numba compiles for exactly what was named
         return False
     try:
         host = llvm_binding.get_host_cpu_features()
