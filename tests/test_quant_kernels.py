@@ -158,6 +158,17 @@ def test_matvec_and_matmul_match_float64(fmt):
     assert nmse(one, want[3]) < NMSE_LIMIT[kernels_for(fmt).activation]
 
 
+def _decoded_rows_equal_matvec(layer, x):
+    """Asserts that the rows of x decoded together (sizes of 1) equal matvec's bits; returns (out, matvec rows)."""
+    ones = np.empty((x.shape[0], layer.n_out), np.float32)
+    for t in range(x.shape[0]):
+        layer.matvec(x[t], ones[t])
+    out = np.empty_like(ones)
+    layer.matmul(x, out, sizes=(1,) * x.shape[0])
+    np.testing.assert_array_equal(out, ones)
+    return out, ones
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("n_out", [37, 40])  # 40: a multiple of 8, which llama.cpp repacks for Q4_K
 def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
@@ -171,12 +182,7 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
     for n_tokens in (45, 13, 1, 2, 3, 4, 6, 7, 12, 14, 9):  # 45: tiles of 8, a padded tile (5 + 3 copies); 12: a
         # four-token tile; 3: padded to one with the 512-bit tiles; 9 last
-        ones = np.empty((n_tokens, n_out), np.float32)
-        for t in range(n_tokens):
-            layer.matvec(x[t], ones[t])
-        out = np.empty((n_tokens, n_out), np.float32)
-        layer.matmul(x[:n_tokens], out, sizes=(1,) * n_tokens)
-        np.testing.assert_array_equal(out, ones)
+        out, ones = _decoded_rows_equal_matvec(layer, x[:n_tokens])
         layer.matmul(x[:n_tokens], out)
         if not batch_kernels:
             np.testing.assert_array_equal(out, ones)
@@ -200,12 +206,7 @@ def test_two_rows_padded_to_a_tile_keep_their_bits(fmt, monkeypatch):
         pytest.skip(f"{fmt.name} does not go through the block32 tiles")
     x = np.random.default_rng(6).standard_normal((10, n_in)).astype(np.float32)
     for n_tokens in (2, 10):
-        ones = np.empty((n_tokens, n_out), np.float32)
-        for t in range(n_tokens):
-            layer.matvec(x[t], ones[t])
-        out = np.empty((n_tokens, n_out), np.float32)
-        layer.matmul(x[:n_tokens], out, sizes=(1,) * n_tokens)
-        np.testing.assert_array_equal(out, ones)
+        _decoded_rows_equal_matvec(layer, x[:n_tokens])
 
 
 def test_row_kinds_follow_llama_cpp_dispatch():
