@@ -207,10 +207,11 @@ _NO_COLUMNS = np.empty((0, 0), np.float32)  # an output with no row blocks to co
 # tile, and with the 512-bit tiles 3 rows to a four-token one (docs/kernels.md has the timings). The padded rows
 # have the same bits as the one-token dots (every block32 format: its rows do not depend on the batch).
 _PAD_ROWS = {3: 1, 5: 3, 6: 2, 7: 1} if HAS_WIDE_TILES else {5: 3, 6: 2, 7: 1}
-# Two rows past the tiles go as single tokens, except through a matrix too big for the caches with the 512-bit tiles:
+# A batch of two rows goes as single tokens, except through a matrix too big for the caches with the 512-bit tiles:
 # there the second token's pass costs more than the four-token tile, which reads the stream once for all its rows
 # (Gemma-3's 262,144 x 640 output at 2 threads: 2 tokens 12.6 ms as singles, 9.3 ms as a padded tile; a 2 MB layer
-# matrix gains nothing, docs/kernels.md).
+# matrix gains nothing, docs/kernels.md). Two rows after eight-token tiles stay singles: the tiles have brought the
+# weights into the caches, where singles are faster (10 rows through that output: 22 ms against 25 ms padded).
 _PAD_TWO_FROM_BYTES = 8 << 20 if HAS_WIDE_TILES else None
 
 
@@ -218,7 +219,7 @@ def _block32_tiles(kernel, weights, row_bytes, x, outs, scratch_key) -> None:
     """kernel (a matmul3_<fmt>) over x into outs (three, the unused ones _NO_COLUMNS), the tail padded to a tile."""
     n_tokens = x.shape[0]
     pad = _PAD_ROWS.get(n_tokens % 8, 0)
-    if n_tokens % 8 == 2 and _PAD_TWO_FROM_BYTES is not None and weights[0].size >= _PAD_TWO_FROM_BYTES:
+    if n_tokens == 2 and _PAD_TWO_FROM_BYTES is not None and weights[0].size >= _PAD_TWO_FROM_BYTES:
         pad = 2
     if not pad:
         kernel(*weights, row_bytes, x, *_scratch_for(scratch_key).reserve(n_tokens), *outs)

@@ -196,8 +196,9 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.block_size == 32 and f.name not in ("F16", "BF16")],
                          ids=lambda f: f.name)
 def test_two_rows_padded_to_a_tile_keep_their_bits(fmt, monkeypatch):
-    """Two rows past the tiles of a matrix too big for the caches run as a padded four-token tile (with the 512-bit
-    tiles): forced here for a small matrix on any host, every row still equals matvec's bits."""
+    """A batch of two rows through a matrix too big for the caches runs as a padded four-token tile (with the 512-bit
+    tiles): forced here for a small matrix on any host, every row still equals matvec's bits (and ten rows, whose
+    last two stay singles, too)."""
     from edgellm.quant import linear
     monkeypatch.setattr(linear, "_PAD_TWO_FROM_BYTES", 0)
     n_out, n_in = 37, shape_for(fmt)[1]
