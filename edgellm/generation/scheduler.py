@@ -171,8 +171,7 @@ class _PoolEngine:
 
     def can_mix(self, slot, n_tokens: int, n_decode: int) -> bool:
         """Whether a prompt chunk of n_tokens for slot can run in one forward with n_decode decode rows."""
-        return hasattr(self.fm, "forward_mixed") and n_tokens + n_decode <= self.fm.n_batch \
-            and slot.cache.n_past + n_tokens <= slot.cache.n_ctx
+        return n_tokens + n_decode <= self.fm.n_batch and slot.cache.n_past + n_tokens <= slot.cache.n_ctx
 
     def mixed(self, slots, tokens, slot, chunk) -> np.ndarray:
         return self.fm.forward_mixed(tokens, [s.cache for s in slots], chunk, slot.cache)

@@ -175,9 +175,7 @@ class DecoderModel:
         n_tokens = tokens.shape[0]
         if n_tokens == 0:
             raise ModelError("forward() needs at least one token")
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
-            bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)][0]
-            raise ModelError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        self._check_ids(tokens)
         n_ctx = cache.n_ctx
         step = self.prompt_step(cache, cache.n_past + n_tokens)
         if not self.context_shift:
