@@ -91,14 +91,18 @@ def test_bad_context_is_refused():
         KVCache(n_ctx=0, n_head_kv=1, head_dim=4, windows=[0], n_batch=1)
 
 
-@pytest.mark.parametrize("kv_type,window", [("f16", 0), ("f32", 0), ("f16", 24)])
-def test_pool_rows_equal_each_sequence_alone(kv_type, window):
+@pytest.mark.parametrize("kv_type,window,H,H_kv,hd", [
+    ("f16", 0, 6, 2, 64), ("f32", 0, 6, 2, 64), ("f16", 24, 6, 2, 64),
+    # attention_rows takes the query heads of a KV head together, up to four: groups of one, four (Gemma-3's
+    # shape, head size 256), five (a run of four and one of one) and eight (two runs)
+    ("f16", 0, 3, 3, 32), ("f16", 24, 4, 1, 256), ("f32", 0, 10, 2, 32), ("f16", 24, 16, 2, 64)])
+def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd):
     """ops.finish_qkv_rows + ops.attention_rows (one call for a decode step of several pool sequences) give each
     row exactly what finish_qkv + attention give it on its own cache, and write the same cache contents."""
     from edgellm.engine import ops
     from edgellm.engine.kvcache import KVPool
     rng = np.random.default_rng(5)
-    n_seq, H, H_kv, hd, n_ctx = 4, 6, 2, 64, 64
+    n_seq, n_ctx = 4, 64
     pools = [KVPool(n_seq, n_ctx, H_kv, hd, [window], 8, kv_type) for _ in range(2)]
     lengths = [5, 40, 17, 63]  # different depths per sequence (63: a window of 24 sees only the last keys)
     for pool in pools:  # identical histories in both pools

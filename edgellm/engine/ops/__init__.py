@@ -15,6 +15,7 @@ Shapes follow the model: activations are [T, ...] with T the tokens of the curre
   attention_scalar.py   attention in llama.cpp's summation orders, scalar, any cache type, capped scores, sinks
   attention_vec.py      one query row in 8-float vectors (f16/f32 caches)
   attention_rows.py     four query rows of a head together (prompt batches)
+  attention_heads.py    one row's query heads that share a KV head together (batched decoding)
   attention_drivers.py  attention() / attention_rows(): scratch, kernel choice, work items, the reference
   activations.py        SwiGLU, GeGLU (llama.cpp's GELU table), gpt-oss's clamped SwiGLU and the logit softcap
 

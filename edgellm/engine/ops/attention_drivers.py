@@ -6,6 +6,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from edgellm.engine.ops.attention_heads import HEADS, _attend_heads_vec, heads_scratch_width
 from edgellm.engine.ops.attention_rows import ROWS, _attend_rows_vec
 from edgellm.engine.ops.attention_scalar import LANES_BATCH, LANES_SINGLE, _attend
 from edgellm.engine.ops.attention_vec import _attend_vec
@@ -120,13 +121,17 @@ def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, wi
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_rows_vec(q, k_all, v_all, sp_all, seqs, q_positions, window, scale, out, scratch):
+    """Work items: each token's query heads in runs of up to HEADS that share a KV head (a group of 8: two runs)."""
     n_tokens, n_heads, _ = q.shape
     group = n_heads // k_all.shape[1]
-    for th in prange(n_tokens * n_heads):
-        t, h = th // n_heads, th % n_heads
+    runs = (group + HEADS - 1) // HEADS  # per KV head
+    per_token = k_all.shape[1] * runs
+    for item in prange(n_tokens * per_token):
+        t, r = item // per_token, item % per_token
+        kv, g0 = r // runs, r % runs * HEADS
         s = seqs[t]
-        _attend_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t, h, h // group,
-                    out, scratch[numba.get_thread_id()], True, np.float32(-np.inf))
+        _attend_heads_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t,
+                          kv * group + g0, min(HEADS, group - g0), kv, out, scratch[numba.get_thread_id()])
 
 
 def attention_rows_supported(stacked, head_dim) -> bool:
@@ -152,7 +157,7 @@ ATTENTION_PARALLEL_MIN_WORK = 1 << 17
 
 def attention_scratch_width(capacity: int, head_dim: int) -> int:
     one_row = capacity + (LANES_SINGLE + 1) * head_dim + LANES_SINGLE
-    return max(one_row, ROWS * (capacity + (LANES_BATCH + 1) * head_dim) + 8)
+    return max(one_row, ROWS * (capacity + (LANES_BATCH + 1) * head_dim) + 8, heads_scratch_width(capacity, head_dim))
 
 
 def _check_scratch(scratch, capacity: int, head_dim: int) -> None:

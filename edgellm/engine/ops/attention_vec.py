@@ -238,6 +238,21 @@ def _sum_batch_lanes(work, ra, o, head_dim, out):
 
 
 @njit(cache=True, error_model="numpy")
+def _sum_single_lanes(work, ra, o, head_dim, out):
+    """out[o:o + head_dim] <- the sum of a row's LANES_SINGLE lane rows (from work[ra]) in ggml_vec_dot_f16's order:
+    each group of four lanes first (_lane_pair), then the eight pairs as a tree."""
+    for c in range(0, head_dim, 8):
+        r = ra + c
+        a0, a1 = _lane_pair(work, r, 0, head_dim), _lane_pair(work, r, 1, head_dim)
+        a2, a3 = _lane_pair(work, r, 2, head_dim), _lane_pair(work, r, 3, head_dim)
+        a4, a5 = _lane_pair(work, r, 4, head_dim), _lane_pair(work, r, 5, head_dim)
+        a6, a7 = _lane_pair(work, r, 6, head_dim), _lane_pair(work, r, 7, head_dim)
+        sum8 = f32x8_add(f32x8_add(f32x8_add(a0, a4), f32x8_add(a1, a5)),
+                         f32x8_add(f32x8_add(a2, a6), f32x8_add(a3, a7)))
+        store_f32x8(out, o + c, sum8)
+
+
+@njit(cache=True, error_model="numpy")
 def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, work, single, sink):
     """_attend for f16/f32 caches, head_dim % 32 == 0, in vectors (sink: -inf for none). work: as _attend's."""
     capacity = slot_pos.shape[0]
@@ -267,15 +282,7 @@ def _attend_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h, kv, out, 
         a, b = _run_bounds(r, first, last, capacity)
         _weigh_run_vec(v_cache, kv, a, b, lanes, work, work, acc0)
     o = (t * n_heads + h) * head_dim
-    if not single:
+    if single:
+        _sum_single_lanes(work, acc0, o, head_dim, out)
+    else:
         _sum_batch_lanes(work, acc0, o, head_dim, out)
-        return
-    for c in range(0, head_dim, 8):
-        r = acc0 + c
-        a0, a1 = _lane_pair(work, r, 0, head_dim), _lane_pair(work, r, 1, head_dim)
-        a2, a3 = _lane_pair(work, r, 2, head_dim), _lane_pair(work, r, 3, head_dim)
-        a4, a5 = _lane_pair(work, r, 4, head_dim), _lane_pair(work, r, 5, head_dim)
-        a6, a7 = _lane_pair(work, r, 6, head_dim), _lane_pair(work, r, 7, head_dim)
-        sum8 = f32x8_add(f32x8_add(f32x8_add(a0, a4), f32x8_add(a1, a5)),
-                         f32x8_add(f32x8_add(a2, a6), f32x8_add(a3, a7)))
-        store_f32x8(out, o + c, sum8)
