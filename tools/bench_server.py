@@ -69,11 +69,14 @@ def edgellm_server(model, port, nice, n_ctx, parallel, cache_ram="1G"):
                    "--cache-ram", cache_ram], port, nice)
 
 
-def llama_cpp_python_server(path, port, nice, n_ctx, threads, python=LLAMA_PYTHON):
+def llama_cpp_python_server(path, port, nice, n_ctx, threads, python=LLAMA_PYTHON, chat_format=None):
+    # A file without a chat template gets llama-2's format there, to which Gemma-3 answers with its end token at
+    # once; edgellm (and llama-server) take llama.cpp's gemma format for it, so this server is given it too.
+    fmt = ["--chat_format", chat_format] if chat_format else []
     return Server([python, "-m", "llama_cpp.server", "--model", path, "--port", str(port), "--n_ctx",
                    str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
                    # by default a new request interrupts the stream in flight: queue them instead, as edgellm does
-                   "--interrupt_requests", "False"], port, nice)
+                   "--interrupt_requests", "False", *fmt], port, nice)
 
 
 def llama_server(exe, path, port, nice, n_ctx, threads, parallel):
@@ -149,7 +152,8 @@ def main(argv=None) -> int:
                 edgellm_server(args.model, free_port(), args.nice, args.n_ctx, parallel))))
         if args.llama_cpp_python:
             servers.append(("llama-cpp-python", stack.enter_context(
-                llama_cpp_python_server(path, free_port(), args.nice, args.n_ctx, os.cpu_count(), args.llama_python))))
+                llama_cpp_python_server(path, free_port(), args.nice, args.n_ctx, os.cpu_count(), args.llama_python,
+                                        "gemma" if "gemma" in os.path.basename(path).lower() else None))))
         if args.llama_server:
             servers.append((f"llama-server -np {parallel}", stack.enter_context(
                 llama_server(args.llama_server, path, free_port(), args.nice, args.n_ctx, os.cpu_count(), parallel))))
@@ -164,8 +168,11 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for engine, n, r in rows:
         base = next(x for e, m, x in rows if e == engine and m == min(clients))["tokens_per_s"]
-        print(f"| {engine} | {n} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | "
+        speedup = f"{r['tokens_per_s'] / base:.2f}x" if base > 0 else "-"  # an engine that generated nothing
+        print(f"| {engine} | {n} | {r['tokens_per_s']:.1f} | {speedup} | "
               f"{r['ttft_p50_s']} | {r['ttft_p99_s']} | {r['errors']} |")
+    for engine in dict.fromkeys(e for e, _, r in rows if r["generated_tokens"] == 0):
+        print(f"{engine}: answered every request with no generated text (its chat format for this model)")
     if args.returning:
         for cache in ("1G", "0"):
             port = free_port()
