@@ -1,5 +1,6 @@
 """attention() and attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
-parallel), the work items (a head's query row, or ROWS rows of it) and the numpy reference.
+parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding a token's query heads that
+share a KV head) and the numpy reference.
 """
 
 import numba
