@@ -14,17 +14,11 @@ from numba import njit
 from edgellm.engine.kvtypes import like_cache, load_row8
 from edgellm.engine.ops.attention_rows import _fma4_if, _load4, _store4
 from edgellm.engine.ops.attention_scalar import LANES_SINGLE, _visible_from
-from edgellm.engine.ops.attention_vec import (KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLOTS, _row_weights, _run_bounds,
-                                              _sum_single_lanes)
-from edgellm.quant.simd import f32x8_add, f32x8_fma, f32x8_hsum_pairs, f32x8_zero, load_f32x8, prefetch
+from edgellm.engine.ops.attention_vec import (KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLOTS, _fold_chains, _row_weights,
+                                              _run_bounds, _sum_single_lanes)
+from edgellm.quant.simd import f32x8_fma, f32x8_zero, load_f32x8, prefetch
 
 HEADS = 4
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _fold(a0, a1, a2, a3, scale):
-    """A head's score from its four chains, as _score64 and _score_vec fold them."""
-    return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3))) * scale
 
 
 @njit(cache=True, error_model="numpy")
@@ -65,19 +59,19 @@ def _heads_scores(k_cache, v_cache, slot_pos, kv, a, b, q_rows, n, lo, p, scale,
                 r = 3 * head_dim + c
                 u0, u1 = f32x8_fma(u0, k0, load_f32x8(q_rows, r)), f32x8_fma(u1, k1, load_f32x8(q_rows, r + 8))
                 u2, u3 = f32x8_fma(u2, k2, load_f32x8(q_rows, r + 16)), f32x8_fma(u3, k3, load_f32x8(q_rows, r + 24))
-        s = _fold(x0, x1, x2, x3, scale)
+        s = _fold_chains(x0, x1, x2, x3) * scale
         work[j] = s
         t0 = max(t0, s)
         if n > 1:
-            s = _fold(y0, y1, y2, y3, scale)
+            s = _fold_chains(y0, y1, y2, y3) * scale
             work[capacity + j] = s
             t1 = max(t1, s)
         if n > 2:
-            s = _fold(z0, z1, z2, z3, scale)
+            s = _fold_chains(z0, z1, z2, z3) * scale
             work[2 * capacity + j] = s
             t2 = max(t2, s)
         if n > 3:
-            s = _fold(u0, u1, u2, u3, scale)
+            s = _fold_chains(u0, u1, u2, u3) * scale
             work[3 * capacity + j] = s
             t3 = max(t3, s)
     return t0, t1, t2, t3

@@ -16,6 +16,12 @@ from edgellm.quant.simd import (f32x8_add, f32x8_fma, f32x8_hsum, f32x8_hsum_pai
                                 load_f32x8, prefetch, store_f32x8)
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _fold_chains(a0, a1, a2, a3):
+    """A one-row score from its four FMA chains, as ggml_vec_dot_f16 reduces its four accumulators."""
+    return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _score_vec(q_row, k_cache, base, head_dim, single):
     if single:
         a0, a1, a2, a3 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
@@ -24,7 +30,7 @@ def _score_vec(q_row, k_cache, base, head_dim, single):
             a1 = f32x8_fma(a1, load_row8(k_cache, base + c + 8), load_f32x8(q_row, c + 8))
             a2 = f32x8_fma(a2, load_row8(k_cache, base + c + 16), load_f32x8(q_row, c + 16))
             a3 = f32x8_fma(a3, load_row8(k_cache, base + c + 24), load_f32x8(q_row, c + 24))
-        return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+        return _fold_chains(a0, a1, a2, a3)
     a = f32x8_zero()
     for c in range(0, head_dim, 8):
         a = f32x8_fma(a, load_row8(k_cache, base + c), load_f32x8(q_row, c))
@@ -43,7 +49,7 @@ def _score64(k_cache, b, q0, q1, q2, q3, q4, q5, q6, q7):
     a1 = f32x8_fma(a1, load_row8(k_cache, b + 40), q5)
     a2 = f32x8_fma(a2, load_row8(k_cache, b + 48), q6)
     a3 = f32x8_fma(a3, load_row8(k_cache, b + 56), q7)
-    return f32x8_hsum_pairs(f32x8_add(f32x8_add(a0, a2), f32x8_add(a1, a3)))
+    return _fold_chains(a0, a1, a2, a3)
 
 
 KEY_PREFETCH_SLOTS = 16
