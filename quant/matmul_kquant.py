@@ -16,9 +16,9 @@ from .dots_block32 import PREFETCH_BYTES
 from .kernels_dequant import k_scales_mins
 from .simd import (LANES, TILE_VECTORS, lanes_fma, lanes_mul, lanes_splat, load_lanes, q4_k_pair_sums_1x1,
                    q4_k_pair_sums_tile, q6_k_superblock_sums_1x1, q6_k_superblock_sums_tile, store_lanes)
-from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_fma,
+from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot4_u8x32_byte_scales, dot_u8x32_scale_pair, f32x8_fma,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
-                   f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_byte_pairs,
+                   f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_mins_dot,
                    i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_two, i32x8_madd, i32x8_mul, i32x8_splat, i32x8_zero,
                    load_f16, load_f32, load_f32x8, load_i8x32, load_i32, load_i32x8, pair_dot_i8_i32,
                    prefetch, store_i8x32)
@@ -36,25 +36,25 @@ def _prefetch_block(w, o, nbytes):
 
 
 @njit(cache=True, inline="always")
-def _pair_q4_k(w, o, xq, xo, scales, p, g0, g1):
-    """The scaled integer lanes of groups g0 = 2p and g1 = 2p + 1 of the Q4_K super-block at byte o (the low and the
-    high nibbles of its bytes 16 + 32p ..); scales: the super-block's scales word (k_scales_mins). g0 and g1 are
-    passed apart from p because dot_u8x32_byte_scale needs them as literal constants, which 2 * p is not."""
-    q = load_i8x32(w, o + 16 + 32 * p)
-    return i32x8_add(dot_u8x32_byte_scale(i8x32_and(q, 15), load_i8x32(xq, xo + 64 * p), scales, g0),
-                     dot_u8x32_byte_scale(i8x32_and(i8x32_shr(q, 4), 15), load_i8x32(xq, xo + 64 * p + 32), scales, g1))
+def _half_q4_k(acc, w, o, xq, xo, scales, h):
+    """acc plus lanes totalling the scaled integer sums of groups 4h .. 4h+3 of the Q4_K super-block at byte o (the
+    low and the high nibbles of its bytes 16 + 64h ..); scales: the super-block's scales word (k_scales_mins)."""
+    q0, q1 = load_i8x32(w, o + 16 + 64 * h), load_i8x32(w, o + 48 + 64 * h)
+    x = xo + 128 * h
+    return dot4_u8x32_byte_scales(acc, i8x32_and(q0, 15), load_i8x32(xq, x), i8x32_and(i8x32_shr(q0, 4), 15),
+                                  load_i8x32(xq, x + 32), i8x32_and(q1, 15), load_i8x32(xq, x + 64),
+                                  i8x32_and(i8x32_shr(q1, 4), 15), load_i8x32(xq, x + 96), scales, h)
 
 
 @njit(cache=True, inline="always")
 def _superblock_q4_k(w, o, xq, xo, bsums, bo):
     """(sum of q * x * scale over the super-block, sum of min * bsum over its sixteen 16-element halves): exact
-    integers, the scales and mins unpacked once into two words, the mins term as two vector products."""
+    integers, the scales and mins unpacked once into two words. Only the lanes' totals are kept, so the groups may
+    land in any lanes (dot4_u8x32_byte_scales, i32x8_mins_dot)."""
     scales, mins = k_scales_mins(w, o + 4)
-    isum = i32x8_add(i32x8_add(_pair_q4_k(w, o, xq, xo, scales, 0, 0, 1), _pair_q4_k(w, o, xq, xo, scales, 1, 2, 3)),
-                     i32x8_add(_pair_q4_k(w, o, xq, xo, scales, 2, 4, 5), _pair_q4_k(w, o, xq, xo, scales, 3, 6, 7)))
-    msum = i32x8_add(i32x8_mul(i32x8_byte_pairs(mins, 0), load_i32x8(bsums, bo)),
-                     i32x8_mul(i32x8_byte_pairs(mins, 1), load_i32x8(bsums, bo + 8)))
-    return i32x8_hsum_two(isum, msum)
+    isum = i32x8_add(_half_q4_k(i32x8_zero(), w, o, xq, xo, scales, 0),
+                     _half_q4_k(i32x8_zero(), w, o, xq, xo, scales, 1))
+    return i32x8_hsum_two(isum, i32x8_mins_dot(mins, bsums, bo))
 
 
 @njit(cache=True)

@@ -1065,23 +1065,22 @@ def test_q4_k_gemv_is_llama_cpps_arithmetic():
 
 
 def test_k_quant_scale_intrinsics_match_numpy():
-    """dot_u8x32_byte_scale (one byte of a word as the scale of a whole 32-element dot), dot_u8x32_scale_pair (two
-    int8 of sixteen as the scales of the two halves), i32x8_byte_pairs (four bytes of a word, each twice) and
-    i32x8_hsum_two against numpy; the scale pair lane by lane."""
-    from edgellm.quant.simd import (dot_u8x32_byte_scale, dot_u8x32_scale_pair, f32x8_from_i32, i32x8_byte_pairs,
-                                    i32x8_hsum_two, load_i8x32, load_i32x8, store_f32x8)
+    """dot4_u8x32_byte_scales (four bytes of a word as the scales of four 32-element dots, its lanes' total),
+    dot_u8x32_scale_pair (two int8 of sixteen as the scales of the two halves), i32x8_mins_dot (a word's bytes
+    against sixteen sums, each twice) and i32x8_hsum_two against numpy; the scale pair lane by lane."""
+    from edgellm.quant.simd import (dot4_u8x32_byte_scales, dot_u8x32_scale_pair, f32x8_from_i32, i32x8_hsum_two,
+                                    i32x8_mins_dot, i32x8_zero, load_i8x32, load_i32x8, store_f32x8)
 
     @njit
     def pieces(w, x, word, ints, dots, pairs, sbuf, lanes):
         a, b = load_i32x8(ints, 0), load_i32x8(ints, 8)
-        for i, v in enumerate((dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 0),
-                               dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 5),
-                               dot_u8x32_byte_scale(load_i8x32(w, 0), load_i8x32(x, 0), word, 7))):
-            dots[i] = i32x8_hsum_two(v, v)[0]
-        pairs[0], pairs[1] = i32x8_hsum_two(i32x8_byte_pairs(word, 0), i32x8_byte_pairs(word, 1))
+        v, u = load_i8x32(w, 0), load_i8x32(x, 0)
+        dots[0] = i32x8_hsum_two(dot4_u8x32_byte_scales(i32x8_zero(), v, u, v, u, v, u, v, u, word, 0), a)[0]
+        dots[1] = i32x8_hsum_two(dot4_u8x32_byte_scales(a, v, u, v, u, v, u, v, u, word, 1), a)[0]
+        pairs[0] = i32x8_hsum_two(i32x8_mins_dot(word, ints, 0), a)[0]
         # (lanes through float32: exact below 2**24, and these are below 2**23)
-        store_f32x8(lanes, 0, f32x8_from_i32(dot_u8x32_scale_pair(load_i8x32(w, 0), load_i8x32(x, 0), sbuf, 3, 0)))
-        store_f32x8(lanes, 8, f32x8_from_i32(dot_u8x32_scale_pair(load_i8x32(w, 0), load_i8x32(x, 0), sbuf, 3, 6)))
+        store_f32x8(lanes, 0, f32x8_from_i32(dot_u8x32_scale_pair(v, u, sbuf, 3, 0)))
+        store_f32x8(lanes, 8, f32x8_from_i32(dot_u8x32_scale_pair(v, u, sbuf, 3, 6)))
         return i32x8_hsum_two(a, b)
 
     rng = np.random.default_rng(22)
@@ -1090,7 +1089,7 @@ def test_k_quant_scale_intrinsics_match_numpy():
     scale_bytes = rng.integers(0, 64, 8).astype(np.uint8)
     word = np.uint64(scale_bytes.view(np.uint64)[0])
     ints = rng.integers(-(1 << 20), 1 << 20, 16).astype(np.int32)
-    dots, pairs = np.empty(3, np.int64), np.empty(2, np.int64)
+    dots, pairs = np.empty(2, np.int64), np.empty(1, np.int64)
     sbuf = rng.integers(-128, 128, 19).astype(np.int8).view(np.uint8)  # 16 scales from byte 3
     lanes = np.empty(16, np.float32)
     sums = pieces(w, x, word, ints, dots, pairs, sbuf, lanes)
@@ -1100,6 +1099,6 @@ def test_k_quant_scale_intrinsics_match_numpy():
         want = products * np.repeat(scales[[2 * g, 2 * g + 1]], 4)
         np.testing.assert_array_equal(lanes[8 * i:8 * i + 8], want)
     base = int((w.astype(np.int64) * x).sum())
-    assert list(dots) == [base * int(scale_bytes[g]) for g in (0, 5, 7)]
-    assert list(pairs) == [2 * int(scale_bytes[:4].sum()), 2 * int(scale_bytes[4:].sum())]
+    assert list(dots) == [base * int(scale_bytes[:4].sum()), int(ints[:8].sum()) + base * int(scale_bytes[4:].sum())]
+    assert pairs[0] == int((np.repeat(scale_bytes.astype(np.int64), 2) * ints).sum())
     assert sums == (int(ints[:8].sum()), int(ints[8:].sum()))

@@ -10,15 +10,17 @@ import sys
 
 import numpy as np
 import pytest
-from numba import njit
+from numba import literal_unroll, njit
 
 from edgellm.quant import simd
-from edgellm.quant.simd import (dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales, dot_u8x32_byte_scale,
-                                dot_u8x32_plus, dot_u8x32_scale_pair, f32x8_from_i32, load_i8x32, store_f32x8)
+from edgellm.quant.simd import (dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales,
+                                dot4_u8x32_byte_scales, dot_u8x32_plus, dot_u8x32_scale_pair, f32x8_from_i32,
+                                i32x8_hsum, i32x8_mins_dot, load_i8x32, load_i32x8,
+                                store_f32x8)
 
 
 @njit
-def _all_dots(w, x, base, scales, word, out):
+def _all_dots(w, x, base, scales, out):
     """Each dot's eight lanes as float32 (exact: every lane here stays below 2**24), one row of out per dot."""
     a, b = load_i8x32(w, 0), load_i8x32(x, 0)
     store_f32x8(out, 0, f32x8_from_i32(dot_i8x32(a, b)))
@@ -26,8 +28,7 @@ def _all_dots(w, x, base, scales, word, out):
     store_f32x8(out, 16, f32x8_from_i32(dot_i8x32_2scales(a, b, np.int32(scales[0]), np.int32(scales[1]))))
     store_f32x8(out, 24, f32x8_from_i32(dot_u8x32_2scales(a, b, np.int32(scales[0]), np.int32(scales[1]))))
     store_f32x8(out, 32, f32x8_from_i32(dot_u8x32_plus(a, b, base, 0)))
-    store_f32x8(out, 40, f32x8_from_i32(dot_u8x32_byte_scale(a, b, word, 5)))
-    store_f32x8(out, 48, f32x8_from_i32(dot_u8x32_scale_pair(a, b, scales, 0, 3)))
+    store_f32x8(out, 40, f32x8_from_i32(dot_u8x32_scale_pair(a, b, scales, 0, 3)))
 
 
 def _lanes(w, x, per_element_scale=1):
@@ -46,22 +47,67 @@ def test_dot_lanes_match_numpy():
             x[::2], x[1::2] = -127, 127
         base = rng.integers(-(1 << 20), 1 << 20, 8).astype(np.int32)
         scales = rng.integers(-128, 128, 16).astype(np.int8)  # int8 scales (Q6_K); the 2scales pair from them too
-        word_bytes = rng.integers(0, 64, 8).astype(np.uint8)  # six-bit sub-block scales (Q4_K)
-        word = np.uint64(word_bytes.view("<u8")[0])
         halves = np.repeat(scales[:2].astype(np.int64), 16)
         pair3 = np.repeat(scales[6:8].astype(np.int64), 16)
         for w in (signed_w, unsigned_w):
-            out = np.empty(56, np.float32)
-            _all_dots(w, x, base.view(np.int8), scales, word, out)
-            got = out.reshape(7, 8).astype(np.int64)
+            out = np.empty(48, np.float32)
+            _all_dots(w, x, base.view(np.int8), scales, out)
+            got = out.reshape(6, 8).astype(np.int64)
             np.testing.assert_array_equal(got[0], _lanes(w, x))
             np.testing.assert_array_equal(got[2], _lanes(w, x, halves))
             if w is unsigned_w:
                 np.testing.assert_array_equal(got[1], _lanes(w, x))
                 np.testing.assert_array_equal(got[3], _lanes(w, x, halves))
                 np.testing.assert_array_equal(got[4], base + _lanes(w, x))
-                np.testing.assert_array_equal(got[5], _lanes(w, x, int(word_bytes[5])))
-                np.testing.assert_array_equal(got[6], _lanes(w, x, pair3))
+                np.testing.assert_array_equal(got[5], _lanes(w, x, pair3))
+
+
+@njit
+def _byte_scales4(w, x, base, word, out):
+    """Eight 32-element groups in two calls into base's lanes, as a Q4_K super-block sums them."""
+    acc = load_i32x8(base, 0)
+    for h in literal_unroll((0, 1)):
+        o = 128 * h
+        acc = dot4_u8x32_byte_scales(acc, load_i8x32(w, o), load_i8x32(x, o), load_i8x32(w, o + 32),
+                                     load_i8x32(x, o + 32), load_i8x32(w, o + 64), load_i8x32(x, o + 64),
+                                     load_i8x32(w, o + 96), load_i8x32(x, o + 96), word, h)
+    store_f32x8(out, 0, f32x8_from_i32(acc))
+
+
+def test_byte_scales4_keep_the_total():
+    """dot4_u8x32_byte_scales defines only its lanes' total (AArch64 with dotprod folds four groups into four lanes):
+    the total is exact on every path, and where eight lanes are kept they are the scaled dots' own."""
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        w = rng.integers(0, 16 if trial else 128, 256).astype(np.int8)
+        x = rng.integers(-127, 128, 256).astype(np.int8)
+        word_bytes = rng.integers(0, 64, 8).astype(np.uint8)
+        if trial == 0:  # the largest products everywhere (a lane of eight groups stays below 2**24)
+            w[:], x[:], word_bytes[:] = 15, -127, 63
+        base = rng.integers(-(1 << 18), 1 << 18, 8).astype(np.int32)
+        out = np.empty(8, np.float32)
+        _byte_scales4(w, x, base, np.uint64(word_bytes.view("<u8")[0]), out)
+        lanes = base + sum(_lanes(w[32 * g:32 * g + 32], x[32 * g:32 * g + 32], int(word_bytes[g])) for g in range(8))
+        assert int(out.astype(np.int64).sum()) == int(lanes.sum())
+        if not simd.HAS_DOTPROD:
+            np.testing.assert_array_equal(out.astype(np.int64), lanes)
+
+
+@njit
+def _mins_dot(word, bsums, offset):
+    return i32x8_hsum(i32x8_mins_dot(word, bsums, offset))
+
+
+def test_mins_dot_keeps_the_total():
+    """i32x8_mins_dot: a super-block's eight mins (bytes of a word), each against two of sixteen int32 sums, from an
+    offset into the sums; the lanes' layout differs by path, the total is exact."""
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        mins = rng.integers(0, 64, 8).astype(np.uint8)
+        bsums = rng.integers(-32 * 127, 32 * 127 + 1, 40).astype(np.int32)
+        offset = int(rng.integers(0, 24))
+        want = int((np.repeat(mins.astype(np.int64), 2) * bsums[offset:offset + 16]).sum())
+        assert _mins_dot(np.uint64(mins.view("<u8")[0]), bsums, offset) == want
 
 
 def test_path_selection_is_one_of_the_known_ones():

@@ -26,6 +26,25 @@ def aarch64_dot_lanes(builder, w, x, pair_scales, base):
     return lanes if base is None else builder.add(base, lanes)
 
 
+def aarch64_chained_dot(builder, w, x):
+    """<4 x i32> whose total is w . x (signed bytes): the two halves' sdot chained into one accumulator, each lane
+    the sum of eight products (elements 4m..4m+3 and 16+4m..16+4m+3). For callers that only keep the total."""
+    i32x4 = _vec(_I32, 4)
+    acc = ir.Constant(i32x4, None)
+    for h in (0, 1):
+        lanes = range(16 * h, 16 * h + 16)
+        acc = _call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
+                              [acc, _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
+    return acc
+
+
+def aarch64_sdot_half(builder, w, x, h):
+    """<4 x i32> lanes 4h .. 4h+3 of w . x (signed bytes): one sdot on the 128-bit half h."""
+    i32x4, lanes = _vec(_I32, 4), range(16 * h, 16 * h + 16)
+    return _call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
+                           [ir.Constant(i32x4, None), _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
+
+
 def _sdot_i8x32(builder, start, w, x):
     """<8 x i32> start + lanes of w . x (signed bytes) as two sdot (llvm.aarch64.neon.sdot) on the 128-bit halves."""
     i32x4 = _vec(_I32, 4)

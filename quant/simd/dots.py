@@ -6,10 +6,11 @@ AVX-VNNI; simd.dot_aarch64: sdot or NEON) or, elsewhere, generic widening ops co
 from numba import types
 from numba.extending import intrinsic
 
-from .dot_aarch64 import aarch64_dot_lanes
+from .dot_aarch64 import aarch64_chained_dot, aarch64_dot_lanes, aarch64_sdot_half
 from .dot_x86 import avx2_dot_lanes
 from .host import HAS_AVX2, HAS_DOTPROD, IS_AARCH64
-from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _load, _ptr, _shuffle, _splat, _vec
+from .i32x8 import bytes_i32x4
+from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
 
 
 def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
@@ -81,20 +82,37 @@ dot_u8x32_2scales = _make_dot("dot_u8x32_2scales", False, True, "dot_i8x32_2scal
 
 
 @intrinsic
-def dot_u8x32_byte_scale(typingctx, w, x, word, g):
-    """Lanes of w . x (w 0..127) times byte g of the 64-bit `word` (g a compile-time constant 0..7): one scale for
-    all 32 elements, taken from eight packed in a word (a K-quant super-block's sub-block scales). On AVX2 the
-    scales are moved to a vector once and each call broadcasts its own (vpbroadcastw / vpshufb), instead of
-    extracting it in a general register and moving it over for every call."""
-    if w is not I8x32 or x is not I8x32 or not isinstance(g, types.IntegerLiteral) or not 0 <= g.literal_value < 8:
+def dot4_u8x32_byte_scales(typingctx, acc, w0, x0, w1, x1, w2, x2, w3, x3, word, h):
+    """acc plus lanes whose total is the sum over k = 0..3 of (wk . xk) times byte 4h + k of `word` (w 0..127, h a
+    compile-time constant 0 or 1): four of a Q4_K super-block's 32-element groups, for a caller that keeps only the
+    lanes' total. x86 adds the four dots' lanes, each scaled by its byte. AArch64 with dotprod chains each group's
+    two sdot into four lanes, folds the four groups into one vector of group totals (three addp) and scales it with
+    one mul by the four widened scale bytes into acc's half h, where eight lanes a group took two mla a group."""
+    vectors = (w0, x0, w1, x1, w2, x2, w3, x3)
+    if acc is not I32x8 or any(v is not I8x32 for v in vectors) or not isinstance(h, types.IntegerLiteral) \
+            or h.literal_value not in (0, 1):
         return None
-    lane = g.literal_value
+    half = h.literal_value
 
     def codegen(context, builder, sig, args):
-        word = context.cast(builder, args[2], sig.args[2], types.uint64)
-        scales = builder.zext(builder.bitcast(word, _vec(_I8, 8)), _vec(_I16, 8))
-        return _dot_lanes(builder, args[0], args[1], False, _shuffle(builder, scales, scales, [lane] * 16))
-    return I32x8(w, x, word, g), codegen
+        word = context.cast(builder, args[9], sig.args[9], types.uint64)
+        scales = builder.bitcast(word, _vec(_I8, 8))
+        acc, pairs = args[0], [(args[1 + 2 * k], args[2 + 2 * k]) for k in range(4)]
+        if not HAS_DOTPROD:  # the four scaled dots summed as a tree, then added to acc
+            scales = builder.zext(scales, _vec(_I16, 8))
+            lanes = [_dot_lanes(builder, w, x, False, _shuffle(builder, scales, scales, [4 * half + k] * 16))
+                     for k, (w, x) in enumerate(pairs)]
+            return builder.add(acc, builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3])))
+        i32x4 = _vec(_I32, 4)
+        sums = [aarch64_chained_dot(builder, w, x) for w, x in pairs]
+        addp = "llvm.aarch64.neon.addp.v4i32"
+        totals = _call_intrinsic(builder, addp, i32x4, [_call_intrinsic(builder, addp, i32x4, sums[:2]),
+                                                         _call_intrinsic(builder, addp, i32x4, sums[2:])])
+        part = builder.add(_shuffle(builder, acc, acc, range(4 * half, 4 * half + 4)),
+                           builder.mul(totals, bytes_i32x4(builder, scales, half)))
+        kept = _shuffle(builder, acc, acc, range(4 - 4 * half, 8 - 4 * half))
+        return _shuffle(builder, *((part, kept) if half == 0 else (kept, part)), range(8))
+    return I32x8(acc, *vectors, word, h), codegen
 
 
 @intrinsic
@@ -109,6 +127,13 @@ def dot_u8x32_scale_pair(typingctx, w, x, buf, offset, g):
     def codegen(context, builder, sig, args):
         scales = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 16))
         scales = builder.sext(scales, _vec(_I16, 16))
+        if HAS_DOTPROD:  # each half's sdot times its scale as a lane of a widened vector: an mla by element, no dup
+            halves = []
+            for h, k in enumerate((2 * lane, 2 * lane + 1)):
+                quad = builder.sext(_shuffle(builder, scales, scales, range(k - k % 4, k - k % 4 + 4)), _vec(_I32, 4))
+                halves.append(builder.mul(aarch64_sdot_half(builder, args[0], args[1], h),
+                                          _shuffle(builder, quad, quad, [k % 4] * 4)))
+            return _shuffle(builder, halves[0], halves[1], range(8))
         pair_scales = _shuffle(builder, scales, scales, [2 * lane] * 8 + [2 * lane + 1] * 8)
         return _dot_lanes(builder, args[0], args[1], False, pair_scales)
     return I32x8(w, x, buf, offset, g), codegen

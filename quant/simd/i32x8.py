@@ -6,21 +6,48 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vector_ir import I32x8, _I8, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
+from .host import IS_AARCH64
+from .vector_ir import I32x8, _I8, _I16, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
+
+def bytes_i32x4(builder, v, h):
+    """Bytes 4h .. 4h+3 of the <8 x i8> v, zero-extended to <4 x i32> through <8 x i16> (ushll, ushll2 on AArch64):
+    a <4 x i8> step would be widened by zipping with an undefined register, a false dependency on whatever it held."""
+    wide = builder.zext(v, _vec(_I16, 8))
+    return builder.zext(_shuffle(builder, wide, wide, range(4 * h, 4 * h + 4)), _vec(_I32, 4))
+
 
 @intrinsic
-def i32x8_byte_pairs(typingctx, word, half):
-    """Bytes 4h .. 4h+3 of the 64-bit `word` (h = half, a constant 0 or 1), each twice, as int32 lanes:
-    [b_4h, b_4h, b_4h+1, b_4h+1, ...] (a K-quant super-block's eight mins against its sixteen 16-element sums)."""
-    if not isinstance(half, types.IntegerLiteral) or half.literal_value not in (0, 1):
+def i32x8_mins_dot(typingctx, word, buf, offset):
+    """Lanes whose total is the sum over k = 0..15 of byte k // 2 of the 64-bit `word` times the int32
+    buf[offset + k]: a K-quant super-block's eight mins against its sixteen 16-element activation sums, for a caller
+    that keeps only the total. x86 multiplies the sums by the mins, each min twice; AArch64 adds the
+    sums in pairs first (addp) and multiplies four lanes by four mins twice, half the vector multiplies."""
+    if not isinstance(offset, types.Integer):
         return None
-    h = half.literal_value
 
     def codegen(context, builder, sig, args):
         word = context.cast(builder, args[0], sig.args[0], types.uint64)
         v = builder.bitcast(word, _vec(_I8, 8))
-        return builder.zext(_shuffle(builder, v, v, [4 * h + k // 2 for k in range(8)]), _vec(_I32, 8))
-    return I32x8(word, half), codegen
+
+        def at(k):
+            return _ptr(context, builder, sig.args[1], args[1], builder.add(args[2], ir.Constant(args[2].type, k)))
+        if not IS_AARCH64:
+            total = None
+            for h in (0, 1):
+                prod = builder.mul(builder.zext(_shuffle(builder, v, v, [4 * h + k // 2 for k in range(8)]),
+                                                _vec(_I32, 8)),
+                                   _load(builder, at(8 * h), _vec(_I32, 8)))
+                total = prod if total is None else builder.add(total, prod)
+            return total
+        i32x4 = _vec(_I32, 4)
+        quarters = [_load(builder, at(4 * q), i32x4) for q in range(4)]
+        total = None
+        for h in (0, 1):
+            pairs = _call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+            prod = builder.mul(pairs, bytes_i32x4(builder, v, h))
+            total = prod if total is None else builder.add(total, prod)
+        return _shuffle(builder, total, ir.Constant(i32x4, None), range(8))
+    return I32x8(word, buf, offset), codegen
 
 
 @intrinsic
@@ -144,6 +171,12 @@ def pair_dot_i8_i32(typingctx, w, o, b, bo):
         wv = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
         bv = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I32, 16))
         p = builder.mul(builder.sext(wv, _vec(_I32, 16)), bv)
+        if IS_AARCH64:  # addp sums neighbours: one instruction per four lanes where two shuffles and an add took three
+            i32x4 = _vec(_I32, 4)
+            quarters = [_shuffle(builder, p, p, range(4 * q, 4 * q + 4)) for q in range(4)]
+            halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+                      for h in (0, 1)]
+            return _shuffle(builder, halves[0], halves[1], range(8))
         return builder.add(_shuffle(builder, p, p, range(0, 16, 2)), _shuffle(builder, p, p, range(1, 16, 2)))
     return I32x8(w, o, b, bo), codegen
 
