@@ -15,8 +15,8 @@ from numba import literal_unroll, njit
 from edgellm.quant import simd
 from edgellm.quant.simd import (dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales,
                                 dot4_u8x32_byte_scales, dot_u8x32_plus, dot_u8x32_scale_pair, f32x8_from_i32,
-                                i32x8_hsum, i32x8_mins_dot, load_i8x32, load_i32x8,
-                                store_f32x8)
+                                i32x8_hsum, i32x8_mins_dot, load_bits32, load_i8x32, load_i32x8,
+                                store_f32x8, store_i8x32)
 
 
 @njit
@@ -108,6 +108,25 @@ def test_mins_dot_keeps_the_total():
         offset = int(rng.integers(0, 24))
         want = int((np.repeat(mins.astype(np.int64), 2) * bsums[offset:offset + 16]).sum())
         assert _mins_dot(np.uint64(mins.view("<u8")[0]), bsums, offset) == want
+
+
+@njit
+def _bits(buf, offset, out):
+    store_i8x32(out, 0, load_bits32(buf, offset))
+
+
+def test_load_bits32_matches_numpy():
+    """load_bits32 (Q5_0/Q5_1's fifth bits, its own AArch64 lowering): value j is bit j of the little-endian word."""
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        buf = rng.integers(0, 256, 9).astype(np.uint8)
+        if trial < 2:
+            buf[:] = 0xFF * trial
+        offset = int(rng.integers(0, 5))
+        out = np.empty(32, np.int8)
+        _bits(buf, offset, out)
+        word = int(buf[offset:offset + 4].view("<u4")[0])
+        np.testing.assert_array_equal(out, [(word >> j) & 1 for j in range(32)])
 
 
 def test_path_selection_is_one_of_the_known_ones():
