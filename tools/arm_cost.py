@@ -1,15 +1,21 @@
 """Cycles per block of the decode dot loops on AArch64 cores, without the hardware: edgellm's loops as Numba compiles
 them for each CPU, and llama.cpp's NEON loops (ggml-cpu/arch/arm/quants.c) as clang compiles them, both through
-llvm-mca's model of the CPU. Prints a markdown table (docs/arm.md keeps the last one).
+llvm-mca's model of the CPU. Prints two markdown tables (docs/arm.md keeps the last ones): the decode dots against llama.cpp's, and the prompt tiles
+(eight tokens x one row) against edgellm's own one-row dot.
 
-    sudo python tools/arm_cost.py [--cpus cortex-a76,apple-m1] [--llama-src DIR]
+    sudo python tools/arm_cost.py [--cpus neoverse-n1,neoverse-n2,apple-m1,cortex-a76] [--llama-src DIR]
+
+The newest llvm-mca-N and clang-N installed are used (Debian: apt install llvm-19 clang-19): LLVM 19 models the
+Neoverse N1 (the Cortex-A76's core: Raspberry Pi 5, RK3588), N2 (Cortex-A710 class, i8mm) and V1; LLVM 14 costed every
+Arm-designed core, the A76 included, with the Cortex-A57's model. Apple's cores use the Cyclone model in both.
 
 Runs the dump step (`arm_cost.py dump OUT`) inside ../shared/tools/arm64-chroot.sh's root (Numba compiles AArch64
 code only on AArch64; under QEMU that takes a minute or two per CPU), then llvm-mca and clang on this host.
 
 What a figure means: llvm-mca's steady-state cycles per iteration of the innermost loop that holds the dot
 instructions, divided by the (row, block) pairs one iteration covers, counted from the sdot instructions in it
-(block of 32: two sdot per row and block; super-block of 256: sixteen). Loads are assumed to hit L1; a figure ranks
+(block of 32: two sdot per row and block; super-block of 256: sixteen; a tile's pairs are token-row-block
+triples). Loads are assumed to hit L1; a figure ranks
 instruction sequences, it does not predict tokens per second (decode is bound by memory bandwidth on most boards).
 """
 from __future__ import annotations
@@ -32,12 +38,20 @@ CHROOT_TOOL = next((p for p in (HERE.parent / "shared/tools/arm64-chroot.sh",
 KERNELS = [
     ("Q4_0", "vec_dot_q4_0_q8_0", 1, 32, "ggml_vec_dot_q4_0_q8_0"),
     ("Q4_1", "vec_dot_q4_1_q8_0", 1, 32, "ggml_vec_dot_q4_1_q8_1"),
+    ("Q5_0", "vec_dot_q5_0_q8_0", 1, 32, "ggml_vec_dot_q5_0_q8_0"),
     ("Q8_0", "vec_dot_q8_0_q8_0", 1, 32, "ggml_vec_dot_q8_0_q8_0"),
     ("Q4_K", "vec_dot_q4_k_q8_k", 1, 256, "ggml_vec_dot_q4_K_q8_K"),
     ("Q6_K", "vec_dot_q6_k_q8_k", 1, 256, "ggml_vec_dot_q6_K_q8_K"),
     ("Q4_0", "vec_dot2_q4_0_q8_0", 2, 32, None),
     ("Q4_1", "vec_dot2_q4_1_q8_0", 2, 32, None),
     ("Q8_0", "vec_dot2_q8_0_q8_0", 2, 32, None),
+]
+# (format, edgellm prompt tile, the one-row dot it is compared with): eight tokens against one row per call
+TILES = [
+    ("Q4_0", "tile8_q4_0", "vec_dot_q4_0_q8_0"),
+    ("Q4_1", "tile8_q4_1", "vec_dot_q4_1_q8_0"),
+    ("Q5_0", "tile8_q5_0", "vec_dot_q5_0_q8_0"),
+    ("Q8_0", "tile8_q8_0", "vec_dot_q8_0_q8_0"),
 ]
 
 
@@ -46,7 +60,7 @@ KERNELS = [
 
 def dump(out: Path):
     import numpy as np
-    from edgellm.quant import dots_block32, matmul_kquant, simd
+    from edgellm.quant import dots_block32, matmul_block32, matmul_kquant, simd
     out.mkdir(parents=True, exist_ok=True)
     nb = 8
     w = np.zeros(nb * 256 * 2, np.uint8)
@@ -56,6 +70,7 @@ def dump(out: Path):
     calls = {
         "vec_dot_q4_0_q8_0": (w, 0, nb, xq, 0, xd, 0),
         "vec_dot_q4_1_q8_0": (w, 0, nb, xq, 0, xd, xd, 0),
+        "vec_dot_q5_0_q8_0": (w, 0, nb, xq, 0, xd, 0),
         "vec_dot_q8_0_q8_0": (w, 0, nb, xq, 0, xd, 0),
         "vec_dot_q4_k_q8_k": (w, 0, 2, xq, 0, xd, bsums),
         "vec_dot_q6_k_q8_k": (w, 0, 2, xq, 0, xd, bsums),
@@ -63,9 +78,12 @@ def dump(out: Path):
         "vec_dot2_q4_1_q8_0": (w, 0, 20 * nb, nb, xq, 0, xd, 0),
         "vec_dot2_q8_0_q8_0": (w, 0, 34 * nb, nb, xq, 0, xd, 0),
     }
+    xp, xt = np.zeros(2 * 8 * 32 * nb, np.int8), np.zeros(4 * 8 * nb, np.float32)  # eight tokens' tile layout
+    for _, tile, _ in TILES:
+        calls[tile] = (w, 0, nb, xp, 0, xt, 0, 8 * nb if tile == "tile8_q4_1" else xp)
     print(f"dotprod {simd.HAS_DOTPROD} i8mm {simd.HAS_I8MM}")
     for name, args in calls.items():
-        fn = getattr(dots_block32, name, None) or getattr(matmul_kquant, name)
+        fn = getattr(dots_block32, name, None) or getattr(matmul_kquant, name, None) or getattr(matmul_block32, name)
         fn(*args)
         (out / f"{name}.s").write_text(fn.inspect_asm(fn.signatures[0]))
 
@@ -119,10 +137,23 @@ def hot_loop(body):
     return best
 
 
+def newest(tool: str) -> str:
+    """The highest-versioned tool-N on PATH (Debian installs llvm-mca-19, clang-19 ...), else the plain name."""
+    found = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        for p in Path(d).glob(f"{tool}-[0-9]*") if Path(d).is_dir() else ():
+            if p.name[len(tool) + 1:].isdigit():
+                found.append((int(p.name[len(tool) + 1:]), p.name))
+    return max(found)[1] if found else tool
+
+
+MCA, CLANG = newest("llvm-mca"), newest("clang")
+
+
 def mca_cycles(ins: list[str], cpu: str) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
         f.write("\n".join(ins) + "\n")
-    done = subprocess.run(["llvm-mca", "-mtriple=aarch64-linux-gnu", f"-mcpu={cpu}", "-iterations=200", f.name],
+    done = subprocess.run([MCA, "-mtriple=aarch64-linux-gnu", f"-mcpu={cpu}", "-iterations=200", f.name],
                           capture_output=True, text=True)
     os.unlink(f.name)
     if done.returncode:
@@ -141,10 +172,12 @@ def per_block(asm_body, cpu, block):
 
 
 def llama_asm(cpu: str, src: Path, work: Path) -> str:
-    out = work / f"llama_quants_{cpu}.s"
+    out = work / f"llama_quants_{cpu}_{CLANG}_neon.s"
     if not out.exists():
         ggml = src / "ggml"
-        cmd = ["clang", "--target=aarch64-linux-gnu", "-O3", f"-mcpu={cpu}", "-S", "-o", str(out),
+        # NEON only: on an SVE core (Neoverse N2, V1) quants.c takes its SVE loops, which this counting does not
+        # follow (vector-length-agnostic loops, 16-bit sdot)
+        cmd = [CLANG, "--target=aarch64-linux-gnu", "-O3", f"-mcpu={cpu}+nosve", "-S", "-o", str(out),
                "-isystem", "/usr/aarch64-linux-gnu/include", "-DNDEBUG",
                f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src/ggml-cpu'}",
                str(ggml / "src/ggml-cpu/arch/arm/quants.c")]
@@ -156,7 +189,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", nargs="?", default="table")
     ap.add_argument("out", nargs="?")
-    ap.add_argument("--cpus", default="cortex-a76,apple-m1")
+    ap.add_argument("--cpus", default="neoverse-n1,neoverse-n2,apple-m1,cortex-a76")
     ap.add_argument("--llama-src", default=str(LLAMA_SRC))
     ap.add_argument("--work", default="/tmp/arm_cost")
     args = ap.parse_args()
@@ -165,11 +198,11 @@ def main():
         return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, tiles = [], []
     for cpu in args.cpus.split(","):
         inside = f"/tmp/arm_cost_{cpu}"
         env = dict(os.environ, QEMU_CPU="max", NUMBA_CPU_NAME=cpu)
-        if not (ROOT / inside.lstrip("/") / "vec_dot2_q8_0_q8_0.s").exists():
+        if not (ROOT / inside.lstrip("/") / f"{TILES[-1][1]}.s").exists():  # (remove it after a kernel change)
             subprocess.run([str(CHROOT_TOOL), "run",
                             f"NUMBA_CACHE_DIR=$(mktemp -d) python tools/arm_cost.py dump {inside}"],
                            check=True, env=env, cwd=HERE)
@@ -183,6 +216,11 @@ def main():
                              block)
             theirs = per_block(function_body(lasm, llama_fn), cpu, block) if lasm and llama_fn else None
             rows.append((fmt, kernel, cpu, ours, theirs))
+        for fmt, tile, row_dot in TILES:
+            costs = [per_block(function_body((ROOT / inside.lstrip("/") / f"{k}.s").read_text(), k), cpu, 32)
+                     for k in (tile, row_dot)]
+            tiles.append((fmt, tile, cpu, *costs))
+    print(f"{MCA}, llama.cpp through {CLANG}\n")
     print("| format | edgellm loop | CPU model | edgellm cycles / row-block | llama.cpp cycles / row-block | ratio |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for fmt, kernel, cpu, ours, theirs in rows:
@@ -190,6 +228,12 @@ def main():
         t = f"{theirs[0]:.2f}" if theirs else "-"
         r = f"{ours[0] / theirs[0]:.2f}" if ours and theirs else "-"
         print(f"| {fmt} | {kernel} | {cpu} | {o} | {t} | {r} |")
+    print("\n| format | edgellm tile | CPU model | tile cycles / token-row-block | one-row dot cycles / row-block "
+          "| speed-up |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for fmt, tile, cpu, ours, dot in tiles:
+        if ours and dot:
+            print(f"| {fmt} | {tile} | {cpu} | {ours[0]:.2f} | {dot[0]:.2f} | {dot[0] / ours[0]:.2f}x |")
 
 
 if __name__ == "__main__":
