@@ -44,6 +44,7 @@ KERNELS = [
     ("Q6_K", "vec_dot_q6_k_q8_k", 1, 256, "ggml_vec_dot_q6_K_q8_K"),
     ("Q4_0", "vec_dot2_q4_0_q8_0", 2, 32, None),
     ("Q4_1", "vec_dot2_q4_1_q8_0", 2, 32, None),
+    ("Q5_0", "vec_dot2_q5_0_q8_0", 2, 32, None),
     ("Q8_0", "vec_dot2_q8_0_q8_0", 2, 32, None),
 ]
 # (format, edgellm prompt tile, the one-row dot it is compared with): eight tokens against one row per call
@@ -76,6 +77,7 @@ def dump(out: Path):
         "vec_dot_q6_k_q8_k": (w, 0, 2, xq, 0, xd, bsums),
         "vec_dot2_q4_0_q8_0": (w, 0, 18 * nb, nb, xq, 0, xd, 0),
         "vec_dot2_q4_1_q8_0": (w, 0, 20 * nb, nb, xq, 0, xd, 0),
+        "vec_dot2_q5_0_q8_0": (w, 0, 22 * nb, nb, xq, 0, xd, 0, np.zeros(8 * nb, np.int32), 0),
         "vec_dot2_q8_0_q8_0": (w, 0, 34 * nb, nb, xq, 0, xd, 0),
     }
     xp, xt = np.zeros(2 * 8 * 32 * nb, np.int8), np.zeros(4 * 8 * nb, np.float32)  # eight tokens' tile layout
