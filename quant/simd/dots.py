@@ -9,7 +9,7 @@ from numba.extending import intrinsic
 from .dot_aarch64 import aarch64_chained_dot, aarch64_dot_lanes, aarch64_sdot_half
 from .dot_x86 import avx2_dot_lanes
 from .host import HAS_AVX2, HAS_DOTPROD, IS_AARCH64
-from .i32x8 import bytes_i32x4
+from .i32x8 import bytes_i32x4, signed_bytes_i32x4
 from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
 
 
@@ -126,14 +126,14 @@ def dot_u8x32_scale_pair(typingctx, w, x, buf, offset, g):
 
     def codegen(context, builder, sig, args):
         scales = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 16))
-        scales = builder.sext(scales, _vec(_I16, 16))
         if HAS_DOTPROD:  # each half's sdot times its scale as a lane of a widened vector: an mla by element, no dup
             halves = []
             for h, k in enumerate((2 * lane, 2 * lane + 1)):
-                quad = builder.sext(_shuffle(builder, scales, scales, range(k - k % 4, k - k % 4 + 4)), _vec(_I32, 4))
+                quad = signed_bytes_i32x4(builder, scales, k // 4)
                 halves.append(builder.mul(aarch64_sdot_half(builder, args[0], args[1], h),
                                           _shuffle(builder, quad, quad, [k % 4] * 4)))
             return _shuffle(builder, halves[0], halves[1], range(8))
+        scales = builder.sext(scales, _vec(_I16, 16))
         pair_scales = _shuffle(builder, scales, scales, [2 * lane] * 8 + [2 * lane + 1] * 8)
         return _dot_lanes(builder, args[0], args[1], False, pair_scales)
     return I32x8(w, x, buf, offset, g), codegen

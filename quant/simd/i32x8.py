@@ -16,6 +16,17 @@ def bytes_i32x4(builder, v, h):
     return builder.zext(_shuffle(builder, wide, wide, range(4 * h, 4 * h + 4)), _vec(_I32, 4))
 
 
+def signed_bytes_i32x4(builder, v, q):
+    """Bytes 4q .. 4q+3 of the <16 x i8> v, sign-extended to <4 x i32> as (b ^ 128) zero-extended through <8 x i16>,
+    minus 128: on AArch64 fewer instructions than LLVM's own lowering of a sign extension from <4 x i8> (a zip, a
+    widening and two shifts, or a dup)."""
+    flipped = builder.xor(v, ir.Constant(_vec(_I8, 16), [128] * 16))
+    half = _shuffle(builder, flipped, flipped, range(8 * (q // 2), 8 * (q // 2) + 8))
+    wide = builder.zext(half, _vec(_I16, 8))
+    quad = builder.zext(_shuffle(builder, wide, wide, range(4 * (q % 2), 4 * (q % 2) + 4)), _vec(_I32, 4))
+    return builder.sub(quad, ir.Constant(_vec(_I32, 4), [128] * 4))
+
+
 @intrinsic
 def i32x8_mins_dot(typingctx, word, buf, offset):
     """Lanes whose total is the sum over k = 0..15 of byte k // 2 of the 64-bit `word` times the int32
