@@ -1,7 +1,7 @@
 """Cycles per block of the decode dot loops on AArch64 cores, without the hardware: edgellm's loops as Numba compiles
 them for each CPU, and llama.cpp's NEON loops (ggml-cpu/arch/arm/quants.c) as clang compiles them, both through
-llvm-mca's model of the CPU. Prints two markdown tables (docs/arm.md keeps the last ones): the decode dots against llama.cpp's, and the prompt tiles
-(eight tokens x one row) against edgellm's own one-row dot.
+llvm-mca's model of the CPU. Prints two markdown tables (docs/arm.md keeps the last ones): the decode dots against
+llama.cpp's, and the prompt tiles (eight tokens x one row) against edgellm's own one-row dot.
 
     sudo python tools/arm_cost.py [--cpus neoverse-n1,neoverse-n2,apple-m1,cortex-a76] [--llama-src DIR]
 
@@ -15,8 +15,8 @@ code only on AArch64; under QEMU that takes a minute or two per CPU), then llvm-
 What a figure means: llvm-mca's steady-state cycles per iteration of the innermost loop that holds the dot
 instructions, divided by the (row, block) pairs one iteration covers, counted from the sdot instructions in it
 (block of 32: two sdot per row and block; super-block of 256: sixteen; a tile's pairs are token-row-block
-triples). Loads are assumed to hit L1; a figure ranks
-instruction sequences, it does not predict tokens per second (decode is bound by memory bandwidth on most boards).
+triples). Loads are assumed to hit L1; a figure ranks instruction sequences, it does not predict tokens per second
+(decode is bound by memory bandwidth on most boards).
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def dump(out: Path):
     }
     xp, xt = np.zeros(2 * 8 * 32 * nb, np.int8), np.zeros(4 * 8 * nb, np.float32)  # eight tokens' tile layout
     for _, tile, _ in TILES:
+        # the last argument: the lane sums' buffer, or for Q4_1 (mins, no lane sums) the offset of the token sums
         calls[tile] = (w, 0, nb, xp, 0, xt, 0, 8 * nb if tile == "tile8_q4_1" else xp)
     print(f"dotprod {simd.HAS_DOTPROD} i8mm {simd.HAS_I8MM}")
     for name, args in calls.items():

@@ -26,34 +26,30 @@ def aarch64_dot_lanes(builder, w, x, pair_scales, base):
     return lanes if base is None else builder.add(base, lanes)
 
 
+def aarch64_sdot_half(builder, w, x, h, acc=None):
+    """<4 x i32> acc (None: zeros) plus lanes 4h .. 4h+3 of w . x (signed bytes): one sdot
+    (llvm.aarch64.neon.sdot) on the 128-bit half h."""
+    i32x4, lanes = _vec(_I32, 4), range(16 * h, 16 * h + 16)
+    return _call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
+                           [ir.Constant(i32x4, None) if acc is None else acc, _shuffle(builder, w, w, lanes),
+                            _shuffle(builder, x, x, lanes)])
+
+
 def aarch64_chained_dot(builder, w, x):
     """<4 x i32> whose total is w . x (signed bytes): the two halves' sdot chained into one accumulator, each lane
     the sum of eight products (elements 4m..4m+3 and 16+4m..16+4m+3). For callers that only keep the total."""
-    i32x4 = _vec(_I32, 4)
-    acc = ir.Constant(i32x4, None)
-    for h in (0, 1):
-        lanes = range(16 * h, 16 * h + 16)
-        acc = _call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
-                              [acc, _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
-    return acc
+    return aarch64_sdot_half(builder, w, x, 1, aarch64_sdot_half(builder, w, x, 0))
 
 
-def aarch64_sdot_half(builder, w, x, h):
-    """<4 x i32> lanes 4h .. 4h+3 of w . x (signed bytes): one sdot on the 128-bit half h."""
-    i32x4, lanes = _vec(_I32, 4), range(16 * h, 16 * h + 16)
-    return _call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
-                           [ir.Constant(i32x4, None), _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
+def aarch64_addp(builder, a, b):
+    """<4 x i32> [a0+a1, a2+a3, b0+b1, b2+b3] (addp)."""
+    return _call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", _vec(_I32, 4), [a, b])
 
 
 def _sdot_i8x32(builder, start, w, x):
-    """<8 x i32> start + lanes of w . x (signed bytes) as two sdot (llvm.aarch64.neon.sdot) on the 128-bit halves."""
-    i32x4 = _vec(_I32, 4)
-    halves = []
-    for h in (0, 1):
-        lanes = range(16 * h, 16 * h + 16)
-        acc = _shuffle(builder, start, start, range(4 * h, 4 * h + 4))
-        halves.append(_call_intrinsic(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", i32x4,
-                                      [acc, _shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)]))
+    """<8 x i32> start + lanes of w . x (signed bytes) as two sdot on the 128-bit halves."""
+    halves = [aarch64_sdot_half(builder, w, x, h, _shuffle(builder, start, start, range(4 * h, 4 * h + 4)))
+              for h in (0, 1)]
     return _shuffle(builder, halves[0], halves[1], range(8))
 
 
@@ -68,6 +64,6 @@ def _neon_dot_i8x32(builder, w, x):
         p = _call_intrinsic(builder, "llvm.aarch64.neon.smull.v8i16", i16x8,
                             [_shuffle(builder, w, w, lanes), _shuffle(builder, x, x, lanes)])
         quarters.append(_call_intrinsic(builder, "llvm.aarch64.neon.saddlp.v4i32.v8i16", i32x4, [p]))
-    halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+    halves = [aarch64_addp(builder, *quarters[2 * h:2 * h + 2])
               for h in (0, 1)]
     return _shuffle(builder, halves[0], halves[1], range(8))

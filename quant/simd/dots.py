@@ -6,11 +6,11 @@ AVX-VNNI; simd.dot_aarch64: sdot or NEON) or, elsewhere, generic widening ops co
 from numba import types
 from numba.extending import intrinsic
 
-from .dot_aarch64 import aarch64_chained_dot, aarch64_dot_lanes, aarch64_sdot_half
+from .dot_aarch64 import aarch64_addp, aarch64_chained_dot, aarch64_dot_lanes, aarch64_sdot_half
 from .dot_x86 import avx2_dot_lanes
 from .host import HAS_AVX2, HAS_DOTPROD, IS_AARCH64
 from .i32x8 import bytes_i32x4, signed_bytes_i32x4
-from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
+from .vector_ir import I8x32, I32x8, _I8, _I16, _I32, _load, _ptr, _shuffle, _splat, _vec
 
 
 def _dot_lanes(builder, w, x, signed, pair_scales=None, base=None):
@@ -87,7 +87,7 @@ def dot4_u8x32_byte_scales(typingctx, acc, w0, x0, w1, x1, w2, x2, w3, x3, word,
     compile-time constant 0 or 1): four of a Q4_K super-block's 32-element groups, for a caller that keeps only the
     lanes' total. x86 adds the four dots' lanes, each scaled by its byte. AArch64 with dotprod chains each group's
     two sdot into four lanes, folds the four groups into one vector of group totals (three addp) and scales it with
-    one mul by the four widened scale bytes into acc's half h, where eight lanes a group took two mla a group."""
+    one mul by the four widened scale bytes into acc's half h: one vector multiply for four groups."""
     vectors = (w0, x0, w1, x1, w2, x2, w3, x3)
     if acc is not I32x8 or any(v is not I8x32 for v in vectors) or not isinstance(h, types.IntegerLiteral) \
             or h.literal_value not in (0, 1):
@@ -103,11 +103,8 @@ def dot4_u8x32_byte_scales(typingctx, acc, w0, x0, w1, x1, w2, x2, w3, x3, word,
             lanes = [_dot_lanes(builder, w, x, False, _shuffle(builder, scales, scales, [4 * half + k] * 16))
                      for k, (w, x) in enumerate(pairs)]
             return builder.add(acc, builder.add(builder.add(lanes[0], lanes[1]), builder.add(lanes[2], lanes[3])))
-        i32x4 = _vec(_I32, 4)
         sums = [aarch64_chained_dot(builder, w, x) for w, x in pairs]
-        addp = "llvm.aarch64.neon.addp.v4i32"
-        totals = _call_intrinsic(builder, addp, i32x4, [_call_intrinsic(builder, addp, i32x4, sums[:2]),
-                                                         _call_intrinsic(builder, addp, i32x4, sums[2:])])
+        totals = aarch64_addp(builder, aarch64_addp(builder, *sums[:2]), aarch64_addp(builder, *sums[2:]))
         part = builder.add(_shuffle(builder, acc, acc, range(4 * half, 4 * half + 4)),
                            builder.mul(totals, bytes_i32x4(builder, scales, half)))
         kept = _shuffle(builder, acc, acc, range(4 - 4 * half, 8 - 4 * half))

@@ -6,8 +6,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .dot_aarch64 import aarch64_addp
 from .host import IS_AARCH64
 from .vector_ir import I32x8, _I8, _I16, _I32, _call_intrinsic, _load, _ptr, _shuffle, _splat, _vec
+
 
 def bytes_i32x4(builder, v, h):
     """Bytes 4h .. 4h+3 of the <8 x i8> v, zero-extended to <4 x i32> through <8 x i16> (ushll, ushll2 on AArch64):
@@ -22,9 +24,7 @@ def signed_bytes_i32x4(builder, v, q):
     widening and two shifts, or a dup)."""
     flipped = builder.xor(v, ir.Constant(_vec(_I8, 16), [128] * 16))
     half = _shuffle(builder, flipped, flipped, range(8 * (q // 2), 8 * (q // 2) + 8))
-    wide = builder.zext(half, _vec(_I16, 8))
-    quad = builder.zext(_shuffle(builder, wide, wide, range(4 * (q % 2), 4 * (q % 2) + 4)), _vec(_I32, 4))
-    return builder.sub(quad, ir.Constant(_vec(_I32, 4), [128] * 4))
+    return builder.sub(bytes_i32x4(builder, half, q % 2), ir.Constant(_vec(_I32, 4), [128] * 4))
 
 
 @intrinsic
@@ -54,7 +54,7 @@ def i32x8_mins_dot(typingctx, word, buf, offset):
         quarters = [_load(builder, at(4 * q), i32x4) for q in range(4)]
         total = None
         for h in (0, 1):
-            pairs = _call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
+            pairs = aarch64_addp(builder, *quarters[2 * h:2 * h + 2])
             prod = builder.mul(pairs, bytes_i32x4(builder, v, h))
             total = prod if total is None else builder.add(total, prod)
         return _shuffle(builder, total, ir.Constant(i32x4, None), range(8))
@@ -183,10 +183,8 @@ def pair_dot_i8_i32(typingctx, w, o, b, bo):
         bv = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I32, 16))
         p = builder.mul(builder.sext(wv, _vec(_I32, 16)), bv)
         if IS_AARCH64:  # addp sums neighbours: one instruction per four lanes where two shuffles and an add took three
-            i32x4 = _vec(_I32, 4)
             quarters = [_shuffle(builder, p, p, range(4 * q, 4 * q + 4)) for q in range(4)]
-            halves = [_call_intrinsic(builder, "llvm.aarch64.neon.addp.v4i32", i32x4, quarters[2 * h:2 * h + 2])
-                      for h in (0, 1)]
+            halves = [aarch64_addp(builder, *quarters[2 * h:2 * h + 2]) for h in (0, 1)]
             return _shuffle(builder, halves[0], halves[1], range(8))
         return builder.add(_shuffle(builder, p, p, range(0, 16, 2)), _shuffle(builder, p, p, range(1, 16, 2)))
     return I32x8(w, o, b, bo), codegen

@@ -96,9 +96,8 @@ def _nibbles_broadcast(context, builder, sig, args, copies):
 @intrinsic
 def load_bits32(typingctx, buf, offset):
     """The little-endian uint32 at buf[offset] -> 32 values 0/1, value j is bit j (Q5_0/Q5_1 qh). On AArch64 each
-    byte of the word is copied to eight lanes and tested against that lane's bit (a shuffle, cmtst, and): LLVM lowers
-    the <32 x i1> bitcast x86 compiles well into 32 scalar bit extracts and lane moves there (51 cycles a Q5_0 block
-    on llvm-mca's Neoverse N1, against 7.5 for llama.cpp's loop)."""
+    byte of the word is copied to eight lanes and each lane tested against its bit: LLVM lowers the <32 x i1>
+    bitcast, which x86 compiles into a few vector instructions, into 32 scalar bit extracts and lane moves there."""
     def codegen(context, builder, sig, args):
         word = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I32)
         if not IS_AARCH64:
