@@ -15,6 +15,7 @@ from edgellm.engine.ops.exp import fast_exp
 from edgellm.quant.simd import (f32x8_add, f32x8_fma, f32x8_hsum, f32x8_hsum_pairs, f32x8_splat, f32x8_zero,
                                 load_f32x8, prefetch, store_f32x8)
 
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _fold_chains(a0, a1, a2, a3):
     """A one-row score from its four FMA chains, as ggml_vec_dot_f16 reduces its four accumulators."""
