@@ -22,7 +22,7 @@ from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW
                            vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
-from .simd import f32x8_add, f32x8_mul, f32x8_splat, f32x8_zero, load_f16, load_f32x8, prefetch
+from .simd import f32x8_add, f32x8_mul, f32x8_zero, load_f16_splat8, load_f32x8, prefetch
 
 
 # --- Q4_0 ----------------------------------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ def tile8_q4_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q4_0(w, o)
-        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
+        acc = _tile8_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
                            xl)
         o += 18
     return _tile8_sums(acc)
@@ -48,7 +48,7 @@ def tile4_q4_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q4_0(w, o)
-        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
+        acc = _tile4_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
                            xl)
         o += 18
     return _tile4_sums(acc)
@@ -110,8 +110,8 @@ def tile8_q4_1(w, o, nb, xp, xo, xt, so, mo):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q4_1(w, o)
-        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
-        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
+        mins = f32x8_add(mins, f32x8_mul(load_f16_splat8(w, o + 2), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
                            xp)
         o += 20
     return _tile8_sums_mins(acc, mins)
@@ -124,8 +124,8 @@ def tile4_q4_1(w, o, nb, xp, xo, xt, so, mo):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q4_1(w, o)
-        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
-        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
+        mins = f32x8_add(mins, f32x8_mul(load_f16_splat8(w, o + 2), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
                            xp)
         o += 20
     return _tile4_sums_mins(acc, mins)
@@ -189,7 +189,7 @@ def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q5_0(w, o)
-        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
+        acc = _tile8_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET,
                            xl)
         o += 22
     return _tile8_sums(acc)
@@ -202,7 +202,7 @@ def tile4_q5_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q5_0(w, o)
-        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
+        acc = _tile4_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 128 * b, xt, so + 4 * b, TILE_OFFSET,
                            xl)
         o += 22
     return _tile4_sums(acc)
@@ -266,8 +266,8 @@ def tile8_q5_1(w, o, nb, xp, xo, xt, so, mo):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q5_1(w, o)
-        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 8 * b)))
-        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
+        mins = f32x8_add(mins, f32x8_mul(load_f16_splat8(w, o + 2), load_f32x8(xt, mo + 8 * b)))
+        acc = _tile8_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED,
                            xp)
         o += 24
     return _tile8_sums_mins(acc, mins)
@@ -280,8 +280,8 @@ def tile4_q5_1(w, o, nb, xp, xo, xt, so, mo):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q5_1(w, o)
-        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), load_f32x8(xt, mo + 4 * b)))
-        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
+        mins = f32x8_add(mins, f32x8_mul(load_f16_splat8(w, o + 2), load_f32x8(xt, mo + 4 * b)))
+        acc = _tile4_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 128 * b, xt, so + 4 * b, TILE_UNSIGNED,
                            xp)
         o += 24
     return _tile4_sums_mins(acc, mins)
@@ -346,7 +346,7 @@ def tile8_q8_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q8_0(w, o)
-        acc = _tile8_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b, Q8_0_TILE_KIND,
+        acc = _tile8_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b, Q8_0_TILE_KIND,
                            xl)
         o += 34
     return _tile8_sums(acc)
@@ -360,7 +360,7 @@ def tile4_q8_0(w, o, nb, xp, xo, xt, so, xl):
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_q8_0(w, o)
-        acc = _tile4_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + 128 * b, xt, so + 4 * b, Q8_0_TILE_KIND,
+        acc = _tile4_pairs(acc, q, load_f16_splat8(w, o), xp, xo + 128 * b, xt, so + 4 * b, Q8_0_TILE_KIND,
                            xl)
         o += 34
     return _tile4_sums(acc)

@@ -31,7 +31,8 @@ A record's fields:
   wide_from        with row_kinds: the matmul module also has matmul_<fmt>_wide (the same bits, one token per vector
                    lane), run for batches of at least this many gemm tokens on CPUs with simd.HAS_WIDE_TILES (16
                    lanes); 0 for none
-  wide_on_avx2     whether matmul_<fmt>_wide also runs on other AVX2 CPUs (8 lanes), where it is faster too
+  wide_on_avx2     whether matmul_<fmt>_wide also runs on other AVX2 CPUs (8 lanes), where it is faster too, from
+                   WIDE_FROM_AVX2 gemm tokens
   quantizer        "module:function" of the Numba block quantizer, expanded into quant.quantize_blocks, or None
   rows8            "module:function" of the matmul for matrices of a multiple of 8 rows, which llama.cpp's x86
                    backend repacks at load and multiplies in its own order (Q4_0, MXFP4), or None; that module also
@@ -123,9 +124,11 @@ class FormatKernels:
         has no eight-token work (gemm4: no aligned group of eight gemm tokens; tiled8: no tiled token), which spares
         decode and short prompts the eight-token kernels' compilation; matmul_<fmt>_wide for enough gemm tokens where
         the CPU has the 512-bit tiles; else matmul_<fmt>."""
-        if self.wide_from and int(np.count_nonzero(kinds)) >= self.wide_from:
+        if self.wide_from:
             from .simd.host import HAS_AVX2, HAS_WIDE_TILES  # (here: importing the registry loads no numba)
-            if HAS_WIDE_TILES or (self.wide_on_avx2 and HAS_AVX2):
+            gemm = int(np.count_nonzero(kinds))
+            if ((HAS_WIDE_TILES and gemm >= self.wide_from)
+                    or (self.wide_on_avx2 and HAS_AVX2 and gemm >= max(self.wide_from, WIDE_FROM_AVX2))):
                 return _attr(self.matmul, f"matmul_{self.suffix}_wide")
         if self.few:
             if self.row_kinds == ROWS_TILED8:
@@ -202,6 +205,9 @@ def _kquant(name: str, kgroups: tuple[str, bool] | None = None, row_kinds: str |
                          wide_on_avx2=wide_on_avx2)
 
 
+WIDE_FROM_AVX2 = 16  # gemm tokens from which an 8-lane wide kernel runs (measured at 16 only)
+
+
 RECORDS: tuple[FormatKernels, ...] = (
     _float("F32"),
     _float("F16"),
@@ -213,10 +219,11 @@ RECORDS: tuple[FormatKernels, ...] = (
     _block32("Q8_0", DRIVER_PLAIN, "Q8_0_TILE_OFFSET"),
     _kquant("Q2_K", kgroups=("_scales_q2_k", False)),
     _kquant("Q3_K", kgroups=("_scales_q3_k", True)),
-    # the wide kernels: faster from 16 tokens; Q4_K's 8-lane form is slower than its narrow one (docs/kernels.md)
-    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True, wide_from=16),
+    # the wide kernels with 16 lanes: faster from the first gemm group (4 tokens, 8 for Q6_K's tiles) though most
+    # lanes idle; Q4_K's 8-lane form is slower than its narrow one (docs/kernels.md)
+    _kquant("Q4_K", row_kinds=ROWS_GEMM4, cuda=True, wide_from=4),
     _kquant("Q5_K", kgroups=("_scales_q45_k", False), cuda=True),
-    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=16, wide_on_avx2=True),
+    _kquant("Q6_K", row_kinds=ROWS_TILED8, cuda=True, wide_from=8, wide_on_avx2=True),
     _kquant("Q8_K", kgroups=("_scales_q8_k", True), quantizer=False),
     _block32("IQ4_NL", DRIVER_PLAIN, "TILE_OFFSET_IQ4_NL", dots="iq4_nl", block="iq4_nl", quantizer="iq4_nl",
              cuda=False, tile4=False),

@@ -671,8 +671,8 @@ def test_q6_k_superblock_sums_match_numpy():
 ])
 def test_wide_kquant_matmul_gives_the_narrow_bits(name, n_out, n_in, sizes):
     """matmul_q4_k_wide and matmul_q6_k_wide (one token per vector lane) give matmul_q4_k's and matmul_q6_k's bits
-    on every token, whichever of llama.cpp's kernels it stands for; the registry runs them from 16 such tokens where
-    they are the faster kernel (16 lanes; Q6_K also at AVX2's 8)."""
+    on every token, whichever of llama.cpp's kernels it stands for; the registry runs them where they are the faster
+    kernel: with 16 lanes from the first gemm group (4 tokens, Q6_K's 8), with AVX2's 8 lanes (Q6_K) from 16."""
     from edgellm.quant import linear, matmul_kquant as mk
     record = kernels_for(name)
     narrow, wide = getattr(mk, f"matmul_{record.suffix}"), getattr(mk, f"matmul_{record.suffix}_wide")
@@ -681,7 +681,10 @@ def test_wide_kquant_matmul_gives_the_narrow_bits(name, n_out, n_in, sizes):
     kinds = record.row_kinds_of(n_out, sizes)
     runs_wide = simd.HAS_WIDE_TILES or (name == "Q6_K" and simd.HAS_AVX2)
     assert (record.row_kinds_kernel(kinds) is wide) == runs_wide
-    assert record.row_kinds_kernel(record.row_kinds_of(n_out, (15,))) is not wide
+    first_group = 4 if name == "Q4_K" else 8
+    assert record.row_kinds_kernel(record.row_kinds_of(n_out, (first_group - 1,))) is not wide
+    assert (record.row_kinds_kernel(record.row_kinds_of(n_out, (first_group,))) is wide) == simd.HAS_WIDE_TILES
+    assert (record.row_kinds_kernel(record.row_kinds_of(n_out, (15,))) is wide) == simd.HAS_WIDE_TILES
     outs = []
     for kernel in (narrow, wide):
         out = np.full((len(kinds), n_out), np.nan, np.float32)
@@ -902,6 +905,25 @@ def test_paired_f16_loads_convert_every_half_exactly():
         np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
 
 
+def test_splat_f16_load_converts_every_half_exactly_into_every_lane():
+    """load_f16_splat8 (the tiles' block scales) converts as numpy does, every half, into all eight lanes."""
+    from edgellm.quant.simd import load_f16_splat8, store_f32x8
+
+    @njit
+    def splats(raw, n, out):
+        for i in range(n):
+            store_f32x8(out, 8 * i, load_f16_splat8(raw, 2 * i))
+
+    halves = np.arange(65536, dtype=np.uint16)
+    want = np.repeat(halves.view(np.float16).astype(np.float32), 8)
+    got = np.empty(8 * 65536, np.float32)
+    splats(halves.view(np.uint8), 65536, got)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0.0 and subnormals
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+
+
 @njit(cache=True)
 def _prefetch_then_sum(a, distance):
     total = 0
@@ -944,20 +966,25 @@ def test_decode_rows_in_pairs_equal_rows_one_at_a_time(name, n_out):
 
 def test_kquant_kernel_for_picks_the_eight_token_kernels_only_when_needed():
     """Q4_K/Q6_K batches without eight-token work run kernels that leave it out (less to compile for decode and
-    short prompts); Q4_K's two kernels give the same bits on the same rows (its eight-token gemm is two four-token
-    groups lane by lane)."""
+    short prompts), and where the CPU has the 512-bit tiles every batch with gemm tokens runs the wide kernel; Q4_K's
+    two narrow kernels give the same bits on the same rows (its eight-token gemm is two four-token groups lane by
+    lane)."""
     from edgellm.quant import linear, matmul_kquant as mk
     from edgellm.quant.registry import kernels_for
     q4k, q6k = kernels_for("Q4_K"), kernels_for("Q6_K")
 
     def kernel_for(record, sizes):
         return record.row_kinds_kernel(record.row_kinds_of(40, sizes))
-    assert kernel_for(q4k, (7,)) is mk.matmul_q4_k_few
-    assert kernel_for(q4k, (3, 5, 4)) is mk.matmul_q4_k_few  # no aligned eight
-    assert kernel_for(q4k, (3, 5, 8)) is mk.matmul_q4_k
-    assert kernel_for(q4k, (9,)) is mk.matmul_q4_k
+
+    # with the 512-bit tiles, a batch with gemm tokens runs the wide kernel
+    wide4, wide6 = (mk.matmul_q4_k_wide, mk.matmul_q6_k_wide) if simd.HAS_WIDE_TILES else (None, None)
+    assert kernel_for(q4k, (3,)) is mk.matmul_q4_k_few  # no gemm token (groups of four)
+    assert kernel_for(q4k, (7,)) is (wide4 or mk.matmul_q4_k_few)
+    assert kernel_for(q4k, (3, 5, 4)) is (wide4 or mk.matmul_q4_k_few)  # no aligned eight
+    assert kernel_for(q4k, (3, 5, 8)) is (wide4 or mk.matmul_q4_k)
+    assert kernel_for(q4k, (9,)) is (wide4 or mk.matmul_q4_k)
     assert kernel_for(q6k, (1,) * 8) is mk.matmul_q6_k_few
-    assert kernel_for(q6k, (8,)) is mk.matmul_q6_k
+    assert kernel_for(q6k, (8,)) is (wide6 or mk.matmul_q6_k)
     iq4xs = kernels_for("IQ4_XS")  # one kernel for both kinds
     assert kernel_for(iq4xs, (1,)) is kernel_for(iq4xs, (8,)) is iq4xs.matmul_kernel()
     fmt = quant.format_by_name("Q4_K")

@@ -120,7 +120,7 @@ def tile${n}_$fmt(w, o, nb, xp, xo, xt, so, $last):$doc
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
         q = _tile_quants_$fmt(w, o)$mins_step
-        acc = _tile${n}_pairs(acc, q, f32x8_splat(load_f16(w, o)), xp, xo + $xstep * b, xt, so + $n * b, $kind,
+        acc = _tile${n}_pairs(acc, q, load_f16_splat8(w, o), xp, xo + $xstep * b, xt, so + $n * b, $kind,
                            $kind_arg)
         o += $block_bytes
     return $sums
@@ -152,7 +152,7 @@ def tiles(r) -> str:
         args = dict(n=n, fmt=r.suffix, last="mo" if mins else "xl", doc=doc, kind=kind, kind_arg=kind_arg,
                     xstep=32 * n, block_bytes=r.format.type_size,
                     mins_init="\n    mins = f32x8_zero()" if mins else "",
-                    mins_step=("\n        mins = f32x8_add(mins, f32x8_mul(f32x8_splat(load_f16(w, o + 2)), "
+                    mins_step=("\n        mins = f32x8_add(mins, f32x8_mul(load_f16_splat8(w, o + 2), "
                                f"load_f32x8(xt, mo + {n} * b)))") if mins else "",
                     sums=f"_tile{n}_sums_mins(acc, mins)" if mins else f"_tile{n}_sums(acc)")
         out.append(TILE.substitute(args))
@@ -226,7 +226,7 @@ def matmul_block32() -> str:
             imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
                                         else ["_tile8_sums", "_tile4_sums"])
             imports["dots_block32"].append(_tile_kind(r)[0])
-            imports["simd"] = imports.get("simd", []) + ["f32x8_splat", "load_f16", "prefetch"] + (
+            imports["simd"] = imports.get("simd", []) + ["load_f16_splat8", "prefetch"] + (
                 ["f32x8_add", "f32x8_mul", "f32x8_zero", "load_f32x8"] if r.driver == registry.DRIVER_MINS else [])
         else:
             imports[r.dots] += [f"vec_dot4_{fmt}_q8_0", f"tile8_{fmt}"]

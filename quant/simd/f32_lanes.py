@@ -283,6 +283,17 @@ def load_f16x8(typingctx, buf, offset):
 
 
 @intrinsic
+def load_f16_splat8(typingctx, buf, offset):
+    """The float16 at byte offset `offset` of a uint8 buffer, widened to float32 in all 8 lanes. Broadcast as 16-bit
+    lanes and widened as a vector: a lone half converted as a scalar is inserted into an undefined register, and
+    where LLVM picks a loop's accumulator for it every block's scale waits for that accumulator."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I16)
+        return _f16_to_f32(builder, _splat(builder, h, 8))
+    return F32x8(buf, offset), codegen
+
+
+@intrinsic
 def load_bf16x8(typingctx, buf, offset):
     """8 bfloat16 at byte offset `offset` of a uint8 buffer, widened to float32 (exact: a 16-bit shift)."""
     def codegen(context, builder, sig, args):
