@@ -24,8 +24,9 @@ from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, _ti
                            _tile8_zero)
 from .half_bits import _f16_bits, _put_u16
 from .reference import KVALUES_IQ4NL
-from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32x8_add, f32x8_fma_i32, f32x8_hsum, f32x8_splat,
-                   f32x8_zero, f32x16_halves, fma32, i8x32_xor, load_f16, load_f16_pair, load_f32, load_i8x32, prefetch)
+from .simd import (HAS_AVX2, HAS_WIDE_TILES, I8x32, dot_i8x32, f32x8_add, f32x8_fma_i32, f32x8_hsum,
+                   f32x8_zero, f32x16_halves, fma32, i8x32_xor, load_f16, load_f16_pair, load_f16_splat8, load_f32,
+                   load_i8x32, prefetch)
 from .simd.vector_ir import _call_intrinsic, _load, _ptr, _shuffle, _vec
 
 TILE_OFFSET_IQ4_NL = Q8_0_TILE_OFFSET  # the tiles take the values as Q8_0's quants (signed; +128 for 512-bit)
@@ -215,9 +216,9 @@ def tile8_iq4_nl(w, o, nb, xp, xo, xt, so, xl):
     even, odd = _tile8_zero(), _tile8_zero()
     for b in range(0, nb - 1, 2):
         prefetch(w, o + PREFETCH_BYTES)
-        even = _tile8_pairs(even, _tile_values(w, o), f32x8_splat(load_f16(w, o)), xp, xo + 256 * b, xt, so + 8 * b,
+        even = _tile8_pairs(even, _tile_values(w, o), load_f16_splat8(w, o), xp, xo + 256 * b, xt, so + 8 * b,
                             Q8_0_TILE_KIND, xl)
-        odd = _tile8_pairs(odd, _tile_values(w, o + 18), f32x8_splat(load_f16(w, o + 18)), xp, xo + 256 * (b + 1), xt,
+        odd = _tile8_pairs(odd, _tile_values(w, o + 18), load_f16_splat8(w, o + 18), xp, xo + 256 * (b + 1), xt,
                            so + 8 * (b + 1), Q8_0_TILE_KIND, xl)
         o += 36
     r = _tile8_sums_256(_tile8_added(even, odd))
