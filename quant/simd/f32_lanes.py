@@ -294,6 +294,25 @@ def load_f16_splat8(typingctx, buf, offset):
 
 
 @intrinsic
+def load_f16x8_rows(typingctx, buf, offset, stride):
+    """The float16 at byte offsets offset + k * stride (k = 0..7) of a uint8 buffer, widened to float32 in lane k:
+    eight rows' block scales. Built from a zeroed vector, so no lane depends on a register's previous value."""
+    if not (isinstance(offset, types.Integer) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        o = context.cast(builder, args[1], sig.args[1], types.intp)
+        step = context.cast(builder, args[2], sig.args[2], types.intp)
+        v = ir.Constant(_vec(_I16, 8), [0] * 8)
+        for k in range(8):
+            at = builder.add(o, builder.mul(step, ir.Constant(o.type, k)))
+            h = _load(builder, _ptr(context, builder, sig.args[0], args[0], at), _I16)
+            v = builder.insert_element(v, h, ir.Constant(_I32, k))
+        return _f16_to_f32(builder, v)
+    return F32x8(buf, offset, stride), codegen
+
+
+@intrinsic
 def load_bf16x8(typingctx, buf, offset):
     """8 bfloat16 at byte offset `offset` of a uint8 buffer, widened to float32 (exact: a 16-bit shift)."""
     def codegen(context, builder, sig, args):
