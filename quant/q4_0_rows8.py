@@ -62,8 +62,8 @@ def rows8_dot2(w, o, row_bytes, nb, xq, xo, xd, xdo):
     for b in range(nb):
         x, x2 = load_i8x32(xq, xo + 32 * b), load_i8x32(xq, xo + n_in + 32 * b)
         ob = o + 18 * b
-        for k in range(8):
-            prefetch(w, ob + k * row_bytes + PREFETCH_BYTES)
+        for k in range(8):  # the same block of the next eight rows, which follow these in the file
+            prefetch(w, ob + (8 + k) * row_bytes)
         q0, q1 = load_nibbles_lo_hi(w, ob + 2), load_nibbles_lo_hi(w, ob + row_bytes + 2)
         q2, q3 = load_nibbles_lo_hi(w, ob + 2 * row_bytes + 2), load_nibbles_lo_hi(w, ob + 3 * row_bytes + 2)
         q4, q5 = load_nibbles_lo_hi(w, ob + 4 * row_bytes + 2), load_nibbles_lo_hi(w, ob + 5 * row_bytes + 2)
@@ -88,8 +88,8 @@ def rows8_dot(w, o, row_bytes, nb, xq, xo, xd, xdo):
     for b in range(nb):
         x = load_i8x32(xq, xo + 32 * b)
         ob = o + 18 * b
-        for k in range(8):
-            prefetch(w, ob + k * row_bytes + PREFETCH_BYTES)
+        for k in range(8):  # the same block of the next eight rows, which follow these in the file
+            prefetch(w, ob + (8 + k) * row_bytes)
         offset = _offset(x)
         dots = i32x8_hsum8(_block_dot(w, ob, x), _block_dot(w, ob + row_bytes, x),
                            _block_dot(w, ob + 2 * row_bytes, x), _block_dot(w, ob + 3 * row_bytes, x),
