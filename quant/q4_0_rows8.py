@@ -20,8 +20,9 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .dots_block32 import PREFETCH_BYTES, _quantize_tokens
 from .simd import (dot_i8x32, dot_u8x32, f32x8_fma_lanes, f32x8_mul, f32x8_splat, f32x8_zero, fma32, i8x32_and,
-                   i8x32_or, i8x32_sub, i32x8_add, i32x8_hsum, i32x8_hsum8, i32x8_splat, load_f16, load_f16x8_rows,
-                   load_f32, load_i8x32, load_nibbles_lo_hi, prefetch, store_f32x8)
+                   i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_sub, i32x8_add, i32x8_hsum, i32x8_hsum_halves4,
+                   i32x8_splat, load_f16, load_f16x8_rows, load_f32, load_i8x32, load_nibbles_lo_hi,
+                   load_nibbles_rows2, prefetch, store_f32x8)
 
 _F32 = np.float32
 
@@ -43,15 +44,35 @@ def matmul_q4_0_rows8(w, row_bytes, x, xq, xd, xs, out):
 
 
 @njit(cache=True, inline="always")
-def _block_dot(w, o, x):
-    """A block's nibbles (0..15) dotted with the token's 32 int8, in 8 int32 lanes: its signed quants' dot plus
-    8 * sum(x), taken out once for the eight rows."""
-    return dot_u8x32(load_nibbles_lo_hi(w, o + 2), x)
+def _pair_dots(lo, hi, xlo, xhi):
+    """Two rows' block dots from load_nibbles_rows2's vectors and the token's halves twice: row a's four partial
+    sums in lanes 0-3, row b's in 4-7. The nibbles are 0..15, so these are the signed quants' dots plus 8 * sum(x),
+    taken out once for the eight rows."""
+    return i32x8_add(dot_u8x32(lo, xlo), dot_u8x32(hi, xhi))
 
 
 @njit(cache=True, inline="always")
 def _offset(x):
     return i32x8_splat(-8 * i32x8_hsum(dot_u8x32(i8x32_or(i8x32_and(x, 0), 1), x)))  # -8 * sum(x)
+
+
+@njit(cache=True, inline="always")
+def _eight_dots(p01, p23, p45, p67, x):
+    """The eight rows' exact block dots with token x (row k in lane k) from their nibble pairs."""
+    xlo, xhi = i8x32_dup_lo(x), i8x32_dup_hi(x)
+    return i32x8_add(i32x8_hsum_halves4(_pair_dots(p01[0], p01[1], xlo, xhi), _pair_dots(p23[0], p23[1], xlo, xhi),
+                                        _pair_dots(p45[0], p45[1], xlo, xhi), _pair_dots(p67[0], p67[1], xlo, xhi)),
+                     _offset(x))
+
+
+@njit(cache=True, inline="always")
+def _nibble_pairs(w, ob, row_bytes):
+    for k in range(8):  # the same block of the next eight rows, which follow these in the file
+        prefetch(w, ob + (8 + k) * row_bytes)
+    return (load_nibbles_rows2(w, ob + 2, ob + row_bytes + 2),
+            load_nibbles_rows2(w, ob + 2 * row_bytes + 2, ob + 3 * row_bytes + 2),
+            load_nibbles_rows2(w, ob + 4 * row_bytes + 2, ob + 5 * row_bytes + 2),
+            load_nibbles_rows2(w, ob + 6 * row_bytes + 2, ob + 7 * row_bytes + 2))
 
 
 @njit(cache=True)
@@ -60,22 +81,13 @@ def rows8_dot2(w, o, row_bytes, nb, xq, xo, xd, xdo):
     n_in = 32 * nb
     acc, acc2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
-        x, x2 = load_i8x32(xq, xo + 32 * b), load_i8x32(xq, xo + n_in + 32 * b)
         ob = o + 18 * b
-        for k in range(8):  # the same block of the next eight rows, which follow these in the file
-            prefetch(w, ob + (8 + k) * row_bytes)
-        q0, q1 = load_nibbles_lo_hi(w, ob + 2), load_nibbles_lo_hi(w, ob + row_bytes + 2)
-        q2, q3 = load_nibbles_lo_hi(w, ob + 2 * row_bytes + 2), load_nibbles_lo_hi(w, ob + 3 * row_bytes + 2)
-        q4, q5 = load_nibbles_lo_hi(w, ob + 4 * row_bytes + 2), load_nibbles_lo_hi(w, ob + 5 * row_bytes + 2)
-        q6, q7 = load_nibbles_lo_hi(w, ob + 6 * row_bytes + 2), load_nibbles_lo_hi(w, ob + 7 * row_bytes + 2)
+        p01, p23, p45, p67 = _nibble_pairs(w, ob, row_bytes)
         d = load_f16x8_rows(w, ob, row_bytes)
-        dots = i32x8_hsum8(dot_u8x32(q0, x), dot_u8x32(q1, x), dot_u8x32(q2, x), dot_u8x32(q3, x),
-                           dot_u8x32(q4, x), dot_u8x32(q5, x), dot_u8x32(q6, x), dot_u8x32(q7, x))
-        acc = f32x8_fma_lanes(acc, i32x8_add(dots, _offset(x)), f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + b))))
-        dots = i32x8_hsum8(dot_u8x32(q0, x2), dot_u8x32(q1, x2), dot_u8x32(q2, x2), dot_u8x32(q3, x2),
-                           dot_u8x32(q4, x2), dot_u8x32(q5, x2), dot_u8x32(q6, x2), dot_u8x32(q7, x2))
-        acc2 = f32x8_fma_lanes(acc2, i32x8_add(dots, _offset(x2)),
-                               f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + nb + b))))
+        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + 32 * b))
+        acc = f32x8_fma_lanes(acc, dots, f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + b))))
+        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + n_in + 32 * b))
+        acc2 = f32x8_fma_lanes(acc2, dots, f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + nb + b))))
     return acc, acc2
 
 
@@ -86,17 +98,11 @@ def rows8_dot(w, o, row_bytes, nb, xq, xo, xd, xdo):
     keeps them, so no lane waits on another's latency."""
     acc = f32x8_zero()
     for b in range(nb):
-        x = load_i8x32(xq, xo + 32 * b)
         ob = o + 18 * b
-        for k in range(8):  # the same block of the next eight rows, which follow these in the file
-            prefetch(w, ob + (8 + k) * row_bytes)
-        offset = _offset(x)
-        dots = i32x8_hsum8(_block_dot(w, ob, x), _block_dot(w, ob + row_bytes, x),
-                           _block_dot(w, ob + 2 * row_bytes, x), _block_dot(w, ob + 3 * row_bytes, x),
-                           _block_dot(w, ob + 4 * row_bytes, x), _block_dot(w, ob + 5 * row_bytes, x),
-                           _block_dot(w, ob + 6 * row_bytes, x), _block_dot(w, ob + 7 * row_bytes, x))
-        scales = f32x8_mul(load_f16x8_rows(w, ob, row_bytes), f32x8_splat(load_f32(xd, xdo + b)))
-        acc = f32x8_fma_lanes(acc, i32x8_add(dots, offset), scales)
+        p01, p23, p45, p67 = _nibble_pairs(w, ob, row_bytes)
+        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + 32 * b))
+        acc = f32x8_fma_lanes(acc, dots, f32x8_mul(load_f16x8_rows(w, ob, row_bytes),
+                                                   f32x8_splat(load_f32(xd, xdo + b))))
     return acc
 
 

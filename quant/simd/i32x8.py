@@ -125,17 +125,32 @@ def i32x8_hsum8(typingctx, a, b, c, d, e, f, g, h):
         def halves(x, y):  # x's and y's 128-bit halves added: x0+x4 .. x3+x7 | y0+y4 .. y3+y7
             return builder.add(_shuffle(builder, x, y, [0, 1, 2, 3, 8, 9, 10, 11]),
                                _shuffle(builder, x, y, [4, 5, 6, 7, 12, 13, 14, 15]))
-
-        def pairs(x, y):  # adjacent lanes added within each half: x01 x23 y01 y23 | x45 x67 y45 y67
-            return builder.add(_shuffle(builder, x, y, [0, 2, 8, 10, 4, 6, 12, 14]),
-                               _shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
-        ab, cd, ef, gh = halves(args[0], args[1]), halves(args[2], args[3]), halves(args[4], args[5]), \
-            halves(args[6], args[7])
-        # ab = a(4) | b(4) partial sums; pairs(ab, cd) = a a c c | b b d d; once more: a c e g | b d f h
-        abcd, efgh = pairs(ab, cd), pairs(ef, gh)
-        r = pairs(abcd, efgh)  # lanes: a c e g b d f h
-        return _shuffle(builder, r, r, [0, 4, 1, 5, 2, 6, 3, 7])
+        # ab = a(4) | b(4) partial sums: four vectors of two sums' halves each
+        return _sum_halves4(builder, halves(args[0], args[1]), halves(args[2], args[3]), halves(args[4], args[5]),
+                            halves(args[6], args[7]))
     return I32x8(*args_t), codegen
+
+
+def _sum_halves4(builder, a, b, c, d):
+    """Lane k: the sum of the k-th 128-bit half of a, b, c, d (a's low, a's high, b's low, ...)."""
+    def pairs(x, y):  # adjacent lanes added within each half: x01 x23 y01 y23 | x45 x67 y45 y67
+        return builder.add(_shuffle(builder, x, y, [0, 2, 8, 10, 4, 6, 12, 14]),
+                           _shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
+    # pairs(a, b) = a_lo a_lo b_lo b_lo | a_hi a_hi b_hi b_hi; once more: a_lo b_lo c_lo d_lo | a_hi b_hi c_hi d_hi
+    r = pairs(pairs(a, b), pairs(c, d))
+    return _shuffle(builder, r, r, [0, 4, 1, 5, 2, 6, 3, 7])
+
+
+@intrinsic
+def i32x8_hsum_halves4(typingctx, a, b, c, d):
+    """An I32x8 whose lane k is the sum of the k-th 128-bit half of a, b, c, d (a's low half, a's high half, b's low
+    ...): eight sums of four lanes, e.g. two rows' partial dots per argument (integer sums: any order)."""
+    if not all(v is I32x8 for v in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _sum_halves4(builder, *args)
+    return I32x8(a, b, c, d), codegen
 
 
 @intrinsic

@@ -73,6 +73,22 @@ def load_nibbles_lo_hi(typingctx, buf, offset):
 
 
 @intrinsic
+def load_nibbles_rows2(typingctx, buf, offset_a, offset_b):
+    """Two rows' 16 nibble bytes (at offset_a and offset_b) as ([a's low nibbles | b's low nibbles], [a's high
+    nibbles | b's high nibbles]), values 0..15: dotted with a token's [x0..15 | x0..15] and [x16..31 | x16..31], lanes
+    0-3 then hold row a's partial dots and lanes 4-7 row b's."""
+    def codegen(context, builder, sig, args):
+        qa = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+        qb = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[2]), _vec(_I8, 16))
+        q = _shuffle(builder, qa, qb, range(32))
+        mask = ir.Constant(_vec(_I8, 32), [0x0F] * 32)
+        lo = builder.and_(q, mask)
+        hi = builder.and_(builder.lshr(q, ir.Constant(_vec(_I8, 32), [4] * 32)), mask)
+        return context.make_tuple(builder, sig.return_type, (lo, hi))
+    return types.UniTuple(I8x32, 2)(buf, offset_a, offset_b), codegen
+
+
+@intrinsic
 def load_nibbles_lo_hi_bcast(typingctx, buf, offset):
     """load_nibbles_lo_hi's values, built another way: the 16 bytes in both halves of the vector, the upper half's
     32-bit words shifted right by 4, then the bytes masked (on AVX2 vbroadcasti128, vpsrlvd, vpand: three
