@@ -38,9 +38,10 @@ from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 
 from .simd import (HAS_WIDE_TILES, cpu_name, dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x16_halves, f32x16_pair_scales,
                    f32x16_tile_step, f32x16_zero, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_fma_i32,
-                   f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_zero,
-                   i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, i8x32_xor, i8x64_tile_quants,
-                   load_bits32, load_f16, load_f16_pair, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8,
+                   f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_pair_splats,
+                   f32x8_splat, f32x8_zero, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_sub, i8x32_xor,
+                   i8x64_tile_quants, load_bits32, load_f16_pair, load_f16_splat8, load_f16x2_rows, load_f32,
+                   load_f32x2_twice, load_f32x8,
                    load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, load_nibbles_tile64, load_q5_tile64,
                    prefetch, store_lane_sums, store_pair64)
 
@@ -465,6 +466,14 @@ else:
     Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_SIGNED, 0
 
 
+@njit(cache=True, inline="always")
+def _block_scale(w, o, xd, i):
+    """A block's d_w * d_x in 8 lanes, for the one-row dots: the same product as the scalar one, with the half
+    loaded by broadcast (load_f16_splat8). Converted as a scalar (load_f16), LLVM inserts it into an undefined
+    register, and it picked these loops' accumulator, so each block waited for the previous block's FMA."""
+    return f32x8_mul(load_f16_splat8(w, o), f32x8_splat(load_f32(xd, i)))
+
+
 # --- Q4_0 -------------------------------------------------------------------------------------------------
 
 
@@ -473,7 +482,7 @@ def vec_dot_q4_0_q8_0(w, o, nb, xq, xo, xd, xdo):
     acc = f32x8_zero()
     for b in range(nb):
         isum = dot_i8x32(_quants_q4_0(w, o), load_i8x32(xq, xo + b * 32))
-        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += 18
     return f32x8_hsum(acc)
 
@@ -501,8 +510,9 @@ def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
     acc, mins = f32x8_zero(), np.float32(0)
     for b in range(nb):
         isum = dot_u8x32(_quants_q4_1(w, o), load_i8x32(xq, xo + b * 32))
-        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
-        mins += load_f16(w, o + 2) * load_f32(xs, xdo + b)
+        d, m = load_f16_pair(w, o, o + 2)  # (not load_f16: see _block_scale)
+        acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
+        mins += m * load_f32(xs, xdo + b)
         o += 20
     return f32x8_hsum(acc) + mins
 
@@ -534,7 +544,7 @@ def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
     acc = f32x8_zero()
     for b in range(nb):
         isum = dot_i8x32(_quants_q5_0(w, o), load_i8x32(xq, xo + b * 32))
-        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += 22
     return f32x8_hsum(acc)
 
@@ -566,8 +576,9 @@ def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
     acc, mins = f32x8_zero(), np.float32(0)
     for b in range(nb):
         isum = dot_u8x32(_quants_q5_1(w, o), load_i8x32(xq, xo + b * 32))
-        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
-        mins += load_f16(w, o + 2) * load_f32(xs, xdo + b)
+        d, m = load_f16_pair(w, o, o + 2)  # (not load_f16: see _block_scale)
+        acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
+        mins += m * load_f32(xs, xdo + b)
         o += 24
     return f32x8_hsum(acc) + mins
 
@@ -597,7 +608,7 @@ def vec_dot_q8_0_q8_0(w, o, nb, xq, xo, xd, xdo):
     acc = f32x8_zero()
     for b in range(nb):
         isum = dot_i8x32(_quants_q8_0(w, o), load_i8x32(xq, xo + b * 32))
-        acc = f32x8_fma_i32(acc, isum, load_f16(w, o) * load_f32(xd, xdo + b))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += 34
     return f32x8_hsum(acc)
 
