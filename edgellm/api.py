@@ -301,8 +301,7 @@ class Model:
         return step(None, n_tokens) if step is not None else getattr(self.model, "n_batch", 512)
 
     def _kinds(self, batches) -> list[int]:
-        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
-        return prefix.kinds_of(batches, getattr(self.model, "row_kinds", DecoderModel.row_kinds)).tolist()
+        return prefix.kinds_of(batches, getattr(self.model, "row_kinds", prefix.row_kinds)).tolist()
 
     def _set_cached(self, tokens: list, kinds: list) -> None:
         self._cached_tokens, self._cached_kinds = tokens, list(kinds)
@@ -310,9 +309,8 @@ class Model:
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to hold exactly `ids`, reusing the cached rows a fresh run would compute alike
         (edgellm.engine.prefix); return the last logits row, bit for bit a fresh run's."""
-        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
         step = self._step(len(ids))
-        row_kinds = getattr(self.model, "row_kinds", DecoderModel.row_kinds)
+        row_kinds = getattr(self.model, "row_kinds", prefix.row_kinds)
         if len(ids) > self.n_ctx:  # a fresh run shifts the context on the way: run it so
             common, batches = 0, prefix.fresh_batches(len(ids), step)
         else:

@@ -105,3 +105,26 @@ def test_generate_batch_gives_a_fresh_models_bits(pair):
         got = model.complete_batch(order, max_tokens=N_TOKENS, ignore_eos=True, logprobs=1)
         expected = want if order is prompts else want[::-1]
         assert [(c.tokens, [t.logprob for t in c.token_info]) for c in got] == expected
+
+
+def test_a_repeated_prompt_reuses_all_rows_its_kernels_allow(pair):
+    """A row's kind keeps only the bits the file's kernels make a difference to: SmolLM2 (32-element formats only)
+    re-runs just a repeated prompt's last two rows (a one-row batch would give the last row the decode kind), with a
+    fresh model's bits; Gemma-3's Q4_K gemm and Q6_K tiles keep every bit, and the shorter reuse those allow."""
+    from edgellm.engine import prefix
+    name, model, fresh = pair
+    ids = model.tokenize(load_reference(name)[0]["greedy"][1]["prompt"])
+    bits = model.model.row_kind_bits
+    assert bits == (prefix.SEVERAL_ROWS if name == SMOLLM2 else prefix.ALL_KIND_BITS)
+    model.reset()
+    model.complete(ids, max_tokens=2, ignore_eos=True)
+    fresh.reset()
+    want = _run(fresh, ids)
+    got = _run(model, ids)
+    assert got[0] == want[0] and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
+    assert 8 < len(ids) < 512
+    every_bit = prefix.plan(ids, prefix.kinds_of([(0, len(ids))], prefix.row_kinds), ids, 512, prefix.row_kinds)[0]
+    if name == SMOLLM2:
+        assert got[2] == len(ids) - 2 > every_bit
+    else:
+        assert got[2] == every_bit

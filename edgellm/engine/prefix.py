@@ -14,6 +14,21 @@ import numpy as np
 
 TAINTED = -1  # a row no fresh run computes so (its keys re-rotated by a context shift; a state without kinds)
 
+# The bits of a row's kind, each a kernel whose arithmetic depends on the row's batch.
+SEVERAL_ROWS = 1  # attention's several-row order (one row: the decode order); float matrices' tinyBLAS pairs likewise
+GEMM4_ROWS = 2    # Q4_K's four-token gemm: all but the batch's last n % 4 rows
+TILED8_ROWS = 4   # Q6_K's (IQ4_XS's) tiled kernel: batches of at least 8 rows
+ALL_KIND_BITS = SEVERAL_ROWS | GEMM4_ROWS | TILED8_ROWS
+
+
+def row_kinds(offsets, n: int, bits: int = ALL_KIND_BITS) -> np.ndarray:
+    """The kinds of the rows at these offsets of a batch of n rows, keeping only `bits` (those the model's kernels
+    make a difference to): rows of equal kind, token and earlier keys give equal bits. Every other kernel computes a
+    row the same whatever its batch (quant.linear, edgellm.engine.ops)."""
+    offsets = np.asarray(offsets, np.int64)
+    kinds = (n > 1) | ((offsets < n - n % 4) << 1) | ((n >= 8) << 2)
+    return (kinds & bits).astype(np.int64)
+
 
 def fresh_batches(n_tokens: int, step: int) -> list[tuple[int, int]]:
     return [(b, min(b + step, n_tokens)) for b in range(0, n_tokens, step)]

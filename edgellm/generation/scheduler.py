@@ -236,8 +236,7 @@ class Scheduler:
         self.prompt_cache = prompt_cache if self.engine.reusable else None
         self.prefill_chunk = max(4, prefill_chunk - prefill_chunk % 4)
         self.buffer_events, self.stall_timeout_s = buffer_events, stall_timeout_s
-        from edgellm.engine.models.base import DecoderModel  # kernels: slow to import, loaded with a model
-        self.row_kinds = getattr(fm, "row_kinds", DecoderModel.row_kinds)
+        self.row_kinds = getattr(fm, "row_kinds", prefix.row_kinds)
         self.decode_kind = int(prefix.kinds_of([(0, 1)], self.row_kinds)[0])
         self.queue: deque[ServedRequest] = deque()
         self._cond = threading.Condition()

@@ -7,10 +7,10 @@ import numba
 from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 import numpy as np
 
-from edgellm.engine import ops, profiler
+from edgellm.engine import ops, prefix, profiler
 from edgellm.errors import Cancelled, ModelError
 from edgellm.engine.kvcache import KVCache
-from edgellm.engine.models.linear import group_projections
+from edgellm.engine.models.linear import group_projections, row_kind_bits
 from edgellm.engine.models.loading import fill_absent_qkv_steps, layer_weights, load_tensors
 
 # Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
@@ -125,6 +125,7 @@ class DecoderModel:
         (blk.3.attn_q.weight -> .attn_q), projections that share an input grouped (linear.group_projections),
         absent q/k/v biases and QK norms as size-0 arrays. Returns name -> tensor for the architecture's others."""
         w = load_tensors(gguf_file, specs)
+        self.row_kind_bits = row_kind_bits(w.values())
         self.token_embd = w["token_embd.weight"]
         self.output_norm = w["output_norm.weight"]
         self.output = w["output.weight"] if w.get("output.weight") is not None else self.token_embd
@@ -269,14 +270,12 @@ class DecoderModel:
             return max(1, min(self.n_batch, cache.n_ctx - self._n_keep(cache)))
         return self.n_batch
 
-    @staticmethod
-    def row_kinds(offsets: np.ndarray, n: int) -> np.ndarray:
+    row_kind_bits = prefix.ALL_KIND_BITS  # narrowed to the loaded matrices' kernels by load_weights
+
+    def row_kinds(self, offsets: np.ndarray, n: int) -> np.ndarray:
         """How forward_batch computes the rows at these offsets of a batch of n rows, as a code: rows of equal code,
-        token and earlier keys give equal bits. Bit 0: attention's several-row order (one row: the decode order);
-        bit 1: Q4_K's four-token gemm (all but the batch's last n % 4 rows); bit 2: Q6_K's tiled kernel (n >= 8).
-        Every other kernel computes a row the same whatever its batch (quant.linear, edgellm.engine.ops)."""
-        offsets = np.asarray(offsets, np.int64)
-        return ((n > 1) | ((offsets < n - n % 4) << 1) | ((n >= 8) << 2)).astype(np.int64)
+        token and earlier keys give equal bits (prefix.row_kinds, with the bits this model's kernels use)."""
+        return prefix.row_kinds(offsets, n, self.row_kind_bits)
 
     def profile_step(self, tokens, n_steps: int = 1) -> dict:
         """forward(tokens) n_steps times, timed per operation and layer: {(op, layer): seconds per step}

@@ -4,8 +4,10 @@ swap in (set LINEAR_CLASS) to take that rounding out of a comparison with the fl
 """
 
 import numpy as np
+from edgellm.engine import prefix
 from edgellm.quant import QuantLinear
 from edgellm.quant.linear import QuantGroup
+from edgellm.quant.registry import ROWS_GEMM4, ROWS_TILED8
 
 
 class DequantizedLinear:
@@ -39,6 +41,21 @@ LINEAR_CLASS = QuantLinear
 def make_linear(tensor):
     """A linear map over a GGUFTensor of numpy shape (n_out, n_in)."""
     return LINEAR_CLASS(tensor.data, tensor.ggml_type, tuple(tensor.shape))
+
+
+def row_kind_bits(loaded) -> int:
+    """The bits of a row's kind (edgellm.engine.prefix) that these loaded tensors' kernels make a difference to:
+    attention's always, Q4_K's gemm and the tiled K-quant kernels only where a matrix takes them (a file of 32-element
+    formats reuses a prompt's rows up to its last two); every bit for a matrix of other kernels (experts, test doubles)."""
+    bits = prefix.SEVERAL_ROWS
+    for m in loaded:
+        if m is None or isinstance(m, np.ndarray):  # a vector: no batch in its arithmetic
+            continue
+        if type(m) is not QuantLinear:
+            return prefix.ALL_KIND_BITS
+        rule = m.kernels.row_kinds
+        bits |= prefix.GEMM4_ROWS if rule == ROWS_GEMM4 else prefix.TILED8_ROWS if rule == ROWS_TILED8 else 0
+    return bits
 
 
 def group_projections(layer) -> None:
