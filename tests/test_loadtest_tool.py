@@ -54,3 +54,20 @@ def test_percentile():
     assert loadtest.percentile([], 0.5) is None
     assert loadtest.percentile([3, 1, 2, 4], 0.5) == 2 and loadtest.percentile([3, 1, 2, 4], 0.99) == 4
     assert loadtest.percentile(list(range(1, 101)), 0.99) == 99
+
+
+def test_bench_server_speedups_pair_each_round_with_its_own_base(capsys):
+    """With several rounds, a speed-up is the median of each round's ratio to that same round's one-client rate (not
+    a ratio of medians, which a host whose speed drifts between rounds would skew), with its range beside it."""
+    import bench_server
+
+    def r(tps, ttft=0.1, errors=0):
+        return {"tokens_per_s": tps, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "errors": errors}
+    rows = [("e", 1, 0, r(100.0)), ("e", 8, 0, r(300.0)), ("e", 1, 1, r(50.0)), ("e", 8, 1, r(160.0, errors=1)),
+            ("e", 1, 2, r(200.0)), ("e", 8, 2, r(620.0, 0.3))]
+    bench_server.print_table(rows, 1, 3)
+    lines = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| e |")}
+    eight = [c.strip() for c in lines[("e", "8")].split("|")[1:-1]]
+    assert eight == ["e", "8", "300.0", "3.10x", "3.00-3.20x", "0.1", "0.2", "1"]  # ratios 3.0, 3.2, 3.1
+    assert [c.strip() for c in lines[("e", "1")].split("|")[3:6]] == ["100.0", "1.00x", "1.00-1.00x"]

@@ -7,7 +7,8 @@ the prompt cache and without.
         [--llama-server PATH] [--loadtest tools/loadtest.py] [--nice 10] [--returning 2000]
 
 The load itself is tools/loadtest.py (the official openai async client): aggregate generated tokens/s over the
-wall time, p50/p99 time to first token, errors. The speed-up is each row's tokens/s over the 1-client row's.
+wall time, p50/p99 time to first token, errors. The speed-up is each row's tokens/s over the 1-client row's; with
+--rounds N the client counts run N times in turn, and each speed-up is the median of its rounds' own ratios.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,6 +123,27 @@ def returning_ttft(url, history_tokens, model_name="any"):
     return ttft, reply.usage.prompt_tokens
 
 
+def print_table(rows, base_clients: int, rounds: int) -> None:
+    """One line per engine and client count: with several rounds, the medians over the rounds (tokens/s, TTFT, the
+    speed-up of each round over that round's base count) and the speed-ups' range; errors summed."""
+    several = rounds > 1
+    print("\n| engine | clients | tokens/s | vs 1 client | " + ("range | " if several else "")
+          + "TTFT p50 s | TTFT p99 s | errors |")
+    print("| --- | --- | --- | --- | " + ("--- | " if several else "") + "--- | --- | --- |")
+    for engine, n in dict.fromkeys((e, m) for e, m, _, _ in rows):
+        mine = [(i, r) for e, m, i, r in rows if e == engine and m == n]
+        base = {i: r["tokens_per_s"] for e, m, i, r in rows if e == engine and m == base_clients}
+        ratios = [r["tokens_per_s"] / base[i] for i, r in mine if base.get(i, 0) > 0]  # none: nothing generated
+        speedup = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+        spread = (f"{min(ratios):.2f}-{max(ratios):.2f}x | " if ratios else "- | ") if several else ""
+
+        def median(key):
+            values = [r[key] for _, r in mine if r[key] is not None]
+            return round(statistics.median(values), 4) if values else None
+        print(f"| {engine} | {n} | {median('tokens_per_s'):.1f} | {speedup} | {spread}{median('ttft_p50_s')} | "
+              f"{median('ttft_p99_s')} | {sum(r['errors'] for _, r in mine)} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -138,6 +161,9 @@ def main(argv=None) -> int:
                     "with -np set to the most clients")
     ap.add_argument("--no-edgellm", action="store_true", help="only the other servers (and the returning conversation)")
     ap.add_argument("--returning", type=int, default=2000, help="history tokens of the returning conversation (0: skip)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times the client counts are run in turn; each speed-up is then the median of its rounds' "
+                         "ratios to the same round's smallest count (a shared host's speed drifts between minutes)")
     args = ap.parse_args(argv)
     clients = [int(x) for x in args.clients.split(",")]
     rows = []
@@ -161,19 +187,14 @@ def main(argv=None) -> int:
                 llama_server(args.llama_server, path, free_port(), args.nice, args.n_ctx, os.cpu_count(), parallel))))
         for engine, srv in servers:  # a first batch of each size compiles or loads its kernels: not timed
             load(args.loadtest, srv.url, parallel, parallel, 8)
-        for n in clients:
-            for engine, srv in servers:
-                r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
-                rows.append((engine, n, r))
-                print(json.dumps({"engine": engine, "clients": n, **r}), flush=True)
-    print("\n| engine | clients | tokens/s | vs 1 client | TTFT p50 s | TTFT p99 s | errors |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for engine, n, r in rows:
-        base = next(x for e, m, x in rows if e == engine and m == min(clients))["tokens_per_s"]
-        speedup = f"{r['tokens_per_s'] / base:.2f}x" if base > 0 else "-"  # an engine that generated nothing
-        print(f"| {engine} | {n} | {r['tokens_per_s']:.1f} | {speedup} | "
-              f"{r['ttft_p50_s']} | {r['ttft_p99_s']} | {r['errors']} |")
-    for engine in dict.fromkeys(e for e, _, r in rows if r["generated_tokens"] == 0):
+        for i in range(args.rounds):
+            for n in clients:
+                for engine, srv in servers:
+                    r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
+                    rows.append((engine, n, i, r))
+                    print(json.dumps({"engine": engine, "clients": n, "round": i, **r}), flush=True)
+    print_table(rows, min(clients), args.rounds)
+    for engine in dict.fromkeys(e for e, _, _, r in rows if r["generated_tokens"] == 0):
         print(f"{engine}: answered every request with no generated text (its chat format for this model)")
     if args.returning:
         for cache in ("1G", "0"):
