@@ -346,12 +346,16 @@ class Model:
         cache = self.model.cache
         here, _ = prefix.plan(self._cached_tokens, self._cached_kinds, ids, step, row_kinds)
         entry = self.prompt_cache.lookup(ids, cache)
-        there = prefix.plan(entry.tokens, entry.kinds, ids, step, row_kinds)[0] if entry is not None else 0
+        kinds = prefix.narrowed(entry.kinds, self._kind_bits()) if entry is not None else None
+        there = prefix.plan(entry.tokens, kinds, ids, step, row_kinds)[0] if entry is not None else 0
         if here < len(self._cached_tokens) and not self._shift_log():
             self.prompt_cache.store(self._cached_tokens, self._cached_kinds, cache)
         if there > here:
             cache.import_state(entry.state)
-            self._set_cached(entry.tokens.tolist(), entry.kinds)
+            self._set_cached(entry.tokens.tolist(), kinds)
+
+    def _kind_bits(self) -> int:
+        return getattr(self.model, "row_kind_bits", prefix.ALL_KIND_BITS)
 
     def _shift_log(self) -> list:
         return getattr(getattr(self.model, "cache", None), "shift_log", None) or []
@@ -394,7 +398,8 @@ class Model:
         self._acquire("load_state")
         try:
             self.model.cache.import_state(state.cache)  # refuses a misfit before changing anything
-            kinds = state.row_kinds if state.row_kinds is not None and len(state.row_kinds) == len(tokens) \
+            kinds = prefix.narrowed(state.row_kinds, self._kind_bits()) \
+                if state.row_kinds is not None and len(state.row_kinds) == len(tokens) \
                 else [prefix.TAINTED] * len(tokens)  # unknown: continued from, never reused
             self._set_cached(tokens, kinds)
         finally:

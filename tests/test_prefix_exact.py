@@ -128,3 +128,29 @@ def test_a_repeated_prompt_reuses_all_rows_its_kernels_allow(pair):
         assert got[2] == len(ids) - 2 > every_bit
     else:
         assert got[2] == every_bit
+
+
+def test_a_state_saved_with_every_kind_bit_is_reused_as_far_as_its_own(pair, tmp_path):
+    """A state (or cache file) recorded before a row's kind kept only the file's own kernels' bits carries bits
+    SmolLM2's kernels never use: read with this model's bits, it is reused as far as a state recorded now, with a
+    fresh model's bits."""
+    from edgellm.engine import prefix
+    name, model, fresh = pair
+    ids = model.tokenize(load_reference(name)[0]["greedy"][3]["prompt"])
+    model.reset()
+    first = model.complete(ids, max_tokens=3, ignore_eos=True).tokens
+    state = model.save_state()
+    assert len(ids) <= 512 and state.row_kinds[:len(ids)] == prefix.kinds_of([(0, len(ids))], model.model.row_kinds)\
+        .tolist()
+    every_bit = prefix.kinds_of([(0, len(ids))], prefix.row_kinds).tolist() + state.row_kinds[len(ids):]
+    assert (every_bit != state.row_kinds) == (name == SMOLLM2)
+    follow = ids + first + model.tokenize(" and then", add_special=False)
+    fresh.reset()
+    want = _run(fresh, follow)
+    reused = []
+    for kinds in (state.row_kinds, every_bit):
+        model.load_state(type(state)(state.model_name, state.n_ctx, state.tokens, state.cache, kinds))
+        got = _run(model, follow)
+        assert got[0] == want[0] and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
+        reused.append(got[2])
+    assert reused[0] == reused[1] > 0

@@ -30,6 +30,13 @@ def row_kinds(offsets, n: int, bits: int = ALL_KIND_BITS) -> np.ndarray:
     return (kinds & bits).astype(np.int64)
 
 
+def narrowed(kinds, bits: int) -> list:
+    """Recorded kinds (a saved state's or a cache file's, perhaps from before a model's kinds kept only its own
+    kernels' bits) as this model tells them apart: a bit it drops separated kernels it never runs, so the rows it
+    told apart compute alike here. TAINTED stays."""
+    return [k if k < 0 else k & bits for k in kinds]
+
+
 def fresh_batches(n_tokens: int, step: int) -> list[tuple[int, int]]:
     return [(b, min(b + step, n_tokens)) for b in range(0, n_tokens, step)]
 

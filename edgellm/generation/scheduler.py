@@ -237,6 +237,7 @@ class Scheduler:
         self.prefill_chunk = max(4, prefill_chunk - prefill_chunk % 4)
         self.buffer_events, self.stall_timeout_s = buffer_events, stall_timeout_s
         self.row_kinds = getattr(fm, "row_kinds", prefix.row_kinds)
+        self.kind_bits = getattr(fm, "row_kind_bits", prefix.ALL_KIND_BITS)
         self.decode_kind = int(prefix.kinds_of([(0, 1)], self.row_kinds)[0])
         self.queue: deque[ServedRequest] = deque()
         self._cond = threading.Condition()
@@ -423,12 +424,13 @@ class Scheduler:
         slot = max(free, key=lambda s: (reuse[s.index], -s.last_used))
         common = reuse[slot.index]
         entry = self.prompt_cache.lookup(ids, slot.cache) if fits and self.prompt_cache is not None else None
-        from_entry = self._plan(entry.tokens.tolist(), entry.kinds, ids) if entry is not None else 0
+        kinds = prefix.narrowed(entry.kinds, self.kind_bits) if entry is not None else None
+        from_entry = self._plan(entry.tokens.tolist(), kinds, ids) if entry is not None else 0
         if self.prompt_cache is not None and common < len(slot.tokens):
             self.prompt_cache.store(slot.tokens, slot.kinds, slot.cache)  # before it is overwritten
         if from_entry > common:
             slot.cache.import_state(entry.state)
-            slot.tokens, slot.kinds, common = entry.tokens.tolist(), list(entry.kinds), from_entry
+            slot.tokens, slot.kinds, common = entry.tokens.tolist(), kinds, from_entry
         batches = None
         if common:
             planned, batches = prefix.plan(slot.tokens, slot.kinds, ids, step, self.row_kinds)
