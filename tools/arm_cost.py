@@ -153,16 +153,25 @@ def newest(tool: str) -> str:
 MCA, CLANG = newest("llvm-mca"), newest("clang")
 
 
-def mca_cycles(ins: list[str], cpu: str) -> float:
+MCA_ITERATIONS = 200
+
+
+def mca_report(ins: list[str], cpu: str, *options: str) -> tuple[str, float]:
+    """llvm-mca's report on these instructions as a loop body for CPU cpu (options: e.g. a -mtriple), and its
+    cycles per iteration."""
     with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
         f.write("\n".join(ins) + "\n")
-    done = subprocess.run([MCA, "-mtriple=aarch64-linux-gnu", f"-mcpu={cpu}", "-iterations=200", f.name],
+    done = subprocess.run([MCA, f"-mcpu={cpu}", f"-iterations={MCA_ITERATIONS}", *options, f.name],
                           capture_output=True, text=True)
     os.unlink(f.name)
     if done.returncode:
         raise RuntimeError(done.stderr[-1500:])
     total = int(re.search(r"Total Cycles:\s+(\d+)", done.stdout).group(1))
-    return total / 200
+    return done.stdout, total / MCA_ITERATIONS
+
+
+def mca_cycles(ins: list[str], cpu: str) -> float:
+    return mca_report(ins, cpu, "-mtriple=aarch64-linux-gnu")[1]
 
 
 def per_block(asm_body, cpu, block):

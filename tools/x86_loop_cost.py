@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arm_cost import newest  # noqa: E402  (the tool lookup only)
+from arm_cost import MCA, mca_report  # noqa: E402  (the llvm-mca lookup and runner)
 
-MCA = newest("llvm-mca")
 _LABEL = re.compile(r"^(\.LBB\w+):")
 _JUMP = re.compile(r"^\s+j\w+\s+(\.LBB\w+)\s*$")
 _VECTOR = re.compile(r"%[xyz]mm")
@@ -73,17 +71,9 @@ def innermost_loops(asm: str):
 
 
 def mca(body: list[str], cpu: str, bottleneck: bool = False) -> tuple[float, float, str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
-        f.write("\n".join(body) + "\n")
-    args = [MCA, f"-mcpu={cpu}", "-iterations=200", f.name] + (["-bottleneck-analysis"] if bottleneck else [])
-    done = subprocess.run(args, capture_output=True, text=True)
-    os.unlink(f.name)
-    if done.returncode:
-        raise RuntimeError(done.stderr[-1500:])
-    cycles = int(re.search(r"Total Cycles:\s+(\d+)", done.stdout).group(1)) / 200
-    rthroughput = float(re.search(r"Block RThroughput:\s+([\d.]+)", done.stdout).group(1))
-    critical = done.stdout.split("Critical sequence based on the simulation:")[-1].split("\n\n\n")[0] \
-        if bottleneck else ""
+    report, cycles = mca_report(body, cpu, *(["-bottleneck-analysis"] if bottleneck else []))
+    rthroughput = float(re.search(r"Block RThroughput:\s+([\d.]+)", report).group(1))
+    critical = report.split("Critical sequence based on the simulation:")[-1].split("\n\n\n")[0] if bottleneck else ""
     return cycles, rthroughput, critical
 
 
