@@ -75,6 +75,13 @@ def _nibble_pairs(w, ob, row_bytes):
             load_nibbles_rows2(w, ob + 6 * row_bytes + 2, ob + 7 * row_bytes + 2))
 
 
+@njit(cache=True, inline="always")
+def _block_step(acc, pairs, d, xq, xo, xd, xi):
+    """acc + the eight rows' block dots with the token's block at xq[xo:], times d_row * xd[xi], one FMA a lane."""
+    dots = _eight_dots(pairs[0], pairs[1], pairs[2], pairs[3], load_i8x32(xq, xo))
+    return f32x8_fma_lanes(acc, dots, f32x8_mul(d, f32x8_splat(load_f32(xd, xi))))
+
+
 @njit(cache=True)
 def rows8_dot2(w, o, row_bytes, nb, xq, xo, xd, xdo):
     """rows8_dot for two consecutive tokens (xo, xdo: the first one's), each row's nibbles loaded once for both."""
@@ -82,12 +89,9 @@ def rows8_dot2(w, o, row_bytes, nb, xq, xo, xd, xdo):
     acc, acc2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
         ob = o + 18 * b
-        p01, p23, p45, p67 = _nibble_pairs(w, ob, row_bytes)
-        d = load_f16x8_rows(w, ob, row_bytes)
-        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + 32 * b))
-        acc = f32x8_fma_lanes(acc, dots, f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + b))))
-        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + n_in + 32 * b))
-        acc2 = f32x8_fma_lanes(acc2, dots, f32x8_mul(d, f32x8_splat(load_f32(xd, xdo + nb + b))))
+        pairs, d = _nibble_pairs(w, ob, row_bytes), load_f16x8_rows(w, ob, row_bytes)
+        acc = _block_step(acc, pairs, d, xq, xo + 32 * b, xd, xdo + b)
+        acc2 = _block_step(acc2, pairs, d, xq, xo + n_in + 32 * b, xd, xdo + nb + b)
     return acc, acc2
 
 
@@ -99,10 +103,8 @@ def rows8_dot(w, o, row_bytes, nb, xq, xo, xd, xdo):
     acc = f32x8_zero()
     for b in range(nb):
         ob = o + 18 * b
-        p01, p23, p45, p67 = _nibble_pairs(w, ob, row_bytes)
-        dots = _eight_dots(p01, p23, p45, p67, load_i8x32(xq, xo + 32 * b))
-        acc = f32x8_fma_lanes(acc, dots, f32x8_mul(load_f16x8_rows(w, ob, row_bytes),
-                                                   f32x8_splat(load_f32(xd, xdo + b))))
+        acc = _block_step(acc, _nibble_pairs(w, ob, row_bytes), load_f16x8_rows(w, ob, row_bytes), xq, xo + 32 * b,
+                          xd, xdo + b)
     return acc
 
 
