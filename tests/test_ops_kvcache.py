@@ -91,14 +91,18 @@ def test_bad_context_is_refused():
         KVCache(n_ctx=0, n_head_kv=1, head_dim=4, windows=[0], n_batch=1)
 
 
-@pytest.mark.parametrize("kv_type,window,H,H_kv,hd", [
-    ("f16", 0, 6, 2, 64), ("f32", 0, 6, 2, 64), ("f16", 24, 6, 2, 64),
-    # attention_rows takes the query heads of a KV head together, up to four: groups of one, four (Gemma-3's
-    # shape, head size 256), five (a run of four and one of one) and eight (two runs)
-    ("f16", 0, 3, 3, 32), ("f16", 24, 4, 1, 256), ("f32", 0, 10, 2, 32), ("f16", 24, 16, 2, 64)])
-def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd):
-    """ops.finish_qkv_rows + ops.attention_rows (one call for a decode step of several pool sequences) give each
-    row exactly what finish_qkv + attention give it on its own cache, and write the same cache contents."""
+POOL_SHAPES = [("f16", 0, 6, 2, 64), ("f32", 0, 6, 2, 64), ("f16", 24, 6, 2, 64),
+               # the query heads of a KV head go together, up to four: groups of one, four (Gemma-3's shape, head
+               # size 256), five (a run of four and one of one) and eight (two runs)
+               ("f16", 0, 3, 3, 32), ("f16", 24, 4, 1, 256), ("f32", 0, 10, 2, 32), ("f16", 24, 16, 2, 64)]
+
+
+@pytest.mark.parametrize("kv_type,window,H,H_kv,hd", POOL_SHAPES)
+@pytest.mark.parametrize("extras", [False, True])
+def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd, extras):
+    """ops.finish_attention_rows (one call for a decode step of several pool sequences) gives each row exactly what
+    finish_qkv + attention give it on its own cache, and writes the same cache contents; extras: with q/k/v biases,
+    q/k norms and a q scale (the Qwen and Gemma steps)."""
     from edgellm.engine import ops
     from edgellm.engine.kvcache import KVPool
     rng = np.random.default_rng(5)
@@ -118,23 +122,30 @@ def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd):
     cos, sin = np.empty((3, hd // 2), np.float32), np.empty((3, hd // 2), np.float32)
     ops.rope_tables(positions, rope, cos, sin)
     none = np.zeros(0, np.float32)
+    if extras:
+        bias_norm = tuple(rng.standard_normal(n).astype(np.float32) for n in (H * hd, H_kv * hd, H_kv * hd, hd, hd))
+        q_scale = 0.0625
+    else:
+        bias_norm, q_scale = (none,) * 5, 1.0
     scratch = ops.attention_scratch(pools[0].caches[0].layers[0].slot_pos.shape[0], hd)
     q1, k1, v1 = q.copy(), k.copy(), v.copy()
     out_rows = np.empty_like(q)
-    ops.finish_qkv_rows(q1, k1, v1, none, none, none, none, none, 1e-6, cos, sin, False, positions, seqs,
-                        pools[0].stacked[0])
-    ops.attention_rows(q1, pools[0].stacked[0], seqs, positions, 0.125, out_rows, scratch)
+    stacked = pools[0].stacked[0]
+    ops.finish_attention_rows(q1, k1, v1, *bias_norm, 1e-6, cos, sin, False, positions, seqs, stacked, out_rows,
+                              scratch, q_scale, 0.125)
     out_alone = np.empty_like(q)
     for t, i in enumerate(seqs):
         kv = pools[1].caches[i].layers[0]
         qt, kt, vt = q[t:t + 1].copy(), k[t:t + 1].copy(), v[t:t + 1].copy()
-        ops.finish_qkv(qt, kt, vt, none, none, none, none, none, 1e-6, cos[t:t + 1], sin[t:t + 1], False,
-                       positions[t:t + 1], kv.k, kv.v, kv.slot_pos)
+        ops.finish_qkv(qt, kt, vt, *bias_norm, 1e-6, cos[t:t + 1], sin[t:t + 1], False, positions[t:t + 1], kv.k,
+                       kv.v, kv.slot_pos, q_scale=q_scale)
         ops.attention(qt, kv.k, kv.v, kv.slot_pos, positions[t:t + 1], kv.window, 0.125, out_alone[t:t + 1], scratch)
     np.testing.assert_array_equal(out_rows, out_alone)
     for a, b in zip(pools[0].caches, pools[1].caches):
         np.testing.assert_array_equal(a.layers[0].k, b.layers[0].k)
+        np.testing.assert_array_equal(a.layers[0].v, b.layers[0].v)
         np.testing.assert_array_equal(a.layers[0].slot_pos, b.layers[0].slot_pos)
+    bad = np.array([0, 1, 4], np.int32)
     with pytest.raises(ValueError, match="out of range"):
-        ops.attention_rows(q1, pools[0].stacked[0], np.array([0, 1, 4], np.int32), positions, 0.125, out_rows,
-                           scratch)
+        ops.finish_attention_rows(q1, k1, v1, *bias_norm, 1e-6, cos, sin, False, positions, bad, stacked, out_rows,
+                                  scratch, q_scale, 0.125)

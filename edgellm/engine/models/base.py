@@ -57,8 +57,9 @@ class Batch:
     sizes: the groups' row counts when there are several, else None: the matmuls give each group's rows the
         arithmetic of a batch of its own size, as if it ran alone (quant.linear).
     pool, seqs, n_pool: set when the first n_pool >= 2 rows are each its own sequence of one KVPool that
-        ops.attention_rows serves: the pool, and [n_pool] int32 each row's sequence in it; attention then runs as one
-        call over those rows (and per group over the rest: a prompt chunk decoded beside them).
+        ops.finish_attention_rows serves: the pool, and [n_pool] int32 each row's sequence in it; the cache step and
+        attention then run as one call over those rows (and per group over the rest: a prompt chunk decoded beside
+        them).
     logit_rows: [k] rows whose logits logits_out [k, n_vocab] gets, each computed as a one-row batch's; None: the
         last logits_out.shape[0] rows."""
 
@@ -335,10 +336,9 @@ class DecoderModel:
         if b.pool is not None:  # the first rows each one sequence of one KVPool: one call for all of them
             stacked, n = b.pool.stacked[il], b.n_pool
             q, k, v, pos = (a[:n] for a in (*qkv, b.positions))
-            ops.finish_qkv_rows(q, k, v, *bias_norm, rope.cos, rope.sin, rope.neox, pos, b.seqs, stacked,
-                                cfg.q_scale)
-            ops.attention_rows(q, stacked, b.seqs, pos, cfg.attn_scale, s.attn_heads[:n],
-                               self.attn_scratch(b.groups[0][2].layers[il]))
+            ops.finish_attention_rows(q, k, v, *bias_norm, rope.cos, rope.sin, rope.neox, pos, b.seqs, stacked,
+                                      s.attn_heads[:n], self.attn_scratch(b.groups[0][2].layers[il]), cfg.q_scale,
+                                      cfg.attn_scale)
             groups = groups[n:]
         for b0, b1, cache in groups:
             kv = cache.layers[il]

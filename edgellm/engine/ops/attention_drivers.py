@@ -1,4 +1,4 @@
-"""attention() and attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
+"""attention() and finish_attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
 parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding a token's query heads that
 share a KV head) and the numpy reference.
 """
@@ -11,7 +11,7 @@ from edgellm.engine.ops.attention_heads import HEADS, _attend_heads_vec, heads_s
 from edgellm.engine.ops.attention_rows import ROWS, _attend_rows_vec
 from edgellm.engine.ops.attention_scalar import LANES_BATCH, LANES_SINGLE, _attend
 from edgellm.engine.ops.attention_vec import _attend_vec
-from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows
+from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows, finish_heads
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, item, out, work):
@@ -121,35 +121,44 @@ def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, wi
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _attention_rows_vec(q, k_all, v_all, sp_all, seqs, q_positions, window, scale, out, scratch):
-    """Work items: each token's query heads in runs of up to HEADS that share a KV head (a group of 8: two runs)."""
+def _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, positions,
+                            seqs, k_all, v_all, ks_all, vs_all, sp_all, window, scale, out, scratch):
+    """Work items: a token's KV head, its query heads' cache step (finish_heads) then their attention, in runs of
+    up to HEADS. Items of one token touch other heads of the same cache only; slot_pos is written first."""
     n_tokens, n_heads, _ = q.shape
-    group = n_heads // k_all.shape[1]
-    runs = (group + HEADS - 1) // HEADS  # per KV head
-    per_token = k_all.shape[1] * runs
-    for item in prange(n_tokens * per_token):
-        t, r = item // per_token, item % per_token
-        kv, g0 = r // runs, r % runs * HEADS
+    n_kv = k_all.shape[1]
+    group = n_heads // n_kv
+    capacity = sp_all.shape[1]
+    for t in range(n_tokens):
+        sp_all[seqs[t], positions[t] % capacity] = positions[t]
+    for item in prange(n_tokens * n_kv):
+        t, kv = item // n_kv, item % n_kv
         s = seqs[t]
-        _attend_heads_vec(q, k_all[s], v_all[s], sp_all[s], q_positions[t], window, np.float32(scale), t,
-                          kv * group + g0, min(HEADS, group - g0), kv, out, scratch[numba.get_thread_id()])
+        finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, kv * group,
+                     (kv + 1) * group, kv, positions[t] % capacity, k_all[s], v_all[s], ks_all[s], vs_all[s])
+        for g0 in range(0, group, HEADS):
+            _attend_heads_vec(q, k_all[s], v_all[s], sp_all[s], positions[t], window, np.float32(scale), t,
+                              kv * group + g0, min(HEADS, group - g0), kv, out, scratch[numba.get_thread_id()])
 
 
 def attention_rows_supported(stacked, head_dim) -> bool:
     return stacked.k.dtype != np.int8 and head_dim % LANES_SINGLE == 0
 
 
-def attention_rows(q, stacked, seqs, q_positions, scale, out, scratch):
-    """attention() for T independent sequences of one query each (batched decoding): row t attends over sequence
-    seqs[t] of `stacked` (a KVPool layer) and gets exactly the bits attention() gives that row alone.
-    f16/f32 caches with head_dim a multiple of 32 (attention_rows_supported); out must be C-contiguous."""
+def finish_attention_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs,
+                          stacked, out, scratch, q_scale=1.0, scale=1.0):
+    """finish_qkv then attention() for T independent sequences of one token each, in one parallel call: row t goes
+    to sequence seqs[t] of `stacked` (a KVPool layer; the seqs distinct) and gets exactly the bits, and leaves
+    exactly the cache, that finish_qkv + attention() give that row alone. f16/f32 caches with head_dim a multiple of
+    32 (attention_rows_supported); out must be C-contiguous."""
     n_tokens, _, head_dim = q.shape
-    _check_rows(seqs, q_positions, stacked, n_tokens)
+    _check_rows(seqs, positions, stacked, n_tokens)
     _check_scratch(scratch, stacked.slot_pos.shape[1], head_dim)
     if not attention_rows_supported(stacked, head_dim) or not out.flags.c_contiguous:
-        raise ValueError("attention_rows needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
-    _attention_rows_vec(q, stacked.k, stacked.v, stacked.slot_pos, seqs, q_positions, stacked.window, scale, out,
-                        scratch)
+        raise ValueError("finish_attention_rows needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
+    _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                            positions, seqs, stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos,
+                            stacked.window, scale, out, scratch)
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.

@@ -3,8 +3,8 @@ and value row is loaded and converted once for them instead of once per head.
 
 Every head keeps _attend_vec's one-row arithmetic: its score FMA chains and folds, its max, exponentials and
 weights, and each of its LANES_SINGLE lanes' slots in the same order, so the bits are the same. Batched decoding
-(attention_rows) runs on it: there every (sequence, KV head) pair is a work item, plenty for the threads, where a
-single sequence's few KV heads would leave threads idle. The loops are written out for four heads; a group of
+(finish_attention_rows) runs on it: there every (sequence, KV head) pair is a work item, plenty for the threads,
+where a single sequence's few KV heads would leave threads idle. The loops are written out for four heads; a group of
 fewer leaves the others' steps out.
 """
 

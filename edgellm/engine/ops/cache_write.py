@@ -1,5 +1,6 @@
 """From the q/k/v projections to the KV cache: biases, per-head q/k norms, rope, q's scale and the cache store in one
-call (finish_qkv), for one sequence or for one token of each of several (finish_qkv_rows).
+call (finish_qkv), for one sequence; finish_heads, the same for one token's heads of one KV head (batched decoding
+runs it inside attention's work items: ops.finish_attention_rows).
 
 Position p lives in slot p % capacity (a full-context layer's capacity is n_ctx, so the slot is the position; a
 sliding-window layer's is a ring), and every slot records the position it holds (-1: empty).
@@ -76,22 +77,33 @@ def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, n
                 positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
-@njit(cache=True, error_model="numpy")
-def _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
-                     positions, seqs, k_all, v_all, ks_all, vs_all, sp_all):
-    for t in range(q.shape[0]):
-        s = seqs[t]
-        _finish_qkv(q[t:t + 1], k[t:t + 1], v[t:t + 1], q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos[t:t + 1],
-                    sin[t:t + 1], neox, q_scale, positions[t:t + 1], k_all[s], v_all[s], ks_all[s], vs_all[s], sp_all[s])
-
-
-def finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, seqs, stacked,
-                    q_scale=1.0):
-    """finish_qkv for T independent sequences of one token each: row t goes to sequence seqs[t] of `stacked`
-    (a KVPool layer: arrays with a leading sequence axis). Row t gets exactly finish_qkv's arithmetic alone."""
-    _check_rows(seqs, positions, stacked, q.shape[0])
-    _finish_qkv_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
-                     positions, seqs, stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos)
+@njit(cache=True, error_model="numpy", inline="always")
+def finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, h0, h1, kv,
+                 slot, k_cache, v_cache, k_scale, v_scale):
+    """_finish_qkv's arithmetic for token t's query heads h0 .. h1 - 1 and its KV head kv alone (each head's values
+    depend on that head only): k and v go to `slot` of the cache; slot_pos is the caller's to write."""
+    hd = q.shape[2]
+    if q_bias.size:
+        for h in range(h0, h1):
+            for i in range(hd):
+                q[t, h, i] += q_bias[h * hd + i]
+        for i in range(hd):
+            k[t, kv, i] += k_bias[kv * hd + i]
+            v[t, kv, i] += v_bias[kv * hd + i]
+    # [1, heads, hd] views made by reshape, which Numba types C-contiguous (q[t:t + 1, h0:h1] is any-layout and
+    # compiles to strided loops)
+    qs, ks = q[t, h0:h1].reshape((1, h1 - h0, hd)), k[t, kv:kv + 1].reshape((1, 1, hd))
+    if q_norm.size:
+        _rms_norm_heads(qs, q_norm, eps)
+        _rms_norm_heads(ks, k_norm, eps)
+    apply_rope(qs, cos[t:t + 1], sin[t:t + 1], neox)
+    apply_rope(ks, cos[t:t + 1], sin[t:t + 1], neox)
+    if q_scale != np.float32(1.0):
+        for h in range(h0, h1):
+            for i in range(hd):
+                q[t, h, i] = q[t, h, i] * q_scale
+    store_row(k[t, kv], k_cache, k_scale, kv, slot)
+    store_row(v[t, kv], v_cache, v_scale, kv, slot)
 
 
 def _check_rows(seqs, positions, stacked, n_rows):
