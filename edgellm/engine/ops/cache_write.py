@@ -43,40 +43,6 @@ def _rms_norm_heads(x, weight, eps):
                 x[t, h, i] = x[t, h, i] * scale * weight[i]
 
 
-@njit(cache=True, error_model="numpy")
-def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
-                positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
-    if q_bias.size:
-        q_flat, k_flat, v_flat = q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
-        for t in range(q.shape[0]):  # element loops: an array `+=` compiles Numba's shape-error formatting (3 s)
-            for i in range(q_bias.size):
-                q_flat[t, i] += q_bias[i]
-            for i in range(k_bias.size):
-                k_flat[t, i] += k_bias[i]
-                v_flat[t, i] += v_bias[i]
-    if q_norm.size:
-        _rms_norm_heads(q, q_norm, eps)
-        _rms_norm_heads(k, k_norm, eps)
-    apply_rope(q, cos, sin, neox)
-    apply_rope(k, cos, sin, neox)
-    if q_scale != np.float32(1.0):  # in float32 before attention rounds q to f16, as llama.cpp's Gemma graph
-        for t in range(q.shape[0]):
-            for h in range(q.shape[1]):
-                for i in range(q.shape[2]):
-                    q[t, h, i] = q[t, h, i] * q_scale
-    _kv_store(k, v, positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
-
-
-def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
-               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES, q_scale=1.0):
-    """Everything between the q/k/v projections and attention, in one call:
-    add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
-    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step.
-    q_scale: a factor on q after rope, for graphs that scale q rather than the scores (Gemma)."""
-    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
-                positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
-
-
 @njit(cache=True, error_model="numpy", inline="always")
 def finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, h0, h1, kv,
                  slot, k_cache, v_cache, k_scale, v_scale):
@@ -98,12 +64,35 @@ def finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin,
         _rms_norm_heads(ks, k_norm, eps)
     apply_rope(qs, cos[t:t + 1], sin[t:t + 1], neox)
     apply_rope(ks, cos[t:t + 1], sin[t:t + 1], neox)
-    if q_scale != np.float32(1.0):
+    if q_scale != np.float32(1.0):  # in float32 before attention rounds q to f16, as llama.cpp's Gemma graph
         for h in range(h0, h1):
             for i in range(hd):
                 q[t, h, i] = q[t, h, i] * q_scale
     store_row(k[t, kv], k_cache, k_scale, kv, slot)
     store_row(v[t, kv], v_cache, v_scale, kv, slot)
+
+
+@njit(cache=True, error_model="numpy")
+def _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale,
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos):
+    capacity, n_kv = slot_pos.shape[0], k.shape[1]
+    group = q.shape[1] // n_kv
+    for t in range(q.shape[0]):  # in token order: a ring slot two tokens share keeps the later one, as kv_store
+        slot = positions[t] % capacity
+        slot_pos[slot] = positions[t]
+        for kv in range(n_kv):
+            finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, kv * group,
+                         (kv + 1) * group, kv, slot, k_cache, v_cache, k_scale, v_scale)
+
+
+def finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+               positions, k_cache, v_cache, slot_pos, k_scale=NO_SCALES, v_scale=NO_SCALES, q_scale=1.0):
+    """Everything between the q/k/v projections and attention, in one call:
+    add biases (qwen2), per-head RMSNorm of q and k (qwen3, gemma3), rope q and k, store k and v in the cache.
+    q: [T, H, hd]; k, v: [T, H_kv, hd]; biases: [H*hd] / [H_kv*hd]; norms: [hd]; a size-0 array skips a step.
+    q_scale: a factor on q after rope, for graphs that scale q rather than the scores (Gemma)."""
+    _finish_qkv(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                positions, k_cache, v_cache, k_scale, v_scale, slot_pos)
 
 
 def _check_rows(seqs, positions, stacked, n_rows):
