@@ -1,6 +1,6 @@
 """From the q/k/v projections to the KV cache: biases, per-head q/k norms, rope, q's scale and the cache store in one
-call (finish_qkv), for one sequence; finish_heads, the same for one token's heads of one KV head (batched decoding
-runs it inside attention's work items: ops.finish_attention_rows).
+call (finish_qkv), for one sequence; both it and batched decoding (ops.finish_attention_rows, inside attention's
+work items) run finish_heads, those steps for one token's heads of one KV head.
 
 Position p lives in slot p % capacity (a full-context layer's capacity is n_ctx, so the slot is the position; a
 sliding-window layer's is a ring), and every slot records the position it holds (-1: empty).
@@ -46,8 +46,9 @@ def _rms_norm_heads(x, weight, eps):
 @njit(cache=True, error_model="numpy", inline="always")
 def finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, h0, h1, kv,
                  slot, k_cache, v_cache, k_scale, v_scale):
-    """_finish_qkv's arithmetic for token t's query heads h0 .. h1 - 1 and its KV head kv alone (each head's values
-    depend on that head only): k and v go to `slot` of the cache; slot_pos is the caller's to write."""
+    """The steps between the projections and attention for token t's query heads h0 .. h1 - 1 and its KV head kv
+    (each head's values depend on that head only): finish_qkv runs it per token and KV head, batched decoding inside
+    attention's work items. k and v go to `slot` of the cache; slot_pos is the caller's to write."""
     hd = q.shape[2]
     if q_bias.size:
         for h in range(h0, h1):
