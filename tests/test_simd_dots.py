@@ -15,7 +15,7 @@ from numba import literal_unroll, njit
 from edgellm.quant import simd
 from edgellm.quant.simd import (dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales,
                                 dot4_u8x32_byte_scales, dot_u8x32_plus, dot_u8x32_scale_pair, f32x8_from_i32,
-                                i32x8_hsum, i32x8_mins_dot, load_bits32, load_i8x32, load_i32x8,
+                                i32x8_hsum, i32x8_mins_dot, load_fifth_bits, load_i8x32, load_i32x8,
                                 store_f32x8, store_i8x32)
 
 
@@ -112,11 +112,12 @@ def test_mins_dot_keeps_the_total():
 
 @njit
 def _bits(buf, offset, out):
-    store_i8x32(out, 0, load_bits32(buf, offset))
+    store_i8x32(out, 0, load_fifth_bits(buf, offset))
 
 
-def test_load_bits32_matches_numpy():
-    """load_bits32 (Q5_0/Q5_1's fifth bits, its own AArch64 lowering): value j is bit j of the little-endian word."""
+def test_load_fifth_bits_matches_numpy():
+    """load_fifth_bits (Q5_0/Q5_1's fifth bits, a table lookup on AArch64): byte j is 16 x bit j of the
+    little-endian word."""
     rng = np.random.default_rng(3)
     for trial in range(20):
         buf = rng.integers(0, 256, 9).astype(np.uint8)
@@ -126,7 +127,16 @@ def test_load_bits32_matches_numpy():
         out = np.empty(32, np.int8)
         _bits(buf, offset, out)
         word = int(buf[offset:offset + 4].view("<u4")[0])
-        np.testing.assert_array_equal(out, [(word >> j) & 1 for j in range(32)])
+        np.testing.assert_array_equal(out, [16 * ((word >> j) & 1) for j in range(32)])
+
+
+def test_fifth_bits_table_spreads_each_byte_little_endian():
+    """The AArch64 lookup table (x86 hosts compile the other lowering, so this is its only check outside QEMU):
+    entry b, as eight little-endian bytes, is 16 x bit k of b in byte k."""
+    from edgellm.quant.simd.i8x32 import _FIFTH_BITS
+    table = np.frombuffer(np.array(_FIFTH_BITS, "<u8").tobytes(), np.uint8).reshape(256, 8)
+    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+    np.testing.assert_array_equal(table, 16 * bits)
 
 
 def test_path_selection_is_one_of_the_known_ones():

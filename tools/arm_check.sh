@@ -8,6 +8,8 @@
 #   tools/arm_check.sh [CPU ...]        default: cortex-a72 cortex-a76 max     (root needed: chroot)
 #   ARM_CHECK_TESTS="tests/..." tools/arm_check.sh cortex-a76                   another selection
 #   ARM_CHECK_MODELS=0 ...              skip the real-model test
+#   ARM_CHECK_MODEL_TESTS="tests/test_models_real.py -k '...'" ...    another real-model selection
+# (EDGELLM_EXACT_AARCH64=1 is exported for the whole command, so a selection chained with && keeps the bit tests.)
 #
 # Needs ../shared/tools/arm64-chroot.sh's root (its `setup` once). Numba's cache lives in the root under /root and
 # is kept between runs, per CPU name: the first run per CPU compiles under emulation (cortex-a76's kernel tests took
@@ -20,7 +22,7 @@ cpus=("$@")
 [ ${#cpus[@]} -gt 0 ] || cpus=(cortex-a72 cortex-a76 max)
 formats="Q4_1 or Q8_0 or Q5_0 or Q4_K or Q6_K"
 kernel_tests=${ARM_CHECK_TESTS:-"tests/test_simd_dots.py && python -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py -k '$formats or intrinsic or hsum or starting_lanes or q4_k_gemv'"}
-model_tests="tests/test_models_real.py -k 'smollm2 and (are_llama_cpp_bits or greedy_continuation)'"
+model_tests=${ARM_CHECK_MODEL_TESTS:-"tests/test_models_real.py -k 'smollm2 and (are_llama_cpp_bits or greedy_continuation)'"}
 
 cd "$here"
 "$chroot_tool" sync >/dev/null
@@ -37,7 +39,7 @@ for cpu in "${cpus[@]}"; do
     start=$(date +%s)
     status=0
     QEMU_CPU=$cpu NUMBA_CPU_NAME=$numba_cpu "$chroot_tool" run \
-      "EDGELLM_EXACT_AARCH64=1 python -c 'from edgellm.quant import simd; print(\"paths: dotprod\", simd.HAS_DOTPROD, \"i8mm\", simd.HAS_I8MM)' && EDGELLM_EXACT_AARCH64=1 python -m pytest -q -p no:cacheprovider $tests" || status=$?
+      "export EDGELLM_EXACT_AARCH64=1; python -c 'from edgellm.quant import simd; print(\"paths: dotprod\", simd.HAS_DOTPROD, \"i8mm\", simd.HAS_I8MM)' && python -m pytest -q -p no:cacheprovider $tests" || status=$?
     echo "== QEMU_CPU=$cpu NUMBA_CPU_NAME=$numba_cpu $suite: exit $status, $(( $(date +%s) - start )) s"
   done
 done

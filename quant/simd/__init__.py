@@ -39,7 +39,7 @@ from .vector_ir import F32x4, F32x8, F32x16, I8x32, I8x64, I32x8
 from .loads import (f16_bits_to_f32, f32_bits, load_bf16, load_f16, load_f16_pair, load_f16_portable, load_f32,
                     load_i32, load_i8, load_u32, load_u8, prefetch)
 from .i8x32 import (i8x32_add, i8x32_and, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_shl, i8x32_shr, i8x32_sub,
-                    i8x32_xor, load_bits32, load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast,
+                    i8x32_xor, load_fifth_bits, load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast,
                     load_nibbles_rows2, store_i8x32, store_lane_sums, store_pair64)
 from .dots import (dot4_u8x32_byte_scales, dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales, dot_u8x32_plus,
                    dot_u8x32_scale_pair)
@@ -67,11 +67,12 @@ __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "H
            "i32x8_add", "i32x8_hsum", "i32x8_hsum4", "i32x8_hsum8", "i32x8_hsum_halves4", "i32x8_hsum_two",
            "i32x8_madd", "i32x8_mins_dot", "i32x8_mul", "i32x8_splat", "i32x8_zero", "i8x32_add", "i8x32_and",
            "i8x32_dup_hi", "i8x32_dup_lo", "i8x32_or", "i8x32_shl", "i8x32_shr", "i8x32_sub", "i8x32_xor",
-           "i8x64_tile_quants", "lanes_fma", "lanes_mul", "lanes_splat", "load_bf16", "load_bf16x8", "load_bits32",
+           "i8x64_tile_quants", "lanes_fma", "lanes_mul", "lanes_splat", "load_bf16", "load_bf16x8",
            "load_f16", "load_f16_pair", "load_f16_portable", "load_f16_splat8", "load_f16x2_rows", "load_f16x8_rows",
-           "load_f16x8", "load_f32", "load_f32x2_twice", "load_f32x8", "load_i32", "load_i32x8", "load_i8",
-           "load_i8x32", "load_lanes", "load_nibbles_lo_hi", "load_nibbles_lo_hi_bcast", "load_nibbles_rows2",
-           "load_nibbles_tile64", "load_q5_tile64", "load_u32", "load_u8", "pair_dot_i8_i32", "prefetch",
+           "load_f16x8", "load_f32", "load_f32x2_twice", "load_f32x8", "load_fifth_bits", "load_i32", "load_i32x8",
+           "load_i8", "load_i8x32", "load_lanes", "load_nibbles_lo_hi", "load_nibbles_lo_hi_bcast",
+           "load_nibbles_rows2", "load_nibbles_tile64", "load_q5_tile64", "load_u32", "load_u8", "pair_dot_i8_i32",
+           "prefetch",
            "q4_k_pair_sums_1x1", "q4_k_pair_sums_tile", "q6_k_superblock_sums_1x1", "q6_k_superblock_sums_tile",
            "quantize_f32x16_clamped", "quantize_f32x32", "round_f16", "store_f32x8", "store_i8x32", "store_lane_sums",
            "store_lanes", "store_pair64"]

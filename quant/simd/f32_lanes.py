@@ -11,6 +11,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .host import IS_AARCH64
 from .vector_ir import (F32x4, F32x8, F32x16, I32x8, _F32, _I8, _I16, _I32, _I64, _call_intrinsic,
                         _f16_to_f32, _load, _ptr, _shuffle, _splat, _store, _vec)
 
@@ -284,11 +285,14 @@ def load_f16x8(typingctx, buf, offset):
 
 @intrinsic
 def load_f16_splat8(typingctx, buf, offset):
-    """The float16 at byte offset `offset` of a uint8 buffer, widened to float32 in all 8 lanes. Broadcast as 16-bit
-    lanes and widened as a vector: a lone half converted as a scalar is inserted into an undefined register, and
-    where LLVM picks a loop's accumulator for it every block's scale waits for that accumulator."""
+    """The float16 at byte offset `offset` of a uint8 buffer, widened to float32 in all 8 lanes. On x86 broadcast as
+    16-bit lanes and widened as a vector: a lone half converted as a scalar is inserted into an undefined register,
+    and where LLVM picks a loop's accumulator for it every block's scale waits for that accumulator. AArch64's scalar
+    convert writes its whole register and takes one vector instruction where the widening takes two."""
     def codegen(context, builder, sig, args):
         h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I16)
+        if IS_AARCH64:
+            return _splat(builder, _f16_to_f32(builder, h), 8)
         return _f16_to_f32(builder, _splat(builder, h, 8))
     return F32x8(buf, offset), codegen
 

@@ -7,7 +7,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .host import IS_AARCH64
-from .vector_ir import I8x32, _I1, _I8, _I32, _as_i8x32, _load, _ptr, _shuffle, _splat, _store, _vec
+from .vector_ir import I8x32, _I1, _I8, _I32, _I64, _as_i8x32, _load, _ptr, _shuffle, _splat, _store, _vec
 
 
 @intrinsic
@@ -61,15 +61,17 @@ def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult):
     return types.none(dst, d_offset, src, s_offset, types.int32), codegen
 
 
+def _nibbles_lo_hi(context, builder, sig, args):
+    q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
+    lo = builder.and_(q, ir.Constant(_vec(_I8, 16), [0x0F] * 16))
+    hi = builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))
+    return _shuffle(builder, lo, hi, range(32))
+
+
 @intrinsic
 def load_nibbles_lo_hi(typingctx, buf, offset):
     """16 bytes at buf[offset] -> 32 values 0..15: low nibbles first, then high nibbles (Q4_0/Q4_1/Q5_x)."""
-    def codegen(context, builder, sig, args):
-        q = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I8, 16))
-        lo = builder.and_(q, ir.Constant(_vec(_I8, 16), [0x0F] * 16))
-        hi = builder.lshr(q, ir.Constant(_vec(_I8, 16), [4] * 16))
-        return _shuffle(builder, lo, hi, range(32))
-    return I8x32(buf, offset), codegen
+    return I8x32(buf, offset), _nibbles_lo_hi
 
 
 @intrinsic
@@ -93,8 +95,11 @@ def load_nibbles_lo_hi_bcast(typingctx, buf, offset):
     """load_nibbles_lo_hi's values, built another way: the 16 bytes in both halves of the vector, the upper half's
     32-bit words shifted right by 4, then the bytes masked (on AVX2 vbroadcasti128, vpsrlvd, vpand: three
     instructions against four). Faster where the vector is used whole (the two-row Q4_1 dot); the eight-token tiles,
-    which split it into halves again, compile better from load_nibbles_lo_hi (measured: pp512 10% slower)."""
+    which split it into halves again, compile better from load_nibbles_lo_hi (measured: pp512 10% slower). AArch64
+    shifts bytes in one instruction (ushr .16b), so there it is load_nibbles_lo_hi: a mask a row and block fewer."""
     def codegen(context, builder, sig, args):
+        if IS_AARCH64:
+            return _nibbles_lo_hi(context, builder, sig, args)
         return _nibbles_broadcast(context, builder, sig, args, 2)
     return I8x32(buf, offset), codegen
 
@@ -109,19 +114,41 @@ def _nibbles_broadcast(context, builder, sig, args, copies):
     return builder.and_(builder.bitcast(words, _vec(_I8, 4 * n)), ir.Constant(_vec(_I8, 4 * n), [0x0F] * (4 * n)))
 
 
+# Byte b -> eight bytes, byte k 0x10 where bit k of b is set (little-endian): the fifth bits' table on AArch64.
+_FIFTH_BITS = [sum(0x10 << (8 * k) for k in range(8) if (b >> k) & 1) for b in range(256)]
+
+
+def _fifth_bits_table(builder):
+    """The module's copy of _FIFTH_BITS (one per compiled module: internal, constant)."""
+    name = "edgellm.fifth_bits"
+    table = builder.module.globals.get(name)
+    if table is None:
+        ty = ir.ArrayType(_I64, 256)
+        table = ir.GlobalVariable(builder.module, ty, name)
+        table.linkage, table.global_constant = "internal", True
+        table.initializer = ir.Constant(ty, _FIFTH_BITS)
+    return table
+
+
 @intrinsic
-def load_bits32(typingctx, buf, offset):
-    """The little-endian uint32 at buf[offset] -> 32 values 0/1, value j is bit j (Q5_0/Q5_1 qh). On AArch64 each
-    byte of the word is copied to eight lanes and each lane tested against its bit: LLVM lowers the <32 x i1>
-    bitcast, which x86 compiles into a few vector instructions, into 32 scalar bit extracts and lane moves there."""
+def load_fifth_bits(typingctx, buf, offset):
+    """The little-endian uint32 at buf[offset] -> 32 bytes, byte j 0x10 where bit j is set, else 0 (Q5_0/Q5_1's qh
+    as the quants' fifth bit). On AArch64 each byte's eight lanes come from a 256-entry table, as in llama.cpp's NEON
+    code: LLVM lowers the <32 x i1> bitcast (a few vector instructions on x86) into 32 scalar bit extracts there, and
+    spreading the bytes and testing each lane took eight vector instructions a block."""
     def codegen(context, builder, sig, args):
         word = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I32)
         if not IS_AARCH64:
-            return builder.zext(builder.bitcast(word, _vec(_I1, 32)), _vec(_I8, 32))
-        quad = builder.bitcast(word, _vec(_I8, 4))
-        spread = _shuffle(builder, quad, quad, [j // 8 for j in range(32)])
-        bits = builder.and_(spread, ir.Constant(_vec(_I8, 32), [1 << (j % 8) for j in range(32)]))
-        return builder.zext(builder.icmp_unsigned("!=", bits, ir.Constant(_vec(_I8, 32), None)), _vec(_I8, 32))
+            bits = builder.zext(builder.bitcast(word, _vec(_I1, 32)), _vec(_I8, 32))
+            return builder.shl(bits, ir.Constant(_vec(_I8, 32), [4] * 32))
+        table = _fifth_bits_table(builder)
+        lanes = ir.Constant(_vec(_I64, 4), ir.Undefined)
+        for k in range(4):
+            byte = builder.and_(builder.lshr(word, ir.Constant(_I32, 8 * k)), ir.Constant(_I32, 0xFF))
+            entry = builder.gep(table, [ir.Constant(_I32, 0), builder.zext(byte, _I64)], inbounds=True,
+                                source_etype=table.value_type)
+            lanes = builder.insert_element(lanes, builder.load(entry, typ=_I64, align=8), ir.Constant(_I32, k))
+        return builder.bitcast(lanes, _vec(_I8, 32))
     return I8x32(buf, offset), codegen
 
 
