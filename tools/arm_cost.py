@@ -1,11 +1,13 @@
 """Cycles per block of the decode dot loops on AArch64 cores, without the hardware: edgellm's loops as Numba compiles
 them for each CPU, and llama.cpp's NEON loops (ggml-cpu/arch/arm/quants.c) as clang compiles them, both through
-llvm-mca's model of the CPU. Prints two markdown tables (docs/arm.md keeps the last ones): the decode dots against
-llama.cpp's, and the prompt tiles (eight tokens x one row) against edgellm's own one-row dot.
+llvm-mca's model of the CPU. Prints three markdown tables (docs/arm.md keeps the last ones): the decode dots against
+llama.cpp's, Q4_0's eight-row decode kernel against llama.cpp's gemv over its repacked rows (ggml-cpu/arch/arm/
+repack.cpp), and the prompt tiles (eight tokens x one row) against edgellm's own one-row dot.
 
     sudo python tools/arm_cost.py [--cpus neoverse-n1,neoverse-n2,apple-m1,cortex-a76] [--llama-src DIR]
 
-The newest llvm-mca-N and clang-N installed are used (Debian: apt install llvm-19 clang-19): LLVM 19 models the
+The newest llvm-mca-N and clang-N installed are used (Debian: apt install llvm-19 clang-19, and
+libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross for llama.cpp's headers): LLVM 19 models the
 Neoverse N1 (the Cortex-A76's core: Raspberry Pi 5, RK3588), N2 (Cortex-A710 class, i8mm) and V1; LLVM 14 costed every
 Arm-designed core, the A76 included, with the Cortex-A57's model. Apple's cores use the Cyclone model in both.
 
@@ -47,6 +49,12 @@ KERNELS = [
     ("Q5_0", "vec_dot2_q5_0_q8_0", 2, 32, None),
     ("Q8_0", "vec_dot2_q8_0_q8_0", 2, 32, None),
 ]
+# Q4_0 decode: edgellm's eight-row kernel (quant/q4_0_rows8.py, rows in the file's layout) against llama.cpp's gemv
+# over rows it repacked at load (ggml-cpu/arch/arm/repack.cpp): four rows interleaved by 4 bytes on a dotprod core,
+# by 8 on an i8mm one (the kernels its CPU_REPACK buffer picks there).
+ROWS8 = "rows8_dot_q4_0"
+LLAMA_GEMV = {"i8mm": "ggml_gemv_q4_0_4x8_q8_0", "dotprod": "ggml_gemv_q4_0_4x4_q8_0"}
+I8MM_MODELS = ("neoverse-n2", "neoverse-v1", "cortex-a710", "cortex-x2")
 # (format, edgellm prompt tile, the one-row dot it is compared with): eight tokens against one row per call
 TILES = [
     ("Q4_0", "tile8_q4_0", "vec_dot_q4_0_q8_0"),
@@ -89,6 +97,21 @@ def dump(out: Path):
         fn = getattr(dots_block32, name, None) or getattr(matmul_kquant, name, None) or getattr(matmul_block32, name)
         fn(*args)
         (out / f"{name}.s").write_text(fn.inspect_asm(fn.signatures[0]))
+    rows8 = _rows8_wrapper()
+    rows8(w, 18 * nb, nb, xq, xd, np.zeros(8, np.float32))
+    (out / f"{ROWS8}.s").write_text(rows8.inspect_asm(rows8.signatures[0]))
+
+
+def _rows8_wrapper():
+    """rows8_dot (eight Q4_0 rows x one token, what decode runs for Q4_0) returns a vector, which Python cannot take:
+    called from a function that stores it."""
+    from numba import njit
+    from edgellm.quant import q4_0_rows8, simd
+
+    @njit
+    def rows8_dot_q4_0(w, row_bytes, nb, xq, xd, res):
+        simd.store_f32x8(res, 0, q4_0_rows8.rows8_dot(w, 0, row_bytes, nb, xq, 0, xd, 0))
+    return rows8_dot_q4_0
 
 
 # --- on the host: loops, llvm-mca, clang -------------------------------------------------------------------------
@@ -183,18 +206,42 @@ def per_block(asm_body, cpu, block):
     return mca_cycles(ins, cpu) / pairs, len(ins), pairs
 
 
-def llama_asm(cpu: str, src: Path, work: Path) -> str:
-    out = work / f"llama_quants_{cpu}_{CLANG}_neon.s"
+def llama_asm(cpu: str, src: Path, work: Path, source: str = "quants.c") -> str:
+    """llama.cpp's ggml-cpu/arch/arm/<source> compiled for cpu (repack.cpp is C++: Debian's
+    libstdc++-12-dev-arm64-cross gives its headers)."""
+    out = work / f"llama_{Path(source).stem}_{cpu}_{CLANG}_neon.s"
     if not out.exists():
         ggml = src / "ggml"
+        cxx = source.endswith(".cpp")
+        compiler = CLANG.replace("clang", "clang++") if cxx else CLANG
+        cxx_headers = []
+        if cxx:
+            found = sorted(Path("/usr/aarch64-linux-gnu/include/c++").glob("*"))
+            if found:
+                cxx_headers = ["-isystem", str(found[-1]), "-isystem", str(found[-1] / "aarch64-linux-gnu")]
         # NEON only: on an SVE core (Neoverse N2, V1) quants.c takes its SVE loops, which this counting does not
         # follow (vector-length-agnostic loops, 16-bit sdot)
-        cmd = [CLANG, "--target=aarch64-linux-gnu", "-O3", f"-mcpu={cpu}+nosve", "-S", "-o", str(out),
-               "-isystem", "/usr/aarch64-linux-gnu/include", "-DNDEBUG",
+        cmd = [compiler, "--target=aarch64-linux-gnu", "-O3", f"-mcpu={cpu}+nosve", "-S", "-o", str(out),
+               *cxx_headers, "-isystem", "/usr/aarch64-linux-gnu/include", "-DNDEBUG",
                f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src/ggml-cpu'}",
-               str(ggml / "src/ggml-cpu/arch/arm/quants.c")]
+               str(ggml / "src/ggml-cpu/arch/arm" / source)]
         subprocess.run(cmd, check=True)
     return out.read_text()
+
+
+def rows8_costs(cpu: str, inside: Path, src: Path, work: Path):
+    """(edgellm's eight-row Q4_0 decode loop, llama.cpp's repacked gemv, its name): cycles per row-block each. The
+    rows8 loop's sdot count includes the two that sum the token's block for the nibbles' offset, so its rows are
+    counted, not derived from its sdots; the gemv's are four rows of one block per iteration."""
+    loop = hot_loop(function_body((inside / f"{ROWS8}.s").read_text(), ROWS8))
+    ours = mca_cycles(loop[0], cpu) / 8 if loop else None
+    name = LLAMA_GEMV["i8mm" if cpu in I8MM_MODELS else "dotprod"]
+    try:
+        theirs = per_block(function_body(llama_asm(cpu, src, work, "repack.cpp"), name), cpu, 32)
+    except (subprocess.CalledProcessError, FileNotFoundError, StopIteration) as e:
+        print(f"llama.cpp's repack.cpp did not give {name} for {cpu}: {e}", file=sys.stderr)
+        theirs = None
+    return ours, theirs[0] if theirs else None, name
 
 
 def main():
@@ -210,11 +257,11 @@ def main():
         return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    rows, tiles = [], []
+    rows, tiles, decode_q4_0 = [], [], []
     for cpu in args.cpus.split(","):
         inside = f"/tmp/arm_cost_{cpu}"
         env = dict(os.environ, QEMU_CPU="max", NUMBA_CPU_NAME=cpu)
-        if not (ROOT / inside.lstrip("/") / f"{TILES[-1][1]}.s").exists():  # (remove it after a kernel change)
+        if not (ROOT / inside.lstrip("/") / f"{ROWS8}.s").exists():  # (remove it after a kernel change)
             subprocess.run([str(CHROOT_TOOL), "run",
                             f"NUMBA_CACHE_DIR=$(mktemp -d) python tools/arm_cost.py dump {inside}"],
                            check=True, env=env, cwd=HERE)
@@ -232,6 +279,7 @@ def main():
             costs = [per_block(function_body((ROOT / inside.lstrip("/") / f"{k}.s").read_text(), k), cpu, 32)
                      for k in (tile, row_dot)]
             tiles.append((fmt, tile, cpu, *costs))
+        decode_q4_0.append((cpu, *rows8_costs(cpu, ROOT / inside.lstrip("/"), Path(args.llama_src), work)))
     print(f"{MCA}, llama.cpp through {CLANG}\n")
     print("| format | edgellm loop | CPU model | edgellm cycles / row-block | llama.cpp cycles / row-block | ratio |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
@@ -240,6 +288,14 @@ def main():
         t = f"{theirs[0]:.2f}" if theirs else "-"
         r = f"{ours[0] / theirs[0]:.2f}" if ours and theirs else "-"
         print(f"| {fmt} | {kernel} | {cpu} | {o} | {t} | {r} |")
+    print("\n| Q4_0 decode | CPU model | edgellm rows8_dot cycles / row-block | llama.cpp repacked gemv | its cycles / "
+          "row-block | ratio |")
+    print("| --- | --- | ---: | --- | ---: | ---: |")
+    for cpu, ours, theirs, name in decode_q4_0:
+        o = f"{ours:.2f}" if ours else "n/a"
+        t = f"{theirs:.2f}" if theirs else "-"
+        r = f"{ours / theirs:.2f}" if ours and theirs else "-"
+        print(f"| Q4_0 | {cpu} | {o} | {name} | {t} | {r} |")
     print("\n| format | edgellm tile | CPU model | tile cycles / token-row-block | one-row dot cycles / row-block "
           "| speed-up |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
