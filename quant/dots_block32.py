@@ -40,7 +40,7 @@ from .simd import (HAS_WIDE_TILES, IS_AARCH64, cpu_name, dot_i8x32, dot_u8x32, d
                    f32x16_pair_scales, f32x16_tile_step, f32x16_zero, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero,
                    f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
                    f32x8_pair_splats, f32x8_splat, f32x8_zero, i8x32_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or,
-                   i8x32_sub, i8x32_xor, i8x64_tile_quants, load_f16, load_f16_pair, load_f16_splat8, load_f16x2_rows,
+                   i8x32_sub, i8x32_xor, i8x64_tile_quants, load_f16_pair, load_f16_splat8, load_f16x2_rows,
                    load_f32, load_f32x2_twice, load_f32x8, load_fifth_bits, load_i8x32, load_nibbles_lo_hi,
                    load_nibbles_lo_hi_bcast, load_nibbles_tile64, load_q5_tile64, prefetch, store_lane_sums,
                    store_pair64)
@@ -481,18 +481,6 @@ def _block_scale(w, o, xd, i):
     return f32x8_mul(load_f16_splat8(w, o), f32x8_splat(load_f32(xd, i)))
 
 
-# Two halves (two rows' scales, or a block's d and m): on AArch64 two scalar converts, which cost no more vector
-# instructions than the pair's widening (load_f16_pair) and take no move from the integer registers.
-if IS_AARCH64:
-    @njit(cache=True, inline="always")
-    def _half_pair(w, o, o2):
-        return load_f16(w, o), load_f16(w, o2)
-else:
-    @njit(cache=True, inline="always")
-    def _half_pair(w, o, o2):
-        return load_f16_pair(w, o, o2)  # (not load_f16: see _block_scale)
-
-
 # --- Q4_0 -------------------------------------------------------------------------------------------------
 
 
@@ -513,7 +501,7 @@ def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
         x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
-        d, d2 = _half_pair(w, o, o2)
+        d, d2 = load_f16_pair(w, o, o2)
         a = f32x8_fma_i32(a, dot_i8x32(_quants_q4_0(w, o), x), d * dx)
         a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q4_0(w, o2), x), d2 * dx)
         o += 18
@@ -529,7 +517,7 @@ def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
     acc, mins = f32x8_zero(), np.float32(0)
     for b in range(nb):
         isum = dot_u8x32(_quants_q4_1(w, o), load_i8x32(xq, xo + b * 32))
-        d, m = _half_pair(w, o, o + 2)
+        d, m = load_f16_pair(w, o, o + 2)  # (not load_f16: see _block_scale)
         acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
         mins += m * load_f32(xs, xdo + b)
         o += 20
@@ -578,7 +566,7 @@ def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
         x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
-        d, d2 = _half_pair(w, o, o2)
+        d, d2 = load_f16_pair(w, o, o2)
         a = f32x8_fma_i32(a, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o), x, lane_sums, lo + 8 * b), d * dx)
         a2 = f32x8_fma_i32(a2, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o2), x, lane_sums, lo + 8 * b),
                            d2 * dx)
@@ -595,7 +583,7 @@ def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
     acc, mins = f32x8_zero(), np.float32(0)
     for b in range(nb):
         isum = dot_u8x32(_quants_q5_1(w, o), load_i8x32(xq, xo + b * 32))
-        d, m = _half_pair(w, o, o + 2)
+        d, m = load_f16_pair(w, o, o + 2)  # (not load_f16: see _block_scale)
         acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
         mins += m * load_f32(xs, xdo + b)
         o += 24
@@ -639,7 +627,7 @@ def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o2 + PREFETCH_BYTES)
         x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
-        d, d2 = _half_pair(w, o, o2)
+        d, d2 = load_f16_pair(w, o, o2)
         a = f32x8_fma_i32(a, dot_i8x32(_quants_q8_0(w, o), x), d * dx)
         a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q8_0(w, o2), x), d2 * dx)
         o += 34

@@ -7,6 +7,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .host import IS_AARCH64
 from .vector_ir import _F32, _I8, _I16, _I32, _f16_bits_to_f32, _f16_to_f32, _load, _ptr, _vec
 
 
@@ -33,8 +34,15 @@ def _f16_lanes_01(context, builder, sig, word):
 
 @intrinsic
 def load_f16_pair(typingctx, buf, offset_a, offset_b):
-    """The float16 at byte offsets offset_a and offset_b of a uint8 buffer (e.g. two rows' block scales), as float32."""
+    """The float16 at byte offsets offset_a and offset_b of a uint8 buffer (e.g. two rows' block scales), as float32.
+    On AArch64 two scalar converts: no more vector instructions than the pair's widening, and no move from the
+    integer registers (a scalar convert there writes its whole register, so the x86 hazard below does not arise)."""
     def codegen(context, builder, sig, args):
+        if IS_AARCH64:
+            lanes = [_f16_to_f32(builder, _load(builder, _ptr(context, builder, sig.args[0], args[0], offset), _I16))
+                     for offset in (args[1], args[2])]
+            return context.make_tuple(builder, sig.return_type, lanes)
+
         def half(offset):
             return builder.zext(_load(builder, _ptr(context, builder, sig.args[0], args[0], offset), _I16), _I32)
         word = builder.or_(half(args[1]), builder.shl(half(args[2]), ir.Constant(_I32, 16)))
