@@ -54,7 +54,7 @@ KERNELS = [
 # by 8 on an i8mm one (the kernels its CPU_REPACK buffer picks there).
 ROWS8 = "rows8_dot_q4_0"
 LLAMA_GEMV = {"i8mm": "ggml_gemv_q4_0_4x8_q8_0", "dotprod": "ggml_gemv_q4_0_4x4_q8_0"}
-I8MM_MODELS = ("neoverse-n2", "neoverse-v1", "cortex-a710", "cortex-x2")
+FEATURES = "features"  # the dump's record of the paths edgellm chose for the CPU (quant/simd/host.py's tables)
 # (format, edgellm prompt tile, the one-row dot it is compared with): eight tokens against one row per call
 TILES = [
     ("Q4_0", "tile8_q4_0", "vec_dot_q4_0_q8_0"),
@@ -100,6 +100,9 @@ def dump(out: Path):
     rows8 = _rows8_wrapper()
     rows8(w, 18 * nb, nb, xq, xd, np.zeros(8, np.float32))
     (out / f"{ROWS8}.s").write_text(rows8.inspect_asm(rows8.signatures[0]))
+    # written last: the host side takes a dump with this file as complete
+    (out / FEATURES).write_text(" ".join(f for f, has in (("dotprod", simd.HAS_DOTPROD), ("i8mm", simd.HAS_I8MM))
+                                         if has))
 
 
 def _rows8_wrapper():
@@ -235,7 +238,7 @@ def rows8_costs(cpu: str, inside: Path, src: Path, work: Path):
     counted, not derived from its sdots; the gemv's are four rows of one block per iteration."""
     loop = hot_loop(function_body((inside / f"{ROWS8}.s").read_text(), ROWS8))
     ours = mca_cycles(loop[0], cpu) / 8 if loop else None
-    name = LLAMA_GEMV["i8mm" if cpu in I8MM_MODELS else "dotprod"]
+    name = LLAMA_GEMV["i8mm" if "i8mm" in (inside / FEATURES).read_text().split() else "dotprod"]
     try:
         theirs = per_block(function_body(llama_asm(cpu, src, work, "repack.cpp"), name), cpu, 32)
     except (subprocess.CalledProcessError, FileNotFoundError, StopIteration) as e:
@@ -261,7 +264,7 @@ def main():
     for cpu in args.cpus.split(","):
         inside = f"/tmp/arm_cost_{cpu}"
         env = dict(os.environ, QEMU_CPU="max", NUMBA_CPU_NAME=cpu)
-        if not (ROOT / inside.lstrip("/") / f"{ROWS8}.s").exists():  # (remove it after a kernel change)
+        if not (ROOT / inside.lstrip("/") / FEATURES).exists():  # (remove the dump after a kernel change)
             subprocess.run([str(CHROOT_TOOL), "run",
                             f"NUMBA_CACHE_DIR=$(mktemp -d) python tools/arm_cost.py dump {inside}"],
                            check=True, env=env, cwd=HERE)
