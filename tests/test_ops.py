@@ -328,6 +328,53 @@ def test_vector_attention_over_many_value_blocks_keeps_the_bits(rng, head_dim, n
     _scalar_and_vector_attention_agree(q, k_cache, v_cache, slot_pos, positions[-n_new:], 0.0625)
 
 
+@pytest.mark.parametrize("n_heads", [1, 4])
+def test_parallel_prompt_order_takes_every_item_once_and_halves_the_work(n_heads):
+    """prange gives each thread a contiguous range of indices; causal row blocks cost more the later they are, so
+    the drivers map index i to _balanced(i): every item exactly once, and the first half of the indices holds
+    half of the work to within one block's cost (block b's cost taken as b + 1; in index order the first half of
+    eleven blocks would hold 15 of their 66)."""
+    for n_blocks in range(1, 12):
+        n_items = n_blocks * n_heads
+        items = [attention_drivers._balanced(i, n_items, n_heads) for i in range(n_items)]
+        assert sorted(items) == list(range(n_items))
+        cost = [item // n_heads + 1 for item in items]
+        half = n_blocks // 2 * n_heads
+        assert abs(sum(cost[:half]) - sum(cost) / 2) <= n_blocks * n_heads
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("a,b", [(0, 40), (3, 16), (29, 40)])  # runs whose length is or is not a multiple of 4
+def test_wide_prompt_attention_loops_keep_the_bits(rng, dtype, a, b):
+    """The 512-bit scores and weighing loops of the several-row path (chosen where simd.HAS_WIDE_TILES; LLVM splits
+    their vectors elsewhere, so this runs on every host) against the 256-bit ones, bit for bit: rows that see
+    different slots (masked scores, zero weights), an f16 and an f32 cache, short last groups of keys."""
+    from edgellm.engine.ops import attention_rows as ar
+    H_kv, capacity, hd = 2, 40, 64
+    vals = rng.standard_normal((2, H_kv, capacity, hd)).astype(np.float16)
+    k_cache, v_cache = (vals.view(np.uint16) if dtype == np.uint16 else vals.astype(np.float32))
+    slot_pos = np.arange(capacity, dtype=np.int32)
+    q_rows = rng.standard_normal(ar.ROWS * hd).astype(np.float16).astype(np.float32)
+    lo, p = (a, a + 2, a, a + 5), (b - 4, b - 1, b - 2, b - 3)
+    inf = np.float32(-np.inf)
+    width = ar.ROWS * capacity + ar.ROWS * ar.LANES_BATCH * hd
+    narrow, wide = np.zeros(width, np.float32), np.zeros(width, np.float32)
+    tops = ar._rows_scores(k_cache, slot_pos, 1, a, b, q_rows, lo, p, np.float32(0.125), narrow, (inf,) * 4)
+    tops_wide = ar._rows_scores_wide(k_cache, slot_pos, 1, a, b, q_rows, lo, p, np.float32(0.125), wide, (inf,) * 4)
+    assert tops_wide == tops
+    np.testing.assert_array_equal(wide.view(np.int32), narrow.view(np.int32))
+    assert np.isneginf(narrow[:ar.ROWS * capacity].reshape(ar.ROWS, capacity)[:, a:b]).any()  # some slots masked
+    weights = np.where(np.isneginf(narrow), np.float32(np.nan), np.exp(narrow / 8)).astype(np.float32)
+    ar._zero_skipped(weights, a, b, capacity)
+    assert not np.isnan(weights[:ar.ROWS * capacity].reshape(ar.ROWS, capacity)[:, a:b]).any()
+    acc_narrow, acc_wide = weights.copy(), weights.copy()
+    acc0 = ar.ROWS * capacity
+    ar._rows_weigh(v_cache, 1, a, b, acc_narrow, acc_narrow, acc0)
+    ar._rows_weigh_wide(v_cache, 1, a, b, acc_wide, acc_wide, acc0)
+    np.testing.assert_array_equal(acc_wide.view(np.int32), acc_narrow.view(np.int32))
+    assert np.abs(acc_narrow[acc0:]).sum() > 0
+
+
 @pytest.mark.parametrize("window,capacity", [(4, 8), (5, 5 + 3 - 1)])
 def test_sliding_window_attention_on_a_ring(rng, window, capacity):
     """Write 20 positions through a ring smaller than the sequence, 3 at a time, then check the last batch:

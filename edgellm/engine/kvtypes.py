@@ -20,7 +20,8 @@ from numba import njit, types
 from numba.extending import overload
 
 from edgellm.quant.simd import (f16_bits_to_f32, f32_to_f16, f32_to_f16_portable,  # noqa: F401  (re-exported)
-                                load_f16x8, load_f32x8)
+                                load_f16x8, load_f16x8_pair, load_f16x16, load_f32x8, load_f32x8_pair,
+                                load_f32x16)
 
 Q8_BLOCK = 32  # values per q8_0 scale
 
@@ -81,6 +82,14 @@ def load_row8(cache, offset):
     """8 values of an f16 or f32 cache from flat element offset `offset`, as quant.simd.F32x8."""
 
 
+def load_row8_pair(cache, a, b):
+    """[8 values from flat offset a | 8 from flat offset b] of an f16 or f32 cache, as quant.simd.F32x16."""
+
+
+def load_row16(cache, offset):
+    """16 values of an f16 or f32 cache from flat element offset `offset`, as quant.simd.F32x16."""
+
+
 def like_cache(x, cache):
     """x (float32) rounded as llama.cpp rounds an operand multiplied with this cache's values: to float16 for an
     f16 cache (its matrix products convert the other side to float16), unchanged otherwise."""
@@ -134,6 +143,24 @@ def _load_row8(cache, offset):
         return lambda cache, offset: load_f32x8(cache, offset)
     if cache.dtype == types.uint16:
         return lambda cache, offset: load_f16x8(cache, offset)
+    return None
+
+
+@overload(load_row8_pair, inline="always")
+def _load_row8_pair(cache, a, b):
+    if cache.dtype == types.float32:
+        return lambda cache, a, b: load_f32x8_pair(cache, a, b)
+    if cache.dtype == types.uint16:
+        return lambda cache, a, b: load_f16x8_pair(cache, a, b)
+    return None
+
+
+@overload(load_row16, inline="always")
+def _load_row16(cache, offset):
+    if cache.dtype == types.float32:
+        return lambda cache, offset: load_f32x16(cache, offset)
+    if cache.dtype == types.uint16:
+        return lambda cache, offset: load_f16x16(cache, offset)
     return None
 
 

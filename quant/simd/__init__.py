@@ -51,28 +51,30 @@ from .i32x8 import (i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_
                     i32x8_mins_dot, i32x8_mul, i32x8_splat, i32x8_zero, load_i32x8, pair_dot_i8_i32)
 from .f32_lanes import (absmax_f32x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add, f32x8_fma,
                         f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_hsum_pairs, f32x8_hsum_split,
-                        f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_splat, f32x8_sub, f32x8_zero, load_bf16x8,
-                        load_f16_splat8, load_f16x2_rows, load_f16x8_rows, load_f16x8, load_f32x2_twice, load_f32x8,
-                        quantize_f32x16_clamped, quantize_f32x32, store_f32x8)
+                        f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_splat, f32x8_sub, f32x8_zero, f32x16_fma,
+                        f32x16_splat, load_bf16x8, load_f16_splat8, load_f16x2_rows, load_f16x8_pair, load_f16x8_rows,
+                        load_f16x8, load_f16x16, load_f32x2_twice, load_f32x8, load_f32x8_pair, load_f32x8_twice,
+                        load_f32x16, quantize_f32x16_clamped, quantize_f32x32, store_f32x8, store_f32x16)
 from .scalar_float import f32_from_bits, f32_shl23_add, f32_to_f16, f32_to_f16_portable, fma32, round_f16
 
 __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "HAS_VNNI", "HAS_WIDE_TILES", "I32x8",
            "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_VECTORS", "absmax_f32x32", "cpu_name",
            "dot4_u8x32_byte_scales", "dot_i8x32", "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales",
            "dot_u8x32_plus", "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add",
-           "f32_to_f16", "f32_to_f16_portable", "f32x16_halves", "f32x16_pair_scales", "f32x16_tile_step",
-           "f32x16_zero", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma",
+           "f32_to_f16", "f32_to_f16_portable", "f32x16_fma", "f32x16_halves", "f32x16_pair_scales",
+           "f32x16_splat", "f32x16_tile_step", "f32x16_zero", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma",
            "f32x8_fma_i32", "f32x8_fma_lanes", "f32x8_from_i32", "f32x8_hsum", "f32x8_hsum_pairs", "f32x8_hsum_split",
            "f32x8_lane", "f32x8_mul", "f32x8_pair_splats", "f32x8_splat", "f32x8_sub", "f32x8_zero", "fma32",
            "i32x8_add", "i32x8_hsum", "i32x8_hsum4", "i32x8_hsum8", "i32x8_hsum_halves4", "i32x8_hsum_two",
            "i32x8_madd", "i32x8_mins_dot", "i32x8_mul", "i32x8_splat", "i32x8_zero", "i8x32_add", "i8x32_and",
            "i8x32_dup_hi", "i8x32_dup_lo", "i8x32_or", "i8x32_shl", "i8x32_shr", "i8x32_sub", "i8x32_xor",
            "i8x64_tile_quants", "lanes_fma", "lanes_mul", "lanes_splat", "load_bf16", "load_bf16x8",
-           "load_f16", "load_f16_pair", "load_f16_portable", "load_f16_splat8", "load_f16x2_rows", "load_f16x8_rows",
-           "load_f16x8", "load_f32", "load_f32x2_twice", "load_f32x8", "load_fifth_bits", "load_i32", "load_i32x8",
+           "load_f16", "load_f16_pair", "load_f16_portable", "load_f16_splat8", "load_f16x2_rows", "load_f16x8_pair",
+           "load_f16x8_rows", "load_f16x8", "load_f16x16", "load_f32", "load_f32x2_twice", "load_f32x8",
+           "load_f32x8_pair", "load_f32x8_twice", "load_f32x16", "load_fifth_bits", "load_i32", "load_i32x8",
            "load_i8", "load_i8x32", "load_lanes", "load_nibbles_lo_hi", "load_nibbles_lo_hi_bcast",
            "load_nibbles_rows2", "load_nibbles_tile64", "load_q5_tile64", "load_u32", "load_u8", "pair_dot_i8_i32",
            "prefetch",
            "q4_k_pair_sums_1x1", "q4_k_pair_sums_tile", "q6_k_superblock_sums_1x1", "q6_k_superblock_sums_tile",
-           "quantize_f32x16_clamped", "quantize_f32x32", "round_f16", "store_f32x8", "store_i8x32", "store_lane_sums",
+           "quantize_f32x16_clamped", "quantize_f32x32", "round_f16", "store_f32x8", "store_f32x16", "store_i8x32", "store_lane_sums",
            "store_lanes", "store_pair64"]

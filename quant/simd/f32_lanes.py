@@ -284,6 +284,41 @@ def load_f16x8(typingctx, buf, offset):
 
 
 @intrinsic
+def load_f16x16(typingctx, buf, offset):
+    """16 float16 at `offset` (elements into a uint16 array), widened to float32."""
+    def codegen(context, builder, sig, args):
+        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 16))
+        return _f16_to_f32(builder, h)
+    return F32x16(buf, offset), codegen
+
+
+def _pair_load(name, elem, convert):
+    """An intrinsic `name`(buf, a, b): [8 values at buf[a] | 8 values at buf[b]] as float32 (two cache rows' same
+    dimensions side by side in a 512-bit vector)."""
+    def typer(typingctx, buf, a, b):
+        def codegen(context, builder, sig, args):
+            lo = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(elem, 8))
+            hi = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[2]), _vec(elem, 8))
+            return convert(builder, _shuffle(builder, lo, hi, range(16)))
+        return F32x16(buf, a, b), codegen
+    typer.__name__, typer.__doc__ = name, f"[8 values at buf[a] | 8 values at buf[b]] as float32 ({name[5:8]} buffer)."
+    return intrinsic(typer)
+
+
+load_f16x8_pair = _pair_load("load_f16x8_pair", _I16, _f16_to_f32)
+load_f32x8_pair = _pair_load("load_f32x8_pair", _F32, lambda builder, v: v)
+
+
+@intrinsic
+def load_f32x8_twice(typingctx, buf, offset):
+    """The 8 float32 at buf[offset] in both halves of a 512-bit vector (a broadcast load)."""
+    def codegen(context, builder, sig, args):
+        v = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_F32, 8))
+        return _shuffle(builder, v, v, list(range(8)) * 2)
+    return F32x16(buf, offset), codegen
+
+
+@intrinsic
 def load_f16_splat8(typingctx, buf, offset):
     """The float16 at byte offset `offset` of a uint8 buffer, widened to float32 in all 8 lanes. On x86 broadcast as
     16-bit lanes and widened as a vector: a lone half converted as a scalar is inserted into an undefined register,

@@ -47,6 +47,17 @@ def _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, w
             np.float32(cap), sink, t, h, h // (n_heads // k_cache.shape[0]), out, work, n_tokens == 1)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _balanced(i, n_items, n_heads):
+    """The work item that parallel index i runs. Causal rows' costs grow with their position and prange hands each
+    thread a contiguous range of indices, so row blocks are taken from both ends in turn: 0, last, 1, last - 1, ...
+    Any contiguous range then holds about equal work. (Items are independent: the order changes no bits.)"""
+    n_blocks = n_items // n_heads
+    blk, h = i // n_heads, i % n_heads
+    blk = blk // 2 if blk % 2 == 0 else n_blocks - 1 - blk // 2
+    return blk * n_heads + h
+
+
 # Capped scores (Gemma 2) and sinks (gpt-oss) have drivers of their own: the plain ones pass the constants _NO_CAP
 # and _NO_SINKS, so those steps fold away when they compile (arguments would stay run-time branches in the
 # parallel loop's body).
@@ -64,9 +75,10 @@ def _attention_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positio
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                         scratch):
-    for item in prange(q.shape[0] * q.shape[1]):
+    n_items = q.shape[0] * q.shape[1]
+    for i in prange(n_items):
         _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, _NO_CAP, _NO_SINKS,
-                     item, out, scratch[numba.get_thread_id()])
+                     _balanced(i, n_items, q.shape[1]), out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy")
@@ -80,9 +92,10 @@ def _attention_shaped_serial(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_shaped_parallel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap,
                                sinks, out, scratch):
-    for item in prange(q.shape[0] * q.shape[1]):
-        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks, item,
-                     out, scratch[numba.get_thread_id()])
+    n_items = q.shape[0] * q.shape[1]
+    for i in prange(n_items):
+        _attend_item(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, cap, sinks,
+                     _balanced(i, n_items, q.shape[1]), out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -101,9 +114,10 @@ def _attention_serial_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_pos
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_parallel_vec(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out,
                             scratch):
-    for item in prange(_vec_items(q.shape[0], q.shape[1])):
-        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), _NO_SINKS, item, out,
-                         scratch[numba.get_thread_id()])
+    n_items = _vec_items(q.shape[0], q.shape[1])
+    for i in prange(n_items):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), _NO_SINKS,
+                         _balanced(i, n_items, q.shape[1]), out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy")
@@ -115,9 +129,10 @@ def _attention_sinks_serial_vec(q, k_cache, v_cache, slot_pos, q_positions, wind
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch):
-    for item in prange(_vec_items(q.shape[0], q.shape[1])):
-        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), sinks, item, out,
-                         scratch[numba.get_thread_id()])
+    n_items = _vec_items(q.shape[0], q.shape[1])
+    for i in prange(n_items):
+        _attend_item_vec(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), sinks,
+                         _balanced(i, n_items, q.shape[1]), out, scratch[numba.get_thread_id()])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
