@@ -348,7 +348,7 @@ def test_parallel_prompt_order_takes_every_item_once_and_halves_the_work(n_heads
 def test_wide_prompt_attention_loops_keep_the_bits(rng, dtype, a, b):
     """The 512-bit scores and weighing loops of the several-row path (chosen where simd.HAS_WIDE_TILES; LLVM splits
     their vectors elsewhere, so this runs on every host) against the 256-bit ones, bit for bit: rows that see
-    different slots (masked scores, zero weights), an f16 and an f32 cache, short last groups of keys."""
+    different slots (masked scores, weights of 0), an f16 and an f32 cache, short last groups of keys."""
     from edgellm.engine.ops import attention_rows as ar
     H_kv, capacity, hd = 2, 40, 64
     vals = rng.standard_normal((2, H_kv, capacity, hd)).astype(np.float16)
@@ -364,9 +364,7 @@ def test_wide_prompt_attention_loops_keep_the_bits(rng, dtype, a, b):
     assert tops_wide == tops
     np.testing.assert_array_equal(wide.view(np.int32), narrow.view(np.int32))
     assert np.isneginf(narrow[:ar.ROWS * capacity].reshape(ar.ROWS, capacity)[:, a:b]).any()  # some slots masked
-    weights = np.where(np.isneginf(narrow), np.float32(np.nan), np.exp(narrow / 8)).astype(np.float32)
-    ar._zero_skipped(weights, a, b, capacity)
-    assert not np.isnan(weights[:ar.ROWS * capacity].reshape(ar.ROWS, capacity)[:, a:b]).any()
+    weights = np.where(np.isneginf(narrow), np.float32(0.0), np.exp(narrow / 8)).astype(np.float32)
     acc_narrow, acc_wide = weights.copy(), weights.copy()
     acc0 = ar.ROWS * capacity
     ar._rows_weigh(v_cache, 1, a, b, acc_narrow, acc_narrow, acc0)

@@ -205,7 +205,9 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     cap > 0: every score capped as cap * tanh(q·k / cap) before the scale (Gemma 2): the scalar kernel; sinks: [H]
     float32, head h's softmax denominator gains exp(sinks[h]) (gpt-oss): the vector kernels where the cache allows
     them, else the scalar one.
-    The cache's values are read in their stored type (edgellm.engine.kvtypes)."""
+    The cache's values are read in their stored type (edgellm.engine.kvtypes), and must be finite in every slot
+    between a query's first and last visible ones, empty slots included (the vector kernels weigh a slot a query
+    does not see by 0, as llama.cpp's masked product does; the engine's caches start zeroed)."""
     n_tokens, n_heads, head_dim = q.shape
     capacity = slot_pos.shape[0]
     if scratch is None:

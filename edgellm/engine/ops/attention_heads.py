@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from edgellm.engine.kvtypes import like_cache, load_row8
-from edgellm.engine.ops.attention_rows import _fma4_if, _load4, _store4
+from edgellm.engine.ops.attention_rows import _fma4, _load4, _store4
 from edgellm.engine.ops.attention_scalar import LANES_SINGLE, _visible_from
 from edgellm.engine.ops.attention_vec import (KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLOTS, _fold_chains, _row_weights,
                                               _run_bounds, _sum_single_lanes)
@@ -80,9 +80,10 @@ def _heads_scores(k_cache, v_cache, slot_pos, kv, a, b, q_rows, n, lo, p, scale,
 @njit(cache=True, error_model="numpy")
 def _heads_weigh(v_cache, kv, a, b, n, work, acc0):
     """For each head r < n: lane (j % LANES_SINGLE) of its sums (work[acc0 + (r * LANES_SINGLE + lane) * head_dim:])
-    += its weight of slot j (work[r * capacity + j]) * v_j over the slots j in [a, b) it does not skip, each lane's
+    += its weight of slot j (work[r * capacity + j], 0 where masked) * v_j over the slots j in [a, b), each lane's
     slots in increasing order, 32 dimensions at a time; in blocks of WEIGH_BLOCK_SLOTS slots (see _weigh_run_vec)."""
     capacity, head_dim = v_cache.shape[1], v_cache.shape[2]
+    c1, c2, c3 = np.uint64(capacity), np.uint64(2 * capacity), np.uint64(3 * capacity)
     mask = LANES_SINGLE - 1
     step = LANES_SINGLE * head_dim  # from one head's lanes to the next head's
     for b0 in range(a, b, WEIGH_BLOCK_SLOTS):
@@ -107,13 +108,14 @@ def _heads_weigh(v_cache, kv, a, b, n, work, acc0):
                     base = (kv * capacity + j) * head_dim + dc
                     v0, v1 = load_row8(v_cache, base), load_row8(v_cache, base + 8)
                     v2, v3 = load_row8(v_cache, base + 16), load_row8(v_cache, base + 24)
-                    x0, x1, x2, x3 = _fma4_if(x0, x1, x2, x3, v0, v1, v2, v3, work[j])
+                    w = np.uint64(j)  # an unsigned index: no test for a negative one
+                    x0, x1, x2, x3 = _fma4(x0, x1, x2, x3, v0, v1, v2, v3, work[w])
                     if n > 1:
-                        y0, y1, y2, y3 = _fma4_if(y0, y1, y2, y3, v0, v1, v2, v3, work[capacity + j])
+                        y0, y1, y2, y3 = _fma4(y0, y1, y2, y3, v0, v1, v2, v3, work[w + c1])
                     if n > 2:
-                        z0, z1, z2, z3 = _fma4_if(z0, z1, z2, z3, v0, v1, v2, v3, work[2 * capacity + j])
+                        z0, z1, z2, z3 = _fma4(z0, z1, z2, z3, v0, v1, v2, v3, work[w + c2])
                     if n > 3:
-                        u0, u1, u2, u3 = _fma4_if(u0, u1, u2, u3, v0, v1, v2, v3, work[3 * capacity + j])
+                        u0, u1, u2, u3 = _fma4(u0, u1, u2, u3, v0, v1, v2, v3, work[w + c3])
                 _store4(work, r0, x0, x1, x2, x3)
                 if n > 1:
                     _store4(work, r0 + step, y0, y1, y2, y3)

@@ -3,7 +3,7 @@ each key and value row is loaded and converted once for ROWS query rows instead 
 
 Every row keeps its own arithmetic: its scores' FMA chains, its mask, max, exponentials, 8-slot group sums and
 weights, and its lanes' slots in the same order. The rows walk the union of their visible slots; a slot another row
-sees but this one does not scores -inf for it and adds exactly nothing (an exponential of 0, a skipped weight), and
+sees but this one does not scores -inf for it and adds exactly nothing (an exponential of 0, a weight of 0), and
 the union's runs visit each row's slots in that row's own order as long as the union fits in the ring (else rows go
 one by one). A sink (gpt-oss) joins each row's max and sum as in _attend_vec. The loops are written out for four
 rows (docs/kernels.md has the speed-up).
@@ -69,14 +69,6 @@ def _rows_scores(k_cache, slot_pos, kv, a, b, q_rows, lo, p, scale, work, tops):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _fma4_if(a0, a1, a2, a3, v0, v1, v2, v3, w):
-    """a_i + v_i * w for 32 dimensions, or the a_i unchanged where w is nan (a slot this row skips)."""
-    if w != w:
-        return a0, a1, a2, a3
-    return _fma4(a0, a1, a2, a3, v0, v1, v2, v3, w)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
 def _fma4(a0, a1, a2, a3, v0, v1, v2, v3, w):
     """a_i + v_i * w for 32 dimensions."""
     ws = f32x8_splat(w)
@@ -99,9 +91,8 @@ def _store4(buf, r, a0, a1, a2, a3):
 @njit(cache=True, error_model="numpy")
 def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
     """For each row r: lane (j % LANES_BATCH) of its sums (acc[acc0 + (r * LANES_BATCH + lane) * head_dim:]) +=
-    work[r * capacity + j] * v_j over the slots j in [a, b) (a skipped slot's weight made 0: _zero_skipped), each
-    lane's slots in increasing order, 32 dimensions at a time; in blocks of WEIGH_BLOCK_SLOTS slots (see
-    _weigh_run_vec)."""
+    work[r * capacity + j] * v_j over the slots j in [a, b) (a slot the row does not see weighs 0), each lane's slots
+    in increasing order, 32 dimensions at a time; in blocks of WEIGH_BLOCK_SLOTS slots (see _weigh_run_vec)."""
     capacity, head_dim = v_cache.shape[1], v_cache.shape[2]
     c1, c2, c3 = np.uint64(capacity), np.uint64(2 * capacity), np.uint64(3 * capacity)
     mask = LANES_BATCH - 1
@@ -131,18 +122,6 @@ def _rows_weigh(v_cache, kv, a, b, work, acc, acc0):
                 _store4(acc, r0 + step, y0, y1, y2, y3)
                 _store4(acc, r0 + 2 * step, z0, z1, z2, z3)
                 _store4(acc, r0 + 3 * step, u0, u1, u2, u3)
-
-
-@njit(cache=True, error_model="numpy")
-def _zero_skipped(work, a, b, capacity):
-    """The ROWS rows' weights of slots [a, b) with each skipped slot's nan made 0, so that the weighing multiplies
-    without a test per slot. The slots are the rows' union of visible slots, all holding values: for finite values
-    adding 0 * v leaves a sum as skipping does (a sum that starts at +0 never becomes -0)."""
-    for r in range(ROWS):
-        row = work[r * capacity + a: r * capacity + b]
-        for i in range(row.shape[0]):
-            w = row[i]
-            row[i] = np.float32(0.0) if w != w else w
 
 
 @njit(cache=True, error_model="numpy")
@@ -261,9 +240,6 @@ def _attend_rows_vec(q, k_cache, v_cache, slot_pos, q_positions, t0, window, sca
     _row_weights(work[capacity:2 * capacity], first, last, n_runs, max(tops[1], sink), e8, v_cache, sink)
     _row_weights(work[2 * capacity:3 * capacity], first, last, n_runs, max(tops[2], sink), e8, v_cache, sink)
     _row_weights(work[3 * capacity:4 * capacity], first, last, n_runs, max(tops[3], sink), e8, v_cache, sink)
-    for run in range(n_runs):
-        a, b = _run_bounds(run, first, last, capacity)
-        _zero_skipped(work, a, b, capacity)
     work[acc0: q0] = 0.0
     for run in range(n_runs):
         a, b = _run_bounds(run, first, last, capacity)

@@ -130,13 +130,12 @@ def _exp_run_vec(work, first, last, top, e8):
 
 @njit(cache=True, error_model="numpy")
 def _weights_run_vec(work, first, last, inv, v_cache):
-    """work[j] <- the softmax weight of slot j, exp * inv rounded as the cache (what multiplies the values), or
-    nan where the exponential is 0: those slots are skipped, as the scalar path skips them."""
+    """work[j] <- the softmax weight of slot j, exp * inv rounded as the cache (what multiplies the values); 0 for a
+    masked slot. The weighing multiplies every slot of the run without a test: for finite values, adding 0 * v
+    leaves a sum exactly as the scalar path's skipping does (a sum that starts at +0 never becomes -0)."""
     run = work[first:last]
     for i in range(run.shape[0]):
-        e = run[i]
-        w = like_cache(e * inv, v_cache)
-        run[i] = np.float32(np.nan) if e == 0.0 else w
+        run[i] = like_cache(run[i] * inv, v_cache)
 
 
 # Slots a pass of _weigh_run_vec covers before moving on: 32 KB of an f16 cache with head size 64, a few hundred
@@ -169,10 +168,7 @@ def _weigh_run_vec(v_cache, kv, first, last, lanes, work, acc, acc0):
                     a4, a5 = load_f32x8(acc, r + 32), load_f32x8(acc, r + 40)
                     a6, a7 = load_f32x8(acc, r + 48), load_f32x8(acc, r + 56)
                 for j in range(j0, b1, lanes):
-                    w = work[j]
-                    if w != w:
-                        continue
-                    ws = f32x8_splat(w)
+                    ws = f32x8_splat(work[np.uint64(j)])  # an unsigned index: no test for a negative one
                     base = (kv * capacity + j) * head_dim + dc
                     a0 = f32x8_fma(a0, load_row8(v_cache, base), ws)
                     a1 = f32x8_fma(a1, load_row8(v_cache, base + 8), ws)
