@@ -316,6 +316,38 @@ def test_single_query_head_dim_64_scores_keep_the_bits(rng, holes, capacity, S):
     assert nmse(out, want) < NMSE_ATTENTION
 
 
+@pytest.mark.parametrize("H,H_kv,hd", [(4, 1, 256), (9, 3, 64), (14, 2, 64), (6, 2, 32)])
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_single_token_grouped_heads_keep_the_bits(rng, H, H_kv, hd, chunk):
+    """A single token's attention with grouped-query heads runs a KV head's query heads together, `chunk` at a
+    time (ops.attention picks the chunk from the threads: _heads_chunk); each head must get the scalar path's bits,
+    over a wrapped f16 ring with empty slots, serial and parallel, and through ops.attention itself."""
+    capacity, S = 300, 420
+    _, _, positions, k_cache, v_cache, slot_pos = _f16_ring(rng, S, H_kv, hd, capacity)
+    slot_pos[[7, 8, 150]] = -1
+    q = rng.standard_normal((1, H, hd)).astype(np.float32)
+    last = positions[-1:]
+    want = np.empty_like(q)
+    attention_drivers._attention_serial(q, k_cache, v_cache, ops.NO_SCALES, ops.NO_SCALES, slot_pos, last, 0, 0.125,
+                                        want, scores_for(q, capacity))
+    for kernel in (attention_drivers._attention_heads_serial_vec, attention_drivers._attention_heads_parallel_vec):
+        out = np.full_like(q, np.nan)
+        kernel(q, k_cache, v_cache, slot_pos, last, 0, 0.125, chunk, out, scores_for(q, capacity))
+        np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
+    out = np.full_like(q, np.nan)
+    ops.attention(q, k_cache, v_cache, slot_pos, last, 0, 0.125, out, scores_for(q, capacity))
+    np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
+
+
+def test_heads_chunk_gives_every_thread_an_item_and_shares_what_it_can():
+    """Up to four query heads of a group share each key's conversion; a lone KV head on two threads splits its
+    group in two rather than leave a thread idle."""
+    chunk = attention_drivers._heads_chunk
+    assert chunk(4, 1, 2) == 2 and chunk(4, 1, 1) == 4
+    assert chunk(9, 3, 2) == 3 and chunk(32, 8, 2) == 4 and chunk(14, 2, 2) == 4
+    assert chunk(8, 1, 16) == 1 and chunk(16, 2, 4) == 4
+
+
 @pytest.mark.parametrize("head_dim,n_new", [(256, 1), (64, 6), (256, 6)])
 def test_vector_attention_over_many_value_blocks_keeps_the_bits(rng, head_dim, n_new):
     """A wrapped f16 ring of 700 slots: the value pass walks each run in blocks of ops.WEIGH_BLOCK_SLOTS, each lane's

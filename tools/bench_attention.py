@@ -5,14 +5,16 @@
 
 One row per (shape, query tokens): the serial and the parallel kernel (ops.attention picks between them by the
 amount of work), microseconds per layer-step, with an f16 cache filled with random keys and values. Decode (one
-query token) and prompt batches use llama.cpp's two summation orders, so both are timed. --sinks times the drivers
-with a sink per head (gpt-oss's), random ones.
+query token) and prompt batches use llama.cpp's two summation orders, so both are timed; one token's query heads
+that share a KV head run together, as ops.attention runs them. --sinks times the drivers with a sink per head
+(gpt-oss's), random ones.
 """
 from __future__ import annotations
 
 import argparse
 import time
 
+import numba
 import numpy as np
 
 from edgellm.engine import ops
@@ -69,10 +71,16 @@ def main(argv=None):
             else:
                 call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
                         window, scale, out, scratch)
+            calls = [(kernel, call) for kernel in kernels]
+            if not args.sinks and n_tokens == 1 and n_head > n_kv:  # what ops.attention runs: heads together
+                calls = [(kernel, call[:3] + call[5:-2] + (attention_drivers._heads_chunk(n_head, n_kv, threads),)
+                          + call[-2:]) for kernel, threads in ((attention_drivers._attention_heads_serial_vec, 1),
+                                                               (attention_drivers._attention_heads_parallel_vec,
+                                                                numba.get_num_threads()))]
             times = []
-            for kernel in kernels:
-                kernel(*call)  # compile / load
-                times.append(best_of(lambda: kernel(*call), args.repeat, args.inner) * 1e6)
+            for kernel, arguments in calls:
+                kernel(*arguments)  # compile / load
+                times.append(best_of(lambda: kernel(*arguments), args.repeat, args.inner) * 1e6)
             print(f"| {name} | {n_tokens} | {args.depth} | {times[0]:.0f} | {times[1]:.0f} |", flush=True)
 
 

@@ -135,6 +135,44 @@ def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, wi
                          _balanced(i, n_items, q.shape[1]), out, scratch[numba.get_thread_id()])
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _heads_item(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, item, out, work):
+    """Work item `item` of a single token's grouped-query attention: query heads g0 .. g0 + chunk - 1 (fewer at a
+    group's end) of KV head kv, which read its keys and values once for all of them (_attend_heads_vec)."""
+    group = q.shape[1] // k_cache.shape[0]
+    chunks = (group + chunk - 1) // chunk
+    kv, g0 = item // chunks, item % chunks * chunk
+    _attend_heads_vec(q, k_cache, v_cache, slot_pos, q_positions[0], window, scale, 0, kv * group + g0,
+                      min(chunk, group - g0), kv, out, work)
+
+
+@njit(cache=True, error_model="numpy")
+def _attention_heads_serial_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, out, scratch):
+    for item in range(_heads_items(q.shape[1], k_cache.shape[0], chunk)):
+        _heads_item(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), chunk, item, out,
+                    scratch[0])
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _attention_heads_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, out, scratch):
+    for item in prange(_heads_items(q.shape[1], k_cache.shape[0], chunk)):
+        _heads_item(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), chunk, item, out,
+                    scratch[numba.get_thread_id()])
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _heads_items(n_heads, n_kv, chunk):
+    return n_kv * ((n_heads // n_kv + chunk - 1) // chunk)
+
+
+def _heads_chunk(n_heads: int, n_kv: int, threads: int) -> int:
+    """Query heads per work item for a single token's grouped-query attention: up to HEADS of a KV head's group
+    (each key and value converted once for all of them), fewer where that leaves threads without an item (one KV
+    head and two threads: two items of half the group each)."""
+    per_kv = -(-threads // n_kv)  # items wanted from each KV head's group
+    return min(HEADS, -(-(n_heads // n_kv) // per_kv))
+
+
 @njit(cache=True, error_model="numpy", parallel=True)
 def _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, positions,
                             seqs, k_all, v_all, ks_all, vs_all, sp_all, window, scale, out, scratch):
@@ -227,6 +265,12 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     if sinks is not None:
         kernel = _attention_sinks_parallel_vec if parallel else _attention_sinks_serial_vec
         kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch)
+        return
+    if vec and n_tokens == 1 and n_heads > k_cache.shape[0]:
+        threads = numba.get_num_threads() if parallel else 1
+        kernel = _attention_heads_parallel_vec if parallel else _attention_heads_serial_vec
+        kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, _heads_chunk(n_heads, k_cache.shape[0],
+               threads), out, scratch)
         return
     if vec:
         kernel = _attention_parallel_vec if parallel else _attention_serial_vec
