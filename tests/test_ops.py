@@ -339,13 +339,15 @@ def test_single_token_grouped_heads_keep_the_bits(rng, H, H_kv, hd, chunk):
     np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
 
 
-def test_heads_chunk_gives_every_thread_an_item_and_shares_what_it_can():
+def test_heads_chunk_shares_conversions_where_the_threads_stay_busy():
     """Up to four query heads of a group share each key's conversion; a lone KV head on two threads splits its
-    group in two rather than leave a thread idle."""
+    group in two rather than leave a thread idle, and three KV heads of three on two threads stay one head per item
+    (three long items on two threads would finish later)."""
     chunk = attention_drivers._heads_chunk
     assert chunk(4, 1, 2) == 2 and chunk(4, 1, 1) == 4
-    assert chunk(9, 3, 2) == 3 and chunk(32, 8, 2) == 4 and chunk(14, 2, 2) == 4
-    assert chunk(8, 1, 16) == 1 and chunk(16, 2, 4) == 4
+    assert chunk(9, 3, 2) == 1 and chunk(9, 3, 1) == 3
+    assert chunk(32, 8, 2) == 4 and chunk(14, 2, 2) == 4 and chunk(16, 2, 4) == 4
+    assert chunk(8, 1, 16) == 1 and chunk(8, 8, 2) == 1
 
 
 @pytest.mark.parametrize("head_dim,n_new", [(256, 1), (64, 6), (256, 6)])

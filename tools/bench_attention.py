@@ -72,11 +72,11 @@ def main(argv=None):
                 call = (q, layer.k, layer.v, ops.NO_SCALES, ops.NO_SCALES, layer.slot_pos, positions[-n_tokens:],
                         window, scale, out, scratch)
             calls = [(kernel, call) for kernel in kernels]
-            if not args.sinks and n_tokens == 1 and n_head > n_kv:  # what ops.attention runs: heads together
-                calls = [(kernel, call[:3] + call[5:-2] + (attention_drivers._heads_chunk(n_head, n_kv, threads),)
-                          + call[-2:]) for kernel, threads in ((attention_drivers._attention_heads_serial_vec, 1),
-                                                               (attention_drivers._attention_heads_parallel_vec,
-                                                                numba.get_num_threads()))]
+            chunks = [attention_drivers._heads_chunk(n_head, n_kv, threads) for threads in (1, numba.get_num_threads())]
+            heads = (attention_drivers._attention_heads_serial_vec, attention_drivers._attention_heads_parallel_vec)
+            for i in range(2):  # what ops.attention runs for one token: heads together where that is expected faster
+                if not args.sinks and n_tokens == 1 and chunks[i] > 1:
+                    calls[i] = (heads[i], call[:3] + call[5:-2] + (chunks[i],) + call[-2:])
             times = []
             for kernel, arguments in calls:
                 kernel(*arguments)  # compile / load

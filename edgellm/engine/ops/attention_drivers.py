@@ -165,12 +165,24 @@ def _heads_items(n_heads, n_kv, chunk):
     return n_kv * ((n_heads // n_kv + chunk - 1) // chunk)
 
 
+# What each further query head adds to a work item's time when heads share their keys' and values' conversion,
+# relative to a head alone (single-token attention at depth 2048, the catalog shapes, 2 threads, AVX-512 kind).
+SHARED_HEAD_COST = 0.75
+
+
 def _heads_chunk(n_heads: int, n_kv: int, threads: int) -> int:
-    """Query heads per work item for a single token's grouped-query attention: up to HEADS of a KV head's group
-    (each key and value converted once for all of them), fewer where that leaves threads without an item (one KV
-    head and two threads: two items of half the group each)."""
-    per_kv = -(-threads // n_kv)  # items wanted from each KV head's group
-    return min(HEADS, -(-(n_heads // n_kv) // per_kv))
+    """Query heads per work item for a single token's grouped-query attention: the chunk of a KV head's group (at
+    most HEADS) whose items, shared out among the threads, are expected to finish first; 1 for one head per item
+    (the plain one-row drivers). Sharing saves conversions but makes fewer, longer items: SmolLM2's three KV
+    heads on two threads stay one head per item, Gemma-3's one KV head gives two items of two heads."""
+    group = n_heads // n_kv
+    best, best_time = 1, -(-n_heads // threads)
+    for chunk in range(2, min(HEADS, group) + 1):
+        items = n_kv * -(-group // chunk)
+        finish = -(-items // threads) * (1.0 + SHARED_HEAD_COST * (chunk - 1))
+        if finish < best_time:
+            best, best_time = chunk, finish
+    return best
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -266,11 +278,10 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
         kernel = _attention_sinks_parallel_vec if parallel else _attention_sinks_serial_vec
         kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch)
         return
-    if vec and n_tokens == 1 and n_heads > k_cache.shape[0]:
-        threads = numba.get_num_threads() if parallel else 1
+    chunk = _heads_chunk(n_heads, k_cache.shape[0], numba.get_num_threads() if parallel else 1)
+    if vec and n_tokens == 1 and chunk > 1:
         kernel = _attention_heads_parallel_vec if parallel else _attention_heads_serial_vec
-        kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, _heads_chunk(n_heads, k_cache.shape[0],
-               threads), out, scratch)
+        kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, out, scratch)
         return
     if vec:
         kernel = _attention_parallel_vec if parallel else _attention_serial_vec
