@@ -274,22 +274,21 @@ quantize_f32x16_clamped = _quantize_values("quantize_f32x16_clamped", 16, True, 
                                            "block's quants, clamped to [-128, 127], and their sum.")
 
 
-@intrinsic
-def load_f16x8(typingctx, buf, offset):
-    """8 float16 at `offset` (bytes into a uint8 buffer, elements into a uint16 array), widened to float32."""
-    def codegen(context, builder, sig, args):
-        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 8))
-        return _f16_to_f32(builder, h)
-    return F32x8(buf, offset), codegen
+def _f16_load(vector_type, n, name, doc):
+    """An intrinsic `name`(buf, offset): n float16 at `offset` widened to float32."""
+    def typer(typingctx, buf, offset):
+        def codegen(context, builder, sig, args):
+            h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, n))
+            return _f16_to_f32(builder, h)
+        return vector_type(buf, offset), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def load_f16x16(typingctx, buf, offset):
-    """16 float16 at `offset` (elements into a uint16 array), widened to float32."""
-    def codegen(context, builder, sig, args):
-        h = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _vec(_I16, 16))
-        return _f16_to_f32(builder, h)
-    return F32x16(buf, offset), codegen
+load_f16x8 = _f16_load(F32x8, 8, "load_f16x8", "8 float16 at `offset` (bytes into a uint8 buffer, elements into a "
+                       "uint16 array), widened to float32.")
+load_f16x16 = _f16_load(F32x16, 16, "load_f16x16", "16 float16 at `offset` (elements into a uint16 array), widened "
+                        "to float32.")
 
 
 def _pair_load(name, elem, convert):
