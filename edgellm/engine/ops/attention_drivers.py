@@ -1,7 +1,9 @@
 """attention() and finish_attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
-parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding a token's query heads that
-share a KV head) and the numpy reference.
+parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding, and for one token where the
+threads stay busy, a token's query heads that share a KV head) and the numpy reference.
 """
+
+import functools
 
 import numba
 import numpy as np
@@ -170,6 +172,7 @@ def _heads_items(n_heads, n_kv, chunk):
 SHARED_HEAD_COST = 0.75
 
 
+@functools.lru_cache(maxsize=64)  # called for every decode step's layers: the few shapes a process sees
 def _heads_chunk(n_heads: int, n_kv: int, threads: int) -> int:
     """Query heads per work item for a single token's grouped-query attention: the chunk of a KV head's group (at
     most HEADS) whose items, shared out among the threads, are expected to finish first; 1 for one head per item
@@ -278,11 +281,12 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
         kernel = _attention_sinks_parallel_vec if parallel else _attention_sinks_serial_vec
         kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, sinks, out, scratch)
         return
-    chunk = _heads_chunk(n_heads, k_cache.shape[0], numba.get_num_threads() if parallel else 1)
-    if vec and n_tokens == 1 and chunk > 1:
-        kernel = _attention_heads_parallel_vec if parallel else _attention_heads_serial_vec
-        kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, out, scratch)
-        return
+    if vec and n_tokens == 1 and n_heads > k_cache.shape[0]:
+        chunk = _heads_chunk(n_heads, k_cache.shape[0], numba.get_num_threads() if parallel else 1)
+        if chunk > 1:
+            kernel = _attention_heads_parallel_vec if parallel else _attention_heads_serial_vec
+            kernel(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, out, scratch)
+            return
     if vec:
         kernel = _attention_parallel_vec if parallel else _attention_serial_vec
     else:
