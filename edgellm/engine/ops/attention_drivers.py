@@ -138,11 +138,22 @@ def _attention_sinks_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, wi
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _group_chunks(group, chunk):
+    """Work items per KV head: its group of query heads in chunks of `chunk`, the last one possibly shorter."""
+    return (group + chunk - 1) // chunk
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _heads_items(n_heads, n_kv, chunk):
+    return n_kv * _group_chunks(n_heads // n_kv, chunk)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _heads_item(q, k_cache, v_cache, slot_pos, q_positions, window, scale, chunk, item, out, work):
     """Work item `item` of a single token's grouped-query attention: query heads g0 .. g0 + chunk - 1 (fewer at a
     group's end) of KV head kv, which read its keys and values once for all of them (_attend_heads_vec)."""
     group = q.shape[1] // k_cache.shape[0]
-    chunks = (group + chunk - 1) // chunk
+    chunks = _group_chunks(group, chunk)
     kv, g0 = item // chunks, item % chunks * chunk
     _attend_heads_vec(q, k_cache, v_cache, slot_pos, q_positions[0], window, scale, 0, kv * group + g0,
                       min(chunk, group - g0), kv, out, work)
@@ -160,11 +171,6 @@ def _attention_heads_parallel_vec(q, k_cache, v_cache, slot_pos, q_positions, wi
     for item in prange(_heads_items(q.shape[1], k_cache.shape[0], chunk)):
         _heads_item(q, k_cache, v_cache, slot_pos, q_positions, window, np.float32(scale), chunk, item, out,
                     scratch[numba.get_thread_id()])
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _heads_items(n_heads, n_kv, chunk):
-    return n_kv * ((n_heads // n_kv + chunk - 1) // chunk)
 
 
 # What each further query head adds to a work item's time when heads share their keys' and values' conversion,
