@@ -91,6 +91,31 @@ def _prefer_openmp() -> None:
     numba.config.THREADING_LAYER = CHOSEN = "omp"
 
 
+
+_pause_all = None  # omp_pause_resource_all of the loaded OpenMP runtime, looked up on first use (False: none)
+
+
+def release_thread_pool() -> bool:
+    """Free the calling thread's OpenMP workers; True when the runtime did. OpenMP keeps a team of workers for
+    every thread that ran a parallel region, until that thread ends; the next region the thread runs starts a
+    new team (about 5 ms here). A no-op, returning False, when the layer is not OpenMP or the runtime has no
+    omp_pause_resource_all (OpenMP 5.0; libgomp since GCC 9)."""
+    global _pause_all
+    if chosen_layer() != "omp":
+        return False
+    if _pause_all is None:
+        import ctypes  # only here: most processes never release a pool
+        _pause_all = False
+        for name in ("libgomp.so.1", "libomp.dylib"):  # Numba's omp layer on Linux, on macOS
+            try:
+                fn = ctypes.CDLL(name).omp_pause_resource_all
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            _pause_all = fn
+            break
+    return bool(_pause_all) and _pause_all(2) == 0  # 2: omp_pause_hard, the team's threads end
+
 _prefer_openmp()
 
 from . import cache_load as _cache_load  # noqa: E402,F401  (cached kernels load without a full refresh)

@@ -8,6 +8,7 @@ from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (be
 import numpy as np
 
 from edgellm.engine import ops, prefix, profiler
+from edgellm.engine.engine_thread import on_engine_thread
 from edgellm.errors import Cancelled, ModelError
 from edgellm.engine.kvcache import KVCache
 from edgellm.engine.models.linear import group_projections, row_kind_bits
@@ -167,6 +168,7 @@ class DecoderModel:
     def reset(self) -> None:
         self.cache.reset()
 
+    @on_engine_thread
     def forward(self, tokens, all_logits: bool = False, cache=None) -> np.ndarray:
         """Append tokens to the cache and return logits: [T, n_vocab] if all_logits else [1, n_vocab] for the last.
         The [1, n_vocab] array is reused by the next call: copy it to keep it. cache: another KVCache of this
@@ -206,6 +208,7 @@ class DecoderModel:
             cache.n_past = start_pos + end - begin
         return result
 
+    @on_engine_thread
     def forward_verify(self, tokens) -> np.ndarray:
         """Append tokens to self.cache and return logits [T, n_vocab] for every row, each row computed with the
         arithmetic of a one-token decode step (its own group of one row: decode matmul kernels, decode attention
@@ -227,6 +230,7 @@ class DecoderModel:
         cache.n_past = start + n
         return logits
 
+    @on_engine_thread
     def forward_verify_multi(self, token_lists, caches) -> np.ndarray:
         """forward_multi where sequence i feeds token_lists[i] (its next token, then any drafted ones) onto caches[i]:
         every row is its own group of one, in decode order, so each row's logits equal a decode step's bit for bit
@@ -293,6 +297,7 @@ class DecoderModel:
         n_discard = min(max(needed, (n_past - n_keep) // 2), n_past - n_keep)
         cache.shift(n_keep, n_discard, self.layer_rope)
 
+    @on_engine_thread
     def forward_batch(self, tokens, positions, logits_out, groups=None, logit_rows=None):
         """tokens, positions: [T]; logits_out: [T, n_vocab], [1, n_vocab] (last token only), [len(logit_rows),
         n_vocab] or None. groups: ((row_begin, row_end, KVCache), ...) when rows belong to different sequences
@@ -352,6 +357,7 @@ class DecoderModel:
             ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, out, self.attn_scratch(kv),
                           kv.k_scale, kv.v_scale)
 
+    @on_engine_thread
     def forward_multi(self, tokens, caches) -> np.ndarray:
         """One decode step for len(tokens) sequences, token i appended to caches[i] (KVCaches of this model's
         layout): the weights are read once for all of them. Returns logits [B, n_vocab] (reused by the next call).
@@ -395,6 +401,7 @@ class DecoderModel:
             self._multi_logits = np.empty((self.n_batch, self.n_vocab), np.float32)
         return self._multi_logits[:n]
 
+    @on_engine_thread
     def forward_mixed(self, tokens, caches, chunk, chunk_cache) -> np.ndarray:
         """forward_multi's decode step for len(tokens) sequences and, in the same forward, a prompt chunk appended to
         chunk_cache (another cache of the same pool): the weights are read once for both, so a prompt is prefilled
