@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 import numba
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 import edgellm
 from edgellm.engine import engine_thread
-from edgellm.engine.engine_thread import EngineThreads
+from edgellm.engine.engine_thread import EngineThreads, ThreadTeamWarning
 from edgellm.quant import threading_layer
 from hardening_tiny import tiny_spec, write_loadable_tiny_model
 
@@ -68,6 +69,21 @@ def test_another_threads_calls_run_on_the_engine_thread_and_then_the_main_thread
         assert released == [threading.main_thread()] and not et.main_team
     finally:
         release()
+
+
+def test_a_thread_that_generates_while_the_main_thread_keeps_its_team_is_warned_once(threads):
+    et, _ = threads
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, release = _in_thread(lambda: et.call(lambda: None))  # the main thread has no team yet: no warning
+        release()
+        assert _settles(lambda: et.worker is None)
+        et.call(lambda: None)  # now it has one
+        for _ in range(2):
+            _, release = _in_thread(lambda: et.call(lambda: None))
+            release()
+            assert _settles(lambda: et.worker is None)
+    assert [w.category for w in caught] == [ThreadTeamWarning]
 
 
 def test_the_engine_thread_ends_when_idle_and_the_main_thread_runs_its_calls_again(threads):
@@ -162,7 +178,8 @@ def test_generating_from_another_thread_keeps_one_openmp_team_and_the_same_logit
     if threading_layer.chosen_layer() != "omp":
         pytest.skip("Numba's OpenMP layer is not loaded here (CI has it)")
     one_team = _foreign_threads()
-    theirs, release = _in_thread(logits)  # stays alive: its team, had it made one, would stay too
+    with pytest.warns(ThreadTeamWarning):  # the main thread keeps its team until its next call, below
+        theirs, release = _in_thread(logits)  # stays alive: its team, had it made one, would stay too
     try:
         again = logits()
         assert np.array_equal(theirs, mine) and np.array_equal(again, mine)

@@ -19,10 +19,15 @@ import functools
 import os
 import queue
 import threading
+import warnings
 
 from edgellm.quant import threading_layer
 
 IDLE_S = 2.0  # the engine thread's life without work: after it, its OpenMP team no longer counts against the CPUs
+
+
+class ThreadTeamWarning(UserWarning):
+    """Another thread generates while the main thread, idle, keeps the OpenMP team of its earlier generation."""
 
 
 class _Job:
@@ -69,6 +74,7 @@ class EngineThreads:
         self._lock = threading.Lock()
         self.worker = None          # the engine thread, while it lives
         self.main_team = False      # the main thread ran forward passes itself since it last freed its team
+        self.warned = False         # ThreadTeamWarning given (once a process)
         self._jobs = queue.SimpleQueue()
 
     def call(self, fn, *args, **kwargs):
@@ -87,6 +93,12 @@ class EngineThreads:
         job = _Job(fn, args, kwargs)
         with self._lock:
             if self.worker is None:
+                if self.main_team and not main and not self.warned:
+                    self.warned = True
+                    warnings.warn("the main thread generated earlier and keeps its OpenMP workers while it waits: "
+                                  "until it calls again, generation from other threads runs at about half speed. "
+                                  "Generate only from worker threads, a warm-up included (edgellm's "
+                                  "docs/kernels.md, Threads)", ThreadTeamWarning, stacklevel=4)
                 self._start_worker()
             self._jobs.put(job)
         job.wait()
