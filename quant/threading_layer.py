@@ -91,7 +91,6 @@ def _prefer_openmp() -> None:
     numba.config.THREADING_LAYER = CHOSEN = "omp"
 
 
-
 _pause_all = None  # omp_pause_resource_all of the loaded OpenMP runtime, looked up on first use (False: none)
 
 
@@ -115,6 +114,7 @@ def release_thread_pool() -> bool:
             _pause_all = fn
             break
     return bool(_pause_all) and _pause_all(2) == 0  # 2: omp_pause_hard, the team's threads end
+
 
 _prefer_openmp()
 

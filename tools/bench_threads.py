@@ -1,12 +1,12 @@
-"""Decode speed by calling thread: the main thread, one ThreadPoolExecutor worker, then jobs spread over the
-executor's workers (each job on whichever worker is free, as a web framework's thread pool hands out requests).
+"""Decode speed by calling thread: one ThreadPoolExecutor worker, then jobs spread over the executor's workers (each
+job on whichever worker is free, as a web framework's thread pool hands out requests), then the main thread.
 
     python tools/bench_threads.py [MODEL] [--tokens 200] [--jobs 4] [--workers 4] [--main-first]
 
-Prints tokens/s of `model.forward` decode steps per job and the thread that asked, then one job on the main thread.
-Where several live threads each ran OpenMP regions, every region pays a worker wake-up (docs/kernels.md,
-"Threads"). --main-first runs a job on the main thread before the workers: the case the engine thread does not
-cover, a main thread that keeps its OpenMP team while it waits."""
+Prints tokens/s of `model.forward` decode steps per job and the thread that asked. Where several live threads each
+ran OpenMP regions, every region pays a worker wake-up (docs/kernels.md, "Threads"). --main-first runs a job on the
+main thread before the workers: the case the engine thread does not cover, a main thread that keeps its OpenMP team
+while it waits."""
 import argparse
 import threading
 import time
