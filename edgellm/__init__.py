@@ -23,6 +23,14 @@ def load(model=None, n_threads=None, n_ctx=None, **kwargs):
         return _load(model, n_threads=n_threads, n_ctx=n_ctx, **kwargs)
 
 
+def release_threads() -> bool:
+    """Free the calling thread's OpenMP workers; True when freed. A thread that generated keeps them until it ends,
+    and while it does, generation from other threads runs at about half speed: call this on the main thread after
+    a warm-up when the app then generates from other threads (docs/kernels.md, "Threads")."""
+    from .engine.engine_thread import release_threads as _release  # start-up time: numba loads, as for a model
+    return _release()
+
+
 class _collector_paused:
     """Python's cyclic garbage collector off while a model loads, its objects then counted as old.
 
@@ -51,5 +59,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")
 
 
-__all__ = ["load", "Model", "Completion", "EdgeLLMError", "PromptError", "ModelBusyError", "GGUFError", "ModelError", "TokenizerError", "SamplingError",
+__all__ = ["load", "release_threads", "Model", "Completion", "EdgeLLMError", "PromptError", "ModelBusyError", "GGUFError", "ModelError", "TokenizerError", "SamplingError",
            "CatalogError", "MemoryBudgetError", "DeviceError", "__version__"]

@@ -86,6 +86,20 @@ def test_a_thread_that_generates_while_the_main_thread_keeps_its_team_is_warned_
     assert [w.category for w in caught] == [ThreadTeamWarning]
 
 
+def test_release_threads_on_the_main_thread_frees_its_team_so_other_threads_are_not_warned(threads, monkeypatch):
+    et, released = threads
+    monkeypatch.setattr(engine_thread, "engine_threads", et)
+    et.call(lambda: None)
+    assert et.main_team
+    edgellm.release_threads()
+    assert released == [threading.main_thread()] and not et.main_team
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, release = _in_thread(lambda: et.call(lambda: None))
+        release()
+    assert [w for w in caught if w.category is ThreadTeamWarning] == []
+
+
 def test_the_engine_thread_ends_when_idle_and_the_main_thread_runs_its_calls_again(threads):
     et, released = threads
     ran_on, release = _in_thread(lambda: et.call(threading.current_thread))
@@ -184,6 +198,36 @@ def test_generating_from_another_thread_keeps_one_openmp_team_and_the_same_logit
         again = logits()
         assert np.array_equal(theirs, mine) and np.array_equal(again, mine)
         # the engine thread's team replaced this thread's: as many foreign threads as with one team
+        assert _settles(lambda: len(_foreign_threads()) == len(one_team)), (one_team, _foreign_threads())
+    finally:
+        release()
+        assert _settles(lambda: et.worker is None, 2 * et.idle_s + 5)
+
+
+def test_after_release_threads_another_threads_generation_keeps_one_openmp_team_while_the_main_thread_waits(
+        tmp_path, monkeypatch):
+    et = EngineThreads()
+    monkeypatch.setattr(engine_thread, "engine_threads", et)
+    if numba.config.NUMBA_NUM_THREADS < 2 or not sys.platform.startswith("linux"):
+        pytest.skip("needs two Numba threads and Linux's /proc to count OpenMP teams (CI has both)")
+    path = write_loadable_tiny_model(tmp_path / "tiny.gguf", tiny_spec(seed=4))
+    m = edgellm.load(str(path), n_ctx=64, n_threads=2)
+    tokens = np.array([1, 2, 3], np.int32)
+
+    def logits():
+        m.model.reset()
+        return m.model.forward(tokens).copy()
+
+    logits()  # the main thread's warm-up: its team
+    if threading_layer.chosen_layer() != "omp":
+        pytest.skip("Numba's OpenMP layer is not loaded here (CI has it)")
+    one_team = _foreign_threads()
+    assert edgellm.release_threads()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ThreadTeamWarning)
+        theirs, release = _in_thread(logits)
+    try:  # the engine thread's team, and not the main thread's beside it, with no call from the main thread
+        assert isinstance(theirs, np.ndarray), theirs  # not the warning, raised as an error in that thread
         assert _settles(lambda: len(_foreign_threads()) == len(one_team)), (one_team, _foreign_threads())
     finally:
         release()

@@ -1,12 +1,12 @@
 """Decode speed by calling thread: one ThreadPoolExecutor worker, then jobs spread over the executor's workers (each
 job on whichever worker is free, as a web framework's thread pool hands out requests), then the main thread.
 
-    python tools/bench_threads.py [MODEL] [--tokens 200] [--jobs 4] [--workers 4] [--main-first]
+    python tools/bench_threads.py [MODEL] [--tokens 200] [--jobs 4] [--workers 4] [--main-first [--release]]
 
 Prints tokens/s of `model.forward` decode steps per job and the thread that asked. Where several live threads each
 ran OpenMP regions, every region pays a worker wake-up (docs/kernels.md, "Threads"). --main-first runs a job on the
 main thread before the workers: the case the engine thread does not cover, a main thread that keeps its OpenMP team
-while it waits."""
+while it waits; --release then calls edgellm.release_threads() after it, the remedy."""
 import argparse
 import threading
 import time
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--main-first", action="store_true")
+    ap.add_argument("--release", action="store_true", help="with --main-first: edgellm.release_threads() after it")
     args = ap.parse_args()
     model = edgellm.load(args.model).model
 
@@ -42,6 +43,8 @@ def main() -> None:
 
     if args.main_first:
         job("main first")
+        if args.release:
+            edgellm.release_threads()
     with ThreadPoolExecutor(args.workers) as ex:
         ex.submit(job, "one worker").result()
         for k in range(args.jobs):

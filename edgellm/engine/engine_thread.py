@@ -9,8 +9,8 @@ So the main thread runs its forward passes itself, at no cost, while no other th
 asked for by any other thread runs on one dedicated thread, `edgellm-engine`, and the caller waits for it (about
 55 us a call); while that thread lives, the main thread's passes go there too, and the main thread frees its own
 team first. The engine thread ends, and with it its team, after IDLE_S without work. A main thread that generated
-before other threads did keeps its team until it calls again: an app that serves from worker threads should not
-warm up on the main thread.
+before other threads did keeps its team until it calls again or calls edgellm.release_threads() (a warning says so
+the first time another thread generates meanwhile).
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class EngineThreads:
                     self.warned = True
                     warnings.warn("the main thread generated earlier and keeps its OpenMP workers while it waits: "
                                   "until it calls again, generation from other threads runs at about half speed. "
-                                  "Generate only from worker threads, a warm-up included (edgellm's "
-                                  "docs/kernels.md, Threads)", ThreadTeamWarning, stacklevel=4)
+                                  "Call edgellm.release_threads() on the main thread after its warm-up, or "
+                                  "generate only from worker threads (edgellm's docs/kernels.md, Threads)",
+                                  ThreadTeamWarning, stacklevel=4)
                 self._start_worker()
             self._jobs.put(job)
         job.wait()
@@ -123,6 +124,15 @@ class EngineThreads:
 
         self.worker = threading.Thread(target=serve, name="edgellm-engine", daemon=True)
         self.worker.start()
+
+
+def release_threads() -> bool:
+    """edgellm.release_threads: the calling thread's OpenMP team freed (True when the runtime did); for the main
+    thread, also no longer counted as holding one."""
+    et = engine_threads
+    if threading.current_thread() is threading.main_thread():
+        et.main_team = False
+    return et._release()
 
 
 engine_threads = EngineThreads()
