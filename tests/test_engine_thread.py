@@ -175,22 +175,30 @@ def _settles(check, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def test_generating_from_another_thread_keeps_one_openmp_team_and_the_same_logits(tmp_path, monkeypatch):
+def _tiny_model_on_private_engine_threads(tmp_path, monkeypatch, seed, tokens):
+    """A private EngineThreads in place of the process's, and logits() of a tiny model's forward over tokens from a
+    fresh cache; logits() has run once on the main thread (its warm-up: its team). Returns (engine threads,
+    logits, that first result). Skips where OpenMP teams cannot be counted."""
     et = EngineThreads()
     monkeypatch.setattr(engine_thread, "engine_threads", et)
     if numba.config.NUMBA_NUM_THREADS < 2 or not sys.platform.startswith("linux"):
         pytest.skip("needs two Numba threads and Linux's /proc to count OpenMP teams (CI has both)")
-    path = write_loadable_tiny_model(tmp_path / "tiny.gguf", tiny_spec(seed=3))
-    m = edgellm.load(str(path), n_ctx=64, n_threads=2)
-    tokens = np.array([1, 2, 3, 4, 5], np.int32)
+    m = edgellm.load(str(write_loadable_tiny_model(tmp_path / "tiny.gguf", tiny_spec(seed=seed))), n_ctx=64,
+                     n_threads=2)
+    tokens = np.array(tokens, np.int32)
 
     def logits():
         m.model.reset()
         return m.model.forward(tokens).copy()
 
-    mine = logits()
+    first = logits()
     if threading_layer.chosen_layer() != "omp":
         pytest.skip("Numba's OpenMP layer is not loaded here (CI has it)")
+    return et, logits, first
+
+
+def test_generating_from_another_thread_keeps_one_openmp_team_and_the_same_logits(tmp_path, monkeypatch):
+    et, logits, mine = _tiny_model_on_private_engine_threads(tmp_path, monkeypatch, 3, [1, 2, 3, 4, 5])
     one_team = _foreign_threads()
     with pytest.warns(ThreadTeamWarning):  # the main thread keeps its team until its next call, below
         theirs, release = _in_thread(logits)  # stays alive: its team, had it made one, would stay too
@@ -206,21 +214,7 @@ def test_generating_from_another_thread_keeps_one_openmp_team_and_the_same_logit
 
 def test_after_release_threads_another_threads_generation_keeps_one_openmp_team_while_the_main_thread_waits(
         tmp_path, monkeypatch):
-    et = EngineThreads()
-    monkeypatch.setattr(engine_thread, "engine_threads", et)
-    if numba.config.NUMBA_NUM_THREADS < 2 or not sys.platform.startswith("linux"):
-        pytest.skip("needs two Numba threads and Linux's /proc to count OpenMP teams (CI has both)")
-    path = write_loadable_tiny_model(tmp_path / "tiny.gguf", tiny_spec(seed=4))
-    m = edgellm.load(str(path), n_ctx=64, n_threads=2)
-    tokens = np.array([1, 2, 3], np.int32)
-
-    def logits():
-        m.model.reset()
-        return m.model.forward(tokens).copy()
-
-    logits()  # the main thread's warm-up: its team
-    if threading_layer.chosen_layer() != "omp":
-        pytest.skip("Numba's OpenMP layer is not loaded here (CI has it)")
+    et, logits, _ = _tiny_model_on_private_engine_threads(tmp_path, monkeypatch, 4, [1, 2, 3])
     one_team = _foreign_threads()
     assert edgellm.release_threads()
     with warnings.catch_warnings():
