@@ -91,6 +91,30 @@ def test_bad_context_is_refused():
         KVCache(n_ctx=0, n_head_kv=1, head_dim=4, windows=[0], n_batch=1)
 
 
+def _step_inputs(rng, positions, H, H_kv, hd, extras):
+    """q, k, v of one row per position, its rope tables, and the (biases, norms) and q scale: random with extras,
+    else the size-0 arrays that skip those steps and 1.0."""
+    from edgellm.engine import ops
+    T = positions.shape[0]
+    q, k, v = (rng.standard_normal((T, h, hd)).astype(np.float32) for h in (H, H_kv, H_kv))
+    cos, sin = np.empty((T, hd // 2), np.float32), np.empty((T, hd // 2), np.float32)
+    ops.rope_tables(positions, ops.Rope(hd, 10000.0), cos, sin)
+    if not extras:
+        return q, k, v, cos, sin, (np.zeros(0, np.float32),) * 5, 1.0
+    bias_norm = tuple(rng.standard_normal(n).astype(np.float32) for n in (H * hd, H_kv * hd, H_kv * hd, hd, hd))
+    return q, k, v, cos, sin, bias_norm, 0.0625
+
+
+def _decode_row(kv, t, q, k, v, cos, sin, positions, bias_norm, q_scale, out, scratch):
+    """Row t as a one-token decode step on cache layer kv: finish_qkv, then attention into out[t] (attention scale
+    0.125)."""
+    from edgellm.engine import ops
+    qt, kt, vt = q[t:t + 1].copy(), k[t:t + 1].copy(), v[t:t + 1].copy()
+    ops.finish_qkv(qt, kt, vt, *bias_norm, 1e-6, cos[t:t + 1], sin[t:t + 1], False, positions[t:t + 1], kv.k, kv.v,
+                   kv.slot_pos, q_scale=q_scale)
+    ops.attention(qt, kv.k, kv.v, kv.slot_pos, positions[t:t + 1], kv.window, 0.125, out[t:t + 1], scratch)
+
+
 POOL_SHAPES = [("f16", 0, 6, 2, 64), ("f32", 0, 6, 2, 64), ("f16", 24, 6, 2, 64),
                # the query heads of a KV head go together, up to four: groups of one, four (Gemma-3's shape, head
                # size 256), five (a run of four and one of one) and eight (two runs)
@@ -117,16 +141,7 @@ def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd, extra
             ops.kv_store(k, v, np.arange(n, dtype=np.int32), kv.k, kv.v, kv.slot_pos)
     seqs = np.array([3, 0, 2], np.int32)  # a step over some of the sequences, out of order
     positions = np.array([lengths[i] for i in seqs], np.int32)
-    q, k, v = (rng.standard_normal((3, h, hd)).astype(np.float32) for h in (H, H_kv, H_kv))
-    rope = ops.Rope(hd, 10000.0)
-    cos, sin = np.empty((3, hd // 2), np.float32), np.empty((3, hd // 2), np.float32)
-    ops.rope_tables(positions, rope, cos, sin)
-    none = np.zeros(0, np.float32)
-    if extras:
-        bias_norm = tuple(rng.standard_normal(n).astype(np.float32) for n in (H * hd, H_kv * hd, H_kv * hd, hd, hd))
-        q_scale = 0.0625
-    else:
-        bias_norm, q_scale = (none,) * 5, 1.0
+    q, k, v, cos, sin, bias_norm, q_scale = _step_inputs(rng, positions, H, H_kv, hd, extras)
     scratch = ops.attention_scratch(pools[0].caches[0].layers[0].slot_pos.shape[0], hd)
     q1, k1, v1 = q.copy(), k.copy(), v.copy()
     out_rows = np.empty_like(q)
@@ -135,11 +150,8 @@ def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd, extra
                               scratch, q_scale, 0.125)
     out_alone = np.empty_like(q)
     for t, i in enumerate(seqs):
-        kv = pools[1].caches[i].layers[0]
-        qt, kt, vt = q[t:t + 1].copy(), k[t:t + 1].copy(), v[t:t + 1].copy()
-        ops.finish_qkv(qt, kt, vt, *bias_norm, 1e-6, cos[t:t + 1], sin[t:t + 1], False, positions[t:t + 1], kv.k,
-                       kv.v, kv.slot_pos, q_scale=q_scale)
-        ops.attention(qt, kv.k, kv.v, kv.slot_pos, positions[t:t + 1], kv.window, 0.125, out_alone[t:t + 1], scratch)
+        _decode_row(pools[1].caches[i].layers[0], t, q, k, v, cos, sin, positions, bias_norm, q_scale, out_alone,
+                    scratch)
     np.testing.assert_array_equal(out_rows, out_alone)
     for a, b in zip(pools[0].caches, pools[1].caches):
         np.testing.assert_array_equal(a.layers[0].k, b.layers[0].k)
@@ -149,3 +161,58 @@ def test_pool_rows_equal_each_sequence_alone(kv_type, window, H, H_kv, hd, extra
     with pytest.raises(ValueError, match="out of range"):
         ops.finish_attention_rows(q1, k1, v1, *bias_norm, 1e-6, cos, sin, False, positions, bad, stacked, out_rows,
                                   scratch, q_scale, 0.125)
+
+
+# SmolLM2's heads, an f32 cache, Gemma-3's (head size 256, one KV head) and two runs of query heads, in rings too
+RUN_SHAPES = [("f16", 0, 9, 3, 64), ("f32", 0, 6, 2, 32), ("f16", 24, 4, 1, 256), ("f16", 24, 16, 2, 64)]
+
+
+@pytest.mark.parametrize("kv_type,window,H,H_kv,hd", RUN_SHAPES)
+@pytest.mark.parametrize("extras", [False, True])
+def test_verify_run_equals_its_rows_decoded_in_order(kv_type, window, H, H_kv, hd, extras):
+    """ops.finish_attention_run (a verified draft: rows at consecutive positions of one cache, in one call) gives
+    each row exactly what finish_qkv + attention give it as a decode step after the rows before it, and leaves the
+    same cache. With a window the ring (window + batch - 1 slots) has wrapped, and the rows overwrite slots of
+    positions no row may see; extras: q/k/v biases, q/k norms and a q scale."""
+    from edgellm.engine import ops
+    rng = np.random.default_rng(7)
+    T, depth = 8, 40
+    caches = [KVCache(n_ctx=64, n_head_kv=H_kv, head_dim=hd, windows=[window], n_batch=T, kv_type=kv_type)
+              for _ in range(2)]
+    k0, v0 = (rng.standard_normal((depth, H_kv, hd)).astype(np.float32) for _ in range(2))
+    for cache in caches:
+        kv = cache.layers[0]
+        ops.kv_store(k0, v0, np.arange(depth, dtype=np.int32), kv.k, kv.v, kv.slot_pos)
+    capacity = caches[0].layers[0].slot_pos.shape[0]
+    assert window == 0 or capacity < depth + T  # the ring wraps
+    positions = np.arange(depth, depth + T, dtype=np.int32)
+    q, k, v, cos, sin, bias_norm, q_scale = _step_inputs(rng, positions, H, H_kv, hd, extras)
+    scratch = ops.attention_scratch(capacity, hd)
+    out_run = np.empty_like(q)
+    q1, k1, v1 = q.copy(), k.copy(), v.copy()
+    ops.finish_attention_run(q1, k1, v1, *bias_norm, 1e-6, cos, sin, False, positions, caches[0].layers[0],
+                             out_run, scratch, q_scale, 0.125)
+    out_steps = np.empty_like(q)
+    for t in range(T):
+        _decode_row(caches[1].layers[0], t, q, k, v, cos, sin, positions, bias_norm, q_scale, out_steps, scratch)
+    np.testing.assert_array_equal(out_run, out_steps)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        np.testing.assert_array_equal(a.k, b.k)
+        np.testing.assert_array_equal(a.v, b.v)
+        np.testing.assert_array_equal(a.slot_pos, b.slot_pos)
+    with pytest.raises(ValueError, match="consecutive"):  # a gap: a row would see a key its step never had
+        ops.finish_attention_run(q1, k1, v1, *bias_norm, 1e-6, cos, sin, False, positions[::-1].copy(),
+                                 caches[0].layers[0], out_run, scratch, q_scale, 0.125)
+
+
+def test_verify_run_refuses_a_q8_0_cache():
+    from edgellm.engine import ops
+    cache = KVCache(n_ctx=32, n_head_kv=1, head_dim=32, windows=[0], n_batch=4, kv_type="q8_0")
+    q = np.zeros((2, 2, 32), np.float32)
+    k, v = np.zeros((2, 1, 32), np.float32), np.zeros((2, 1, 32), np.float32)
+    cos = sin = np.ones((2, 16), np.float32)
+    none = np.zeros(0, np.float32)
+    with pytest.raises(ValueError, match="f16/f32"):
+        ops.finish_attention_run(q, k, v, none, none, none, none, none, 1e-6, cos, sin, False,
+                                 np.arange(2, dtype=np.int32), cache.layers[0], np.empty_like(q),
+                                 ops.attention_scratch(32, 32))

@@ -11,7 +11,7 @@ from helpers_tiny_gguf import TinySpec, write_tiny_model
 
 import edgellm
 from edgellm.api import Model
-from edgellm.engine import gguf as gguf_reader
+from edgellm.engine import gguf as gguf_reader, ops
 from edgellm.engine.models import build_model
 from edgellm.errors import ModelError, SamplingError
 from edgellm.generation.sampling import Sampler, SamplingParams
@@ -72,14 +72,19 @@ def _check_verify_equals_decode(fm, prompt, fed, reject_at):
     assert np.array_equal(after, fm.forward(np.array([7], np.int32))[-1])
 
 
-@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_K", "Q6_K"])
-def test_verified_rows_equal_decode_steps_bit_for_bit(tmp_path, weight_type):
-    """Q4_K and Q6_K compute a batch's rows with other kernels than one token; the verification must not."""
+@pytest.mark.parametrize("weight_type,kv_type", [("Q8_0", None), ("Q4_K", None), ("Q6_K", None), ("Q8_0", "q8_0")])
+def test_verified_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, weight_type, kv_type):
+    """Q4_K and Q6_K compute a batch's rows with other kernels than one token; the verification must not. Its
+    attention runs as one call a layer (ops.finish_attention_run) on an f16 cache, row by row on a q8_0 one."""
     path = write_loadable_tiny_model(tmp_path / "m.gguf", tiny_spec(seed=1, weight_type=weight_type, n_embd=256,
                                                                     n_ff=256, n_head=4, n_head_kv=2))
+    runs = []
+    real_run = ops.finish_attention_run
+    monkeypatch.setattr(ops, "finish_attention_run", lambda *a, **k: (runs.append(a[0].shape[0]), real_run(*a, **k)))
     with gguf_reader.open(path) as f:
-        fm = build_model(f, n_ctx=128, n_threads=1)
+        fm = build_model(f, n_ctx=128, n_threads=1, kv_type=kv_type)
         _check_verify_equals_decode(fm, list(range(3, 40)), [11, 12, 13, 14, 15, 16, 17, 18, 19], reject_at=3)
+    assert runs == ([] if kv_type == "q8_0" else [9] * len(fm.layers))
 
 
 def test_rollback_in_a_wrapped_window_ring(tmp_path):

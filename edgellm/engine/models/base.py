@@ -64,7 +64,8 @@ class Batch:
     logit_rows: [k] rows whose logits logits_out [k, n_vocab] gets, each computed as a one-row batch's; None: the
         last logits_out.shape[0] rows."""
 
-    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs", "n_pool", "logit_rows")
+    __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs", "n_pool", "logit_rows",
+                 "runs")
 
     def __init__(self, tokens, positions, logits_out, groups, head_dim: int, logit_rows=None):
         self.tokens, self.positions, self.logits_out, self.groups = tokens, positions, logits_out, groups
@@ -80,6 +81,7 @@ class Batch:
         if n > 1 and pool is not None and len({id(c) for _, _, c in groups}) == len(groups) \
                 and all(ops.attention_rows_supported(stacked, head_dim) for stacked in pool.stacked):
             self.pool, self.seqs, self.n_pool = pool, np.array([c.pool_index for _, _, c in groups[:n]], np.int32), n
+        self.runs = _attention_runs(groups[self.n_pool:], positions, head_dim)
 
     @property
     def n_tokens(self) -> int:
@@ -89,6 +91,27 @@ class Batch:
         """The tables of `rope` (an ops.Rope) at this batch's positions, written into cos, sin [>= T, n_rot/2]."""
         ops.rope_tables(self.positions, rope, cos, sin)
         return RopeRows(cos, sin, neox)
+
+
+def _attention_runs(groups, positions, head_dim: int) -> tuple:
+    """The groups as attention takes them: ((row_begin, row_end, cache, run), ...), run True for single-row groups
+    of one cache at consecutive positions merged into one (a verified draft: ops.finish_attention_run computes its
+    rows as decode steps in order, in one call a layer) where the cache allows it, else each group as it is."""
+    out, i = [], 0
+    while i < len(groups):
+        b0, b1, cache = groups[i]
+        j = i + 1
+        if b1 - b0 == 1:
+            while j < len(groups) and groups[j][2] is cache and groups[j][1] - groups[j][0] == 1 \
+                    and groups[j][0] == groups[j - 1][1] and positions[groups[j][0]] == positions[groups[j - 1][0]] + 1:
+                j += 1
+        if j - i > 1 and all(ops.attention_rows_supported(kv, head_dim) and j - i <= kv.slot_pos.shape[0]
+                             for kv in cache.layers):
+            out.append((b0, groups[j - 1][1], cache, True))
+        else:
+            out.extend((g0, g1, c, False) for g0, g1, c in groups[i:j])
+        i = j
+    return tuple(out)
 
 
 class DecoderModel:
@@ -337,21 +360,23 @@ class DecoderModel:
         qkv = (s.q_heads, s.k_heads, s.v_heads)
         bias_norm = (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias, layer.attn_q_norm, layer.attn_k_norm,
                      cfg.norm_eps)
-        groups = b.groups
         if b.pool is not None:  # the first rows each one sequence of one KVPool: one call for all of them
             stacked, n = b.pool.stacked[il], b.n_pool
             q, k, v, pos = (a[:n] for a in (*qkv, b.positions))
             ops.finish_attention_rows(q, k, v, *bias_norm, rope.cos, rope.sin, rope.neox, pos, b.seqs, stacked,
                                       s.attn_heads[:n], self.attn_scratch(b.groups[0][2].layers[il]), cfg.q_scale,
                                       cfg.attn_scale)
-            groups = groups[n:]
-        for b0, b1, cache in groups:
+        for b0, b1, cache, run in b.runs:
             kv = cache.layers[il]
             if b0 == 0 and b1 == b.n_tokens:
                 q, k, v, cos, sin, pos, out = *qkv, rope.cos, rope.sin, b.positions, s.attn_heads
             else:
                 q, k, v, cos, sin, pos, out = (a[b0:b1] for a in (*qkv, rope.cos, rope.sin, b.positions,
                                                                   s.attn_heads))
+            if run:
+                ops.finish_attention_run(q, k, v, *bias_norm, cos, sin, rope.neox, pos, kv, out, self.attn_scratch(kv),
+                                         cfg.q_scale, cfg.attn_scale)
+                continue
             ops.finish_qkv(q, k, v, *bias_norm, cos, sin, rope.neox, pos, kv.k, kv.v, kv.slot_pos, kv.k_scale,
                            kv.v_scale, cfg.q_scale)
             ops.attention(q, kv.k, kv.v, kv.slot_pos, pos, kv.window, cfg.attn_scale, out, self.attn_scratch(kv),

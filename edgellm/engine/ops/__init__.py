@@ -16,7 +16,8 @@ Shapes follow the model: activations are [T, ...] with T the tokens of the curre
   attention_vec.py      one query row in 8-float vectors (f16/f32 caches)
   attention_rows.py     four query rows of a head together (prompt batches)
   attention_heads.py    one row's query heads that share a KV head together (batched decoding)
-  attention_drivers.py  attention() / finish_attention_rows(): scratch, kernel choice, work items, the reference
+  attention_drivers.py  attention() / finish_attention_rows() / finish_attention_run(): scratch, kernel choice,
+                        work items, the reference
   activations.py        SwiGLU, GeGLU (llama.cpp's GELU table), gpt-oss's clamped SwiGLU and the logit softcap
 
 The models call these as ops.<name> through this package (the profiler swaps that name for timed stand-ins).
@@ -35,7 +36,7 @@ from edgellm.engine.ops.attention_vec import KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLO
 from edgellm.engine.ops.attention_rows import ROWS
 from edgellm.engine.ops.attention_drivers import (ATTENTION_PARALLEL_MIN_WORK, attention, attention_ref,
                                                   attention_rows_supported, attention_scratch, attention_scratch_width,
-                                                  finish_attention_rows)
+                                                  finish_attention_rows, finish_attention_run)
 from edgellm.engine.ops.activations import (ACTIVATION_PARALLEL_MIN_ROWS, GELU_COEF_A, SQRT_2_OVER_PI,
                                             SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, gelu_table, gelu_tanh_mul,
                                             gelu_tanh_mul_ref, silu_mul, silu_mul_ref, softcap, softcap_ref,
@@ -47,7 +48,8 @@ __all__ = ["ACTIVATION_PARALLEL_MIN_ROWS", "ATTENTION_PARALLEL_MIN_WORK", "EXP_I
            "Rope", "SQRT_2_OVER_PI", "WEIGH_BLOCK_SLOTS", "YARN_RAMP_MIN_WIDTH", "add_post_norm", "add_rms_norm",
            "apply_rope", "attention", "attention_ref", "attention_rows_supported",
            "attention_scratch", "attention_scratch_width", "fast_exp", "fast_exp_array", "finish_qkv",
-           "finish_attention_rows", "gelu_table", "gelu_tanh_mul", "gelu_tanh_mul_ref", "kv_store", "rms_norm",
+           "finish_attention_rows", "finish_attention_run", "gelu_table", "gelu_tanh_mul", "gelu_tanh_mul_ref",
+           "kv_store", "rms_norm",
            "rms_norm_ref", "rms_scale", "rope_inv_freq", "rope_mscale_ref", "rope_ref", "rope_tables", "silu_mul",
            "silu_mul_ref", "softcap", "softcap_ref", "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT", "swiglu_oai",
            "swiglu_oai_ref",

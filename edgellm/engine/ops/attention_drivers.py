@@ -1,6 +1,7 @@
-"""attention() and finish_attention_rows(): the scratch they need, the choice of kernel (scalar or vector, serial or
-parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding, and for one token where the
-threads stay busy, a token's query heads that share a KV head) and the numpy reference.
+"""attention(), finish_attention_rows() and finish_attention_run(): the scratch they need, the choice of kernel
+(scalar or vector, serial or parallel), the work items (a head's query row, or ROWS rows of it; in batched decoding,
+a verified draft, and for one token where the threads stay busy, a token's query heads that share a KV head) and
+the numpy reference.
 """
 
 import functools
@@ -215,6 +216,29 @@ def _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps
                               kv * group + g0, min(HEADS, group - g0), kv, out, scratch[numba.get_thread_id()])
 
 
+@njit(cache=True, error_model="numpy", parallel=True)
+def _finish_attend_run_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, positions,
+                           k_cache, v_cache, k_scale, v_scale, slot_pos, window, scale, out, scratch):
+    """Rows at consecutive positions of one sequence: every row's cache step (finish_heads), then every row's
+    attention, work items a row's KV head as in _finish_attend_rows_vec. A row's attention reads the slots from its
+    first visible position to its own only, so the later rows' keys, already stored, are never read by it."""
+    n_tokens, n_heads, _ = q.shape
+    n_kv = k_cache.shape[0]
+    group = n_heads // n_kv
+    capacity = slot_pos.shape[0]
+    for t in range(n_tokens):
+        slot_pos[positions[t] % capacity] = positions[t]
+    for item in prange(n_tokens * n_kv):
+        t, kv = item // n_kv, item % n_kv
+        finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, kv * group,
+                     (kv + 1) * group, kv, positions[t] % capacity, k_cache, v_cache, k_scale, v_scale)
+    for item in prange(n_tokens * n_kv):
+        t, kv = item // n_kv, item % n_kv
+        for g0 in range(0, group, HEADS):
+            _attend_heads_vec(q, k_cache, v_cache, slot_pos, positions[t], window, np.float32(scale), t,
+                              kv * group + g0, min(HEADS, group - g0), kv, out, scratch[numba.get_thread_id()])
+
+
 def attention_rows_supported(stacked, head_dim) -> bool:
     return stacked.k.dtype != np.int8 and head_dim % LANES_SINGLE == 0
 
@@ -233,6 +257,26 @@ def finish_attention_rows(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, 
     _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
                             positions, seqs, stacked.k, stacked.v, stacked.k_scale, stacked.v_scale, stacked.slot_pos,
                             stacked.window, scale, out, scratch)
+
+
+def finish_attention_run(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, positions, layer,
+                         out, scratch, q_scale=1.0, scale=1.0):
+    """finish_qkv then attention() row by row, in one parallel call, for T rows of one sequence at consecutive
+    positions (a verified draft: DecoderModel.forward_verify): each row gets exactly the bits, and the cache exactly
+    the contents, that T one-row decode steps in order give. layer: a KVCache layer (k, v, k_scale, v_scale,
+    slot_pos, window) with an f16/f32 cache and head_dim % 32 == 0 (attention_rows_supported), at least T slots."""
+    n_tokens, _, head_dim = q.shape
+    capacity = layer.slot_pos.shape[0]
+    _check_scratch(scratch, capacity, head_dim)
+    if not attention_rows_supported(layer, head_dim) or not out.flags.c_contiguous:
+        raise ValueError("finish_attention_run needs an f16/f32 cache, head_dim % 32 == 0 and a C-contiguous out")
+    if positions.dtype != np.int32 or positions.shape != (n_tokens,) or n_tokens > capacity or (
+            n_tokens > 1 and not (np.diff(positions) == 1).all()):
+        raise ValueError(f"finish_attention_run needs int32 consecutive positions for its {n_tokens} rows, at most "
+                         f"the cache's {capacity} slots")
+    _finish_attend_run_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, np.float32(q_scale),
+                           positions, layer.k, layer.v, layer.k_scale, layer.v_scale, layer.slot_pos, layer.window,
+                           scale, out, scratch)
 
 
 # Below this many multiply-adds the work is shorter than waking the worker threads.
