@@ -330,7 +330,8 @@ def test_draft_length_follows_timed_costs_by_rows():
     length = _accepting(DraftLength(8), 0.9)
     length.timed_step(1.0, 1)
     for rows, seconds in ((2, 1.8), (3, 2.6), (4, 1.9), (8, 2.7)):
-        length.timed_verification(rows, seconds)
+        for _ in range(2):  # (a first timing far above the estimate is not kept: see the next test)
+            length.timed_verification(rows, seconds)
     assert length.want(1, available=3) == 3  # 4 rows: 3.7 tokens for 1.9 steps
     assert length.want(1, available=2) == 1  # 3 rows would cost 2.6 steps for 2.7 tokens: 1 (1.9 for 1.8) is better
     assert length.forward_s(1, 6) == pytest.approx(ForwardCosts.UNTIMED * (1.9 + 0.8 * 2 / 4))
@@ -338,6 +339,41 @@ def test_draft_length_follows_timed_costs_by_rows():
     linear = _accepting(DraftLength(8), 0.9)  # before any verification: a row costs BETA_START of a step
     linear.timed_step(1.0, 1)
     assert linear.forward_s(1, 3) == pytest.approx(ForwardCosts.UNTIMED * (1 + 2 * ForwardCosts.BETA_START))
+
+
+def test_a_slow_first_timing_is_timed_again():
+    """A process's first forward of a size also loads its kernels: a first timing far above what the timed sizes
+    suggest is not kept (the size stays untimed, and worth trying), the next one is, however slow; a first timing
+    near the estimate is kept at once; with nothing timed to compare it with, it is timed again."""
+    length = _accepting(DraftLength(8), 0.9)
+    length.timed_step(1.0, 1)
+    length.timed_verification(3, 1.6)
+    assert length.want(1, available=3) == 3  # 4 rows untimed: 0.8 of the 1.9 extrapolated
+    length.timed_verification(4, 2.9)  # the first 4-row forward, loading its kernels
+    assert 4 not in length.costs.verified and length.want(1, available=3) == 3
+    length.timed_verification(4, 1.7)
+    assert length.costs.verified[4] == 1.7 and length.want(1, available=3) == 3
+    again = _accepting(DraftLength(8), 0.9)
+    again.timed_step(1.0, 1)
+    again.timed_verification(3, 1.6)
+    again.timed_verification(4, 2.9)
+    again.timed_verification(4, 2.9)  # slow twice: that is its cost
+    assert again.costs.verified[4] == 2.9 and again.want(1, available=3) < 3
+    kept = DraftLength(8).costs
+    kept.timed_step(1.0, 1)
+    kept.timed_verification(3, 1.6)
+    kept.timed_verification(5, 2.3)  # 1.25 x the 2.2 extrapolated: kept
+    assert kept.verified == {3: 1.6, 5: 2.3}
+    first = DraftLength(8).costs  # nothing timed yet to check the first one with: timed again
+    first.timed_verification(2, 2.5)
+    assert first.verified == {}
+    first.timed_verification(2, 2.5)
+    assert first.verified == {2: 2.5}
+    plain_only = DraftLength(8).costs  # a plain step timed: 3 rows guessed at 1 + 2 BETA_START steps
+    plain_only.timed_step(1.0, 1)
+    plain_only.timed_verification(3, 1.9)
+    plain_only.timed_verification(5, 3.6)  # above 1.25 x 2.8 (1.9 and 0.45 a row)
+    assert plain_only.verified == {3: 1.9}
 
 
 def test_a_position_never_reached_is_judged_as_the_one_before():

@@ -198,15 +198,21 @@ class ForwardCosts:
     size is timed; an untimed size is interpolated between timed ones, past them extrapolated at the average extra
     row's cost (before any verification is timed, BETA_START of a single step a row), and taken UNTIMED lower, so
     that each size worth it gets tried once. One table per generation: a table kept across calls would keep a
-    noisy size's time for good, since a size judged too dear is not tried (and timed) again."""
+    noisy size's time for good, since a size judged too dear is not tried (and timed) again. For the same reason a
+    size's first timing is timed again when it is far above what the timed forwards suggest, or when nothing is
+    timed yet to check it with: a process's first forward of a size also loads its kernels from Numba's cache
+    (SmolLM2's 4-row verification at one thread, 16-22 ms, took 27-33 ms the first time, and a generation that
+    kept that never drafted 3 tokens again)."""
 
     DECAY = 0.7  # weight of the past in the running times, per timed forward
     BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
     UNTIMED = 0.8  # an untimed size's estimate, times this: optimistic, so that it gets timed
+    FIRST_SLACK = 1.25  # a first timing above this many times the size's estimate is timed again before it counts
 
     def __init__(self):
         self.steps = {}  # sequences in a plain forward -> its running seconds
         self.verified = {}  # rows in a verifying forward -> its running seconds, drafting included
+        self.slow_first = set()  # sizes whose first timing was not kept
 
     def _running(self, table: dict, key: int, seconds: float) -> None:
         old = table.get(key)
@@ -216,8 +222,14 @@ class ForwardCosts:
         self._running(self.steps, n_seqs, seconds)
 
     def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
-        if rows > n_seqs:
-            self._running(self.verified, rows, seconds)
+        if rows <= n_seqs:
+            return
+        if rows not in self.verified and rows not in self.slow_first and (
+                not (self.verified or n_seqs in self.steps)  # nothing timed to check it with
+                or seconds > self.FIRST_SLACK * max(self.plain_s(n_seqs), self._guess(n_seqs, rows))):
+            self.slow_first.add(rows)
+            return
+        self._running(self.verified, rows, seconds)
 
     def plain_s(self, n_seqs: int) -> float:
         """A plain step of n_seqs sequences: timed, else the nearest timed batch size's scaled as 1 + BETA_START
@@ -239,6 +251,11 @@ class ForwardCosts:
             return plain
         if rows in self.verified:
             return self.verified[rows]
+        return max(plain, self.UNTIMED * self._guess(n_seqs, rows))  # (never below the plain step: more rows)
+
+    def _guess(self, n_seqs: int, rows: int) -> float:
+        """An untimed size's cost: interpolated between timed sizes, else extrapolated (see the class)."""
+        plain = self.plain_s(n_seqs)
         below = [r for r in self.verified if n_seqs < r < rows]
         above = [r for r in self.verified if r > rows]
         r0, t0 = (max(below), self.verified[max(below)]) if below else (n_seqs, plain)
@@ -248,7 +265,7 @@ class ForwardCosts:
         else:
             row = (t0 - plain) / (r0 - n_seqs) if r0 > n_seqs else self.BETA_START * plain / self._shape(n_seqs)
             guess = t0 + max(0.0, row) * (rows - r0)
-        return max(plain, self.UNTIMED * guess)  # (never below the plain step: it has the same rows and more)
+        return guess
 
 
 class DraftLength:
