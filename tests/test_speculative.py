@@ -87,6 +87,35 @@ def test_verified_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, wei
     assert runs == ([] if kv_type == "q8_0" else [9] * len(fm.layers))
 
 
+def test_several_sequences_verified_together_equal_their_decode_steps(tmp_path, monkeypatch):
+    """forward_verify_multi (the server's verification: every sequence's rows in one forward) on a KVPool: each
+    sequence's rows equal its decode steps bit for bit, a sequence of one row decodes as forward_multi's do, and the
+    rows of each several-row sequence go to attention as one run."""
+    from edgellm.engine.kvcache import KVPool
+    path = write_loadable_tiny_model(tmp_path / "m.gguf", tiny_spec(seed=3, weight_type="Q8_0", n_embd=256,
+                                                                    n_ff=256, n_head=4, n_head_kv=2))
+    runs = []
+    real_run = ops.finish_attention_run
+    monkeypatch.setattr(ops, "finish_attention_run", lambda *a, **k: (runs.append(a[0].shape[0]), real_run(*a, **k)))
+    with gguf_reader.open(path) as f:
+        fm = build_model(f, n_ctx=128, n_threads=1)
+        cfg = fm.config
+        pool = KVPool(3, 64, cfg.n_head_kv, cfg.head_dim, [kv.window for kv in fm.cache.layers], fm.n_batch,
+                      fm.cache.kv_type)
+        prompts = [list(range(3, 20)), list(range(30, 35)), list(range(50, 61))]
+        feeds = [[70, 71, 72, 73], [80], [90, 91, 92]]
+        want = []
+        for prompt, fed, cache in zip(prompts, feeds, pool.caches):
+            fm.forward(np.asarray(prompt, np.int32), cache=cache)
+            n0 = cache.n_past
+            want += [fm.forward(np.array([t], np.int32), cache=cache)[-1].copy() for t in fed]
+            cache.truncate(n0)
+        runs.clear()
+        rows = fm.forward_verify_multi(feeds, pool.caches)
+    assert len(rows) == len(want) and all(np.array_equal(r, w) for r, w in zip(rows, want))
+    assert runs == [4, 3] * len(fm.layers)
+
+
 def test_rollback_in_a_wrapped_window_ring(tmp_path):
     """Gemma-3 layout, window 5 and batches of 8: each ring holds 12 slots, the prompt wraps it, and the drafted
     rows overwrite slots of positions that the rollback must leave out of every later window."""
