@@ -61,6 +61,8 @@ class Batch:
         ops.finish_attention_rows serves: the pool, and [n_pool] int32 each row's sequence in it; the cache step and
         attention then run as one call over those rows (and per group over the rest: a prompt chunk decoded beside
         them).
+    runs: the groups after the pool's rows as attention takes them (_attention_runs): a verified draft's one-row
+        groups, consecutive positions of one cache, merged into one run.
     logit_rows: [k] rows whose logits logits_out [k, n_vocab] gets, each computed as a one-row batch's; None: the
         last logits_out.shape[0] rows."""
 
