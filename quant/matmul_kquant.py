@@ -21,9 +21,10 @@ from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot4_u8x32_byte_scales,
                    f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_mins_dot,
                    i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_two, i32x8_madd, i32x8_mul, i32x8_splat, i32x8_zero,
                    load_f16, load_f32, load_f32x8, load_i8x32, load_i32, load_i32x8, pair_dot_i8_i32,
-                   prefetch, store_i8x32)
+                   prefetch, store_f32x8, store_i8x32)
 
 _F32 = np.float32
+ROW_PARTS = 64  # runs of rows the threads share out in the kernels that take several tokens a row (_rows_q4_k)
 
 
 @njit(cache=True, inline="always")
@@ -36,25 +37,31 @@ def _prefetch_block(w, o, nbytes):
 
 
 @njit(cache=True, inline="always")
-def _half_q4_k(acc, w, o, xq, xo, scales, h):
-    """acc plus lanes totalling the scaled integer sums of groups 4h .. 4h+3 of the Q4_K super-block at byte o (the
-    low and the high nibbles of its bytes 16 + 64h ..); scales: the super-block's scales word (k_scales_mins)."""
-    q0, q1 = load_i8x32(w, o + 16 + 64 * h), load_i8x32(w, o + 48 + 64 * h)
-    x = xo + 128 * h
-    return dot4_u8x32_byte_scales(acc, i8x32_and(q0, 15), load_i8x32(xq, x), i8x32_and(i8x32_shr(q0, 4), 15),
-                                  load_i8x32(xq, x + 32), i8x32_and(q1, 15), load_i8x32(xq, x + 64),
-                                  i8x32_and(i8x32_shr(q1, 4), 15), load_i8x32(xq, x + 96), scales, h)
+def _nibbles_q4_k(w, o):
+    """The Q4_K super-block at byte o's 256 quants (0..15) as eight 32-value groups, in order."""
+    q0, q1 = load_i8x32(w, o + 16), load_i8x32(w, o + 48)
+    q2, q3 = load_i8x32(w, o + 80), load_i8x32(w, o + 112)
+    return (i8x32_and(q0, 15), i8x32_and(i8x32_shr(q0, 4), 15), i8x32_and(q1, 15), i8x32_and(i8x32_shr(q1, 4), 15),
+            i8x32_and(q2, 15), i8x32_and(i8x32_shr(q2, 4), 15), i8x32_and(q3, 15), i8x32_and(i8x32_shr(q3, 4), 15))
+
+
+@njit(cache=True, inline="always")
+def _sums_q4_k(q, scales, mins, xq, xo, bsums, bo):
+    """(sum of q * x * scale over a super-block, sum of min * bsum over its sixteen 16-element halves): exact
+    integers from its decoded groups q (_nibbles_q4_k) and its scales and mins words (k_scales_mins). Only the
+    lanes' totals are kept, so the groups may land in any lanes (dot4_u8x32_byte_scales, i32x8_mins_dot)."""
+    low = dot4_u8x32_byte_scales(i32x8_zero(), q[0], load_i8x32(xq, xo), q[1], load_i8x32(xq, xo + 32), q[2],
+                                 load_i8x32(xq, xo + 64), q[3], load_i8x32(xq, xo + 96), scales, 0)
+    high = dot4_u8x32_byte_scales(i32x8_zero(), q[4], load_i8x32(xq, xo + 128), q[5], load_i8x32(xq, xo + 160), q[6],
+                                  load_i8x32(xq, xo + 192), q[7], load_i8x32(xq, xo + 224), scales, 1)
+    return i32x8_hsum_two(i32x8_add(low, high), i32x8_mins_dot(mins, bsums, bo))
 
 
 @njit(cache=True, inline="always")
 def _superblock_q4_k(w, o, xq, xo, bsums, bo):
-    """(sum of q * x * scale over the super-block, sum of min * bsum over its sixteen 16-element halves): exact
-    integers, the scales and mins unpacked once into two words. Only the lanes' totals are kept, so the groups may
-    land in any lanes (dot4_u8x32_byte_scales, i32x8_mins_dot)."""
+    """_sums_q4_k of the super-block at byte o for one token."""
     scales, mins = k_scales_mins(w, o + 4)
-    isum = i32x8_add(_half_q4_k(i32x8_zero(), w, o, xq, xo, scales, 0),
-                     _half_q4_k(i32x8_zero(), w, o, xq, xo, scales, 1))
-    return i32x8_hsum_two(isum, i32x8_mins_dot(mins, bsums, bo))
+    return _sums_q4_k(_nibbles_q4_k(w, o), scales, mins, xq, xo, bsums, bo)
 
 
 @njit(cache=True)
@@ -249,6 +256,29 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
 
 
 @njit(cache=True)
+def _rows_q4_k(w, o, nsb, xq, xd, bsums, out, r, acc):
+    """out[t, r] for every token t, vec_dot_q4_k_q8_k's bits for the row at byte o: each super-block's quants and
+    scales decoded once for all the tokens (sequences decoding together), then per token the gemv's integer sums
+    and its two FMAs. acc: 2 x tokens floats of scratch."""
+    n_tokens, n_in = out.shape[0], 256 * nsb
+    acc[:] = 0
+    for b in range(nsb):
+        ob = o + 144 * b
+        _prefetch_block(w, ob, 144)
+        scales, mins = k_scales_mins(w, ob + 4)
+        d, dmin = _scales_q45_k(w, ob)
+        q = _nibbles_q4_k(w, ob)
+        for t in range(n_tokens):
+            xo = t * n_in + 256 * b
+            isum, msum = _sums_q4_k(q, scales, mins, xq, xo, bsums, xo // 16)
+            dx = load_f32(xd, t * nsb + b)
+            acc[2 * t] = fma32(_F32(isum), d * dx, acc[2 * t])
+            acc[2 * t + 1] = fma32(_F32(msum), dmin * dx, acc[2 * t + 1])
+    for t in range(n_tokens):
+        out[t, r] = acc[2 * t] - acc[2 * t + 1]
+
+
+@njit(cache=True)
 def _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in):
     """Rows [ROW_CHUNK c, ROW_CHUNK c + ROW_CHUNK) decoded into int8 once for every token: (first row, rows, qbuf,
     scales, mins, dd, dmins)."""
@@ -283,14 +313,22 @@ def _step_q4_k(w, row_bytes, r, i, t, kinds, qbuf, scales, mins, dd, dmins, xq, 
 @njit(parallel=True, cache=True)
 def matmul_q4_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
     """matmul_q4_k for batches without an eight-token group of gemm rows (decode, short prompts): the same bits,
-    without the eight-token gemm, whose compilation a first run with a short prompt then skips."""
+    without the eight-token gemm, whose compilation a first run with a short prompt then skips. Several tokens that
+    are all the gemv's (sequences decoding together, a verified draft) share each super-block's decoding
+    (_rows_q4_k)."""
     n_tokens, n_in = x.shape
     nsb, n_out = n_in // 256, out.shape[1]
     _quantize_tokens(x, xq, xd, bsums, kinds)
     if not _any_set(kinds):  # (gemm rows come in groups of 4 tokens)
-        for r in prange(n_out):
-            for t in range(n_tokens):
-                out[t, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+        if n_tokens == 1:
+            for r in prange(n_out):
+                out[0, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, 0, xd, bsums)
+            return
+        n_parts = min(n_out, ROW_PARTS)
+        for part in prange(n_parts):
+            acc = np.empty(2 * n_tokens, np.float32)
+            for r in range(part * n_out // n_parts, (part + 1) * n_out // n_parts):
+                _rows_q4_k(w, r * row_bytes, nsb, xq, xd, bsums, out, r, acc)
         return
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
         r0, n_rows, qbuf, scales, mins, dd, dmins = _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in)
@@ -506,22 +544,35 @@ def _codes_q6_k(w, o, g):
 
 
 @njit(cache=True, inline="always")
-def _group_q6_k_lanes(w, o, xq, xo, g):
-    """Group g's scaled lanes (g a constant: its shifts and scale lanes are fixed when compiled; a loop over g kept
-    them variable, 35 instructions a group against about 12)."""
-    return dot_u8x32_scale_pair(_codes_q6_k(w, o, g), load_i8x32(xq, xo + 32 * g), w, o + 192, g)
+def _codes8_q6_k(w, o):
+    """The Q6_K super-block at byte o's 256 codes (0..63) as eight 32-value groups, in order."""
+    return (_codes_q6_k(w, o, 0), _codes_q6_k(w, o, 1), _codes_q6_k(w, o, 2), _codes_q6_k(w, o, 3),
+            _codes_q6_k(w, o, 4), _codes_q6_k(w, o, 5), _codes_q6_k(w, o, 6), _codes_q6_k(w, o, 7))
+
+
+@njit(cache=True, inline="always")
+def _token_lanes_q6_k(c, w, o, xq, xo, bsums, bo):
+    """llama.cpp's 8 int32 lanes of one Q6_K super-block (at byte o, its codes c from _codes8_q6_k) for one token:
+    the unsigned codes times the activations, scaled per 16 values, with the codes' -32 offset taken out through
+    the activation sums, lane l for the 16-value groups 2l and 2l+1 (ggml_vec_dot_q6_K_q8_K, AVX2). Exact
+    integers; only their split into lanes matters. Each group's scale lanes are fixed when compiled (a loop over
+    the groups kept them variable: 35 instructions a group against about 12)."""
+    s = o + 192
+    lanes = i32x8_add(i32x8_add(i32x8_add(dot_u8x32_scale_pair(c[0], load_i8x32(xq, xo), w, s, 0),
+                                          dot_u8x32_scale_pair(c[1], load_i8x32(xq, xo + 32), w, s, 1)),
+                                i32x8_add(dot_u8x32_scale_pair(c[2], load_i8x32(xq, xo + 64), w, s, 2),
+                                          dot_u8x32_scale_pair(c[3], load_i8x32(xq, xo + 96), w, s, 3))),
+                      i32x8_add(i32x8_add(dot_u8x32_scale_pair(c[4], load_i8x32(xq, xo + 128), w, s, 4),
+                                          dot_u8x32_scale_pair(c[5], load_i8x32(xq, xo + 160), w, s, 5)),
+                                i32x8_add(dot_u8x32_scale_pair(c[6], load_i8x32(xq, xo + 192), w, s, 6),
+                                          dot_u8x32_scale_pair(c[7], load_i8x32(xq, xo + 224), w, s, 7))))
+    return i32x8_madd(lanes, pair_dot_i8_i32(w, s, bsums, bo), -32)
 
 
 @njit(cache=True, inline="always")
 def _lanes_q6_k(w, o, xq, xo, bsums, bo):
-    """llama.cpp's 8 int32 lanes of one Q6_K super-block: the unsigned codes times the activations, scaled per
-    16 values, with the codes' -32 offset taken out through the activation sums, lane l for the 16-value groups
-    2l and 2l+1 (ggml_vec_dot_q6_K_q8_K, AVX2). Exact integers; only their split into lanes matters."""
-    lanes = i32x8_add(i32x8_add(i32x8_add(_group_q6_k_lanes(w, o, xq, xo, 0), _group_q6_k_lanes(w, o, xq, xo, 1)),
-                                i32x8_add(_group_q6_k_lanes(w, o, xq, xo, 2), _group_q6_k_lanes(w, o, xq, xo, 3))),
-                      i32x8_add(i32x8_add(_group_q6_k_lanes(w, o, xq, xo, 4), _group_q6_k_lanes(w, o, xq, xo, 5)),
-                                i32x8_add(_group_q6_k_lanes(w, o, xq, xo, 6), _group_q6_k_lanes(w, o, xq, xo, 7))))
-    return i32x8_madd(lanes, pair_dot_i8_i32(w, o + 192, bsums, bo), -32)
+    """_token_lanes_q6_k of the super-block at byte o."""
+    return _token_lanes_q6_k(_codes8_q6_k(w, o), w, o, xq, xo, bsums, bo)
 
 
 @njit(cache=True)
@@ -534,6 +585,25 @@ def vec_dot_q6_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
         lanes = _lanes_q6_k(w, o + 210 * b, xq, xo + 256 * b, bsums, (xo + 256 * b) // 16)
         acc = f32x8_fma_i32(acc, lanes, load_f16(w, o + 210 * b + 208) * load_f32(xd, xo // 256 + b))
     return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def _rows_q6_k(w, o, nsb, xq, xd, bsums, out, r, acc):
+    """out[t, r] for every token t, vec_dot_q6_k_q8_k's bits for the row at byte o: each super-block's codes
+    decoded once for all the tokens, then per token the gemv's lanes and FMA. acc: 8 x tokens floats of scratch."""
+    n_tokens, n_in = out.shape[0], 256 * nsb
+    acc[:] = 0
+    for b in range(nsb):
+        ob = o + 210 * b
+        _prefetch_block(w, ob, 210)
+        c = _codes8_q6_k(w, ob)
+        d = load_f16(w, ob + 208)
+        for t in range(n_tokens):
+            xo = t * n_in + 256 * b
+            lanes = _token_lanes_q6_k(c, w, ob, xq, xo, bsums, xo // 16)
+            store_f32x8(acc, 8 * t, f32x8_fma_i32(load_f32x8(acc, 8 * t), lanes, d * load_f32(xd, t * nsb + b)))
+    for t in range(n_tokens):
+        out[t, r] = f32x8_hsum(load_f32x8(acc, 8 * t))
 
 
 @njit(cache=True)
@@ -614,14 +684,21 @@ def matmul_q6_k(w, row_bytes, x, xq, xd, bsums, out, kinds):
 
 @njit(parallel=True, cache=True)
 def matmul_q6_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
-    """matmul_q6_k for batches without tiled rows (no batch of 8 tokens or more: decode, short prompts): vec_dot per
-    token, the same bits, without compiling the tiled matmul (a first run with a short prompt skips it)."""
+    """matmul_q6_k for batches without tiled rows (no batch of 8 tokens or more: decode, short prompts): vec_dot's
+    bits per token, without compiling the tiled matmul (a first run with a short prompt skips it); several tokens
+    share each super-block's decoding (_rows_q6_k)."""
     _quantize_tokens(x, xq, xd, bsums)
     n_tokens, n_in = x.shape
-    nsb = n_in // 256
-    for r in prange(out.shape[1]):
-        for t in range(n_tokens):
-            out[t, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, t * n_in, xd, bsums)
+    nsb, n_out = n_in // 256, out.shape[1]
+    if n_tokens == 1:
+        for r in prange(n_out):
+            out[0, r] = vec_dot_q6_k_q8_k(w, r * row_bytes, nsb, xq, 0, xd, bsums)
+        return
+    n_parts = min(n_out, ROW_PARTS)
+    for part in prange(n_parts):
+        acc = np.empty(8 * n_tokens, np.float32)
+        for r in range(part * n_out // n_parts, (part + 1) * n_out // n_parts):
+            _rows_q6_k(w, r * row_bytes, nsb, xq, xd, bsums, out, r, acc)
 
 
 # The wide Q6_K prompt matmul: _tiled_q6_k_decoded's arithmetic with a token per vector lane, as matmul_q4_k_wide;
