@@ -46,15 +46,23 @@ def _nibbles_q4_k(w, o):
 
 
 @njit(cache=True, inline="always")
-def _sums_q4_k(q, scales, mins, xq, xo, bsums, bo):
-    """(sum of q * x * scale over a super-block, sum of min * bsum over its sixteen 16-element halves): exact
-    integers from its decoded groups q (_nibbles_q4_k) and its scales and mins words (k_scales_mins). Only the
-    lanes' totals are kept, so the groups may land in any lanes (dot4_u8x32_byte_scales, i32x8_mins_dot)."""
+def _lanes_q4_k(q, scales, mins, xq, xo, bsums, bo):
+    """Lanes totalling (sum of q * x * scale over a super-block, sum of min * bsum over its sixteen 16-element
+    halves), exact integers, from its decoded groups q (_nibbles_q4_k) and its scales and mins words
+    (k_scales_mins). Only the totals count, so the groups may land in any lanes (dot4_u8x32_byte_scales,
+    i32x8_mins_dot)."""
     low = dot4_u8x32_byte_scales(i32x8_zero(), q[0], load_i8x32(xq, xo), q[1], load_i8x32(xq, xo + 32), q[2],
                                  load_i8x32(xq, xo + 64), q[3], load_i8x32(xq, xo + 96), scales, 0)
     high = dot4_u8x32_byte_scales(i32x8_zero(), q[4], load_i8x32(xq, xo + 128), q[5], load_i8x32(xq, xo + 160), q[6],
                                   load_i8x32(xq, xo + 192), q[7], load_i8x32(xq, xo + 224), scales, 1)
-    return i32x8_hsum_two(i32x8_add(low, high), i32x8_mins_dot(mins, bsums, bo))
+    return i32x8_add(low, high), i32x8_mins_dot(mins, bsums, bo)
+
+
+@njit(cache=True, inline="always")
+def _sums_q4_k(q, scales, mins, xq, xo, bsums, bo):
+    """_lanes_q4_k's two totals."""
+    isum, msum = _lanes_q4_k(q, scales, mins, xq, xo, bsums, bo)
+    return i32x8_hsum_two(isum, msum)
 
 
 @njit(cache=True, inline="always")
@@ -255,11 +263,19 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
     return acc - mins
 
 
+@njit(cache=True, inline="always")
+def _scalar_fmas_q4_k(acc, t, n_tokens, isum, msum, d, dmin, dx):
+    """Token t's two gemv FMAs into acc (its sums at t, its mins terms at n_tokens + t)."""
+    acc[t] = fma32(_F32(isum), d * dx, acc[t])
+    acc[n_tokens + t] = fma32(_F32(msum), dmin * dx, acc[n_tokens + t])
+
+
 @njit(cache=True)
-def _rows_q4_k(w, o, nsb, xq, xd, bsums, out, r, acc):
+def _rows_q4_k(w, o, nsb, xq, xd, xdt, bsums, out, r, acc):
     """out[t, r] for every token t, vec_dot_q4_k_q8_k's bits for the row at byte o: each super-block's quants and
     scales decoded once for all the tokens (sequences decoding together), then per token the gemv's integer sums
-    and its two FMAs. acc: 2 x tokens floats of scratch."""
+    and its two FMAs; eight tokens at a time the sums are reduced into one vector and the FMAs run in its lanes
+    (xdt: xd with each eight tokens' scales side by side, _tokens_innermost). acc: 2 x tokens floats of scratch."""
     n_tokens, n_in = out.shape[0], 256 * nsb
     acc[:] = 0
     for b in range(nsb):
@@ -268,14 +284,41 @@ def _rows_q4_k(w, o, nsb, xq, xd, bsums, out, r, acc):
         scales, mins = k_scales_mins(w, ob + 4)
         d, dmin = _scales_q45_k(w, ob)
         q = _nibbles_q4_k(w, ob)
-        for t in range(n_tokens):
+        t = 0
+        while t + 8 <= n_tokens:
+            x0 = t * n_in + 256 * b
+            i0, m0 = _lanes_q4_k(q, scales, mins, xq, x0, bsums, x0 // 16)
+            i1, m1 = _lanes_q4_k(q, scales, mins, xq, x0 + n_in, bsums, (x0 + n_in) // 16)
+            i2, m2 = _lanes_q4_k(q, scales, mins, xq, x0 + 2 * n_in, bsums, (x0 + 2 * n_in) // 16)
+            i3, m3 = _lanes_q4_k(q, scales, mins, xq, x0 + 3 * n_in, bsums, (x0 + 3 * n_in) // 16)
+            i4, m4 = _lanes_q4_k(q, scales, mins, xq, x0 + 4 * n_in, bsums, (x0 + 4 * n_in) // 16)
+            i5, m5 = _lanes_q4_k(q, scales, mins, xq, x0 + 5 * n_in, bsums, (x0 + 5 * n_in) // 16)
+            i6, m6 = _lanes_q4_k(q, scales, mins, xq, x0 + 6 * n_in, bsums, (x0 + 6 * n_in) // 16)
+            i7, m7 = _lanes_q4_k(q, scales, mins, xq, x0 + 7 * n_in, bsums, (x0 + 7 * n_in) // 16)
+            dx = load_f32x8(xdt, ((t // 8) * nsb + b) * 8)
+            store_f32x8(acc, t, f32x8_fma_lanes(load_f32x8(acc, t), i32x8_hsum8(i0, i1, i2, i3, i4, i5, i6, i7),
+                                                f32x8_mul(f32x8_splat(d), dx)))
+            store_f32x8(acc, n_tokens + t, f32x8_fma_lanes(load_f32x8(acc, n_tokens + t),
+                                                           i32x8_hsum8(m0, m1, m2, m3, m4, m5, m6, m7),
+                                                           f32x8_mul(f32x8_splat(dmin), dx)))
+            t += 8
+        while t + 4 <= n_tokens:
+            x0 = t * n_in + 256 * b
+            i0, m0 = _lanes_q4_k(q, scales, mins, xq, x0, bsums, x0 // 16)
+            i1, m1 = _lanes_q4_k(q, scales, mins, xq, x0 + n_in, bsums, (x0 + n_in) // 16)
+            i2, m2 = _lanes_q4_k(q, scales, mins, xq, x0 + 2 * n_in, bsums, (x0 + 2 * n_in) // 16)
+            i3, m3 = _lanes_q4_k(q, scales, mins, xq, x0 + 3 * n_in, bsums, (x0 + 3 * n_in) // 16)
+            isums, msums = i32x8_hsum4(i0, i1, i2, i3), i32x8_hsum4(m0, m1, m2, m3)
+            for k in range(4):
+                _scalar_fmas_q4_k(acc, t + k, n_tokens, isums[k], msums[k], d, dmin, load_f32(xd, (t + k) * nsb + b))
+            t += 4
+        while t < n_tokens:
             xo = t * n_in + 256 * b
             isum, msum = _sums_q4_k(q, scales, mins, xq, xo, bsums, xo // 16)
-            dx = load_f32(xd, t * nsb + b)
-            acc[2 * t] = fma32(_F32(isum), d * dx, acc[2 * t])
-            acc[2 * t + 1] = fma32(_F32(msum), dmin * dx, acc[2 * t + 1])
+            _scalar_fmas_q4_k(acc, t, n_tokens, isum, msum, d, dmin, load_f32(xd, t * nsb + b))
+            t += 1
     for t in range(n_tokens):
-        out[t, r] = acc[2 * t] - acc[2 * t + 1]
+        out[t, r] = acc[t] - acc[n_tokens + t]
 
 
 @njit(cache=True)
@@ -324,11 +367,13 @@ def matmul_q4_k_few(w, row_bytes, x, xq, xd, bsums, out, kinds):
             for r in prange(n_out):
                 out[0, r] = vec_dot_q4_k_q8_k(w, r * row_bytes, nsb, xq, 0, xd, bsums)
             return
+        xdt = np.empty((n_tokens // 8) * 8 * nsb, np.float32)
+        _tokens_innermost(xd, n_tokens, nsb, xdt)
         n_parts = min(n_out, ROW_PARTS)
         for part in prange(n_parts):
             acc = np.empty(2 * n_tokens, np.float32)
             for r in range(part * n_out // n_parts, (part + 1) * n_out // n_parts):
-                _rows_q4_k(w, r * row_bytes, nsb, xq, xd, bsums, out, r, acc)
+                _rows_q4_k(w, r * row_bytes, nsb, xq, xd, xdt, bsums, out, r, acc)
         return
     for c in prange((n_out + ROW_CHUNK - 1) // ROW_CHUNK):
         r0, n_rows, qbuf, scales, mins, dd, dmins = _decoded_chunk_q4_k(w, row_bytes, c, n_out, n_in)
