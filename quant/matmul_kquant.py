@@ -264,6 +264,17 @@ def vec_dot_q4_k_q8_k(w, o, nsb, xq, xo, xd, bsums):
 
 
 @njit(cache=True, inline="always")
+def _four_tokens_q4_k(q, scales, mins, xq, x0, n_in, bsums):
+    """_lanes_q4_k for the four tokens whose activations start at x0, x0 + n_in, ...: (their sums' lanes, their
+    mins' lanes)."""
+    i0, m0 = _lanes_q4_k(q, scales, mins, xq, x0, bsums, x0 // 16)
+    i1, m1 = _lanes_q4_k(q, scales, mins, xq, x0 + n_in, bsums, (x0 + n_in) // 16)
+    i2, m2 = _lanes_q4_k(q, scales, mins, xq, x0 + 2 * n_in, bsums, (x0 + 2 * n_in) // 16)
+    i3, m3 = _lanes_q4_k(q, scales, mins, xq, x0 + 3 * n_in, bsums, (x0 + 3 * n_in) // 16)
+    return (i0, i1, i2, i3), (m0, m1, m2, m3)
+
+
+@njit(cache=True, inline="always")
 def _scalar_fmas_q4_k(acc, t, n_tokens, isum, msum, d, dmin, dx):
     """Token t's two gemv FMAs into acc (its sums at t, its mins terms at n_tokens + t)."""
     acc[t] = fma32(_F32(isum), d * dx, acc[t])
@@ -287,28 +298,20 @@ def _rows_q4_k(w, o, nsb, xq, xd, xdt, bsums, out, r, acc):
         t = 0
         while t + 8 <= n_tokens:
             x0 = t * n_in + 256 * b
-            i0, m0 = _lanes_q4_k(q, scales, mins, xq, x0, bsums, x0 // 16)
-            i1, m1 = _lanes_q4_k(q, scales, mins, xq, x0 + n_in, bsums, (x0 + n_in) // 16)
-            i2, m2 = _lanes_q4_k(q, scales, mins, xq, x0 + 2 * n_in, bsums, (x0 + 2 * n_in) // 16)
-            i3, m3 = _lanes_q4_k(q, scales, mins, xq, x0 + 3 * n_in, bsums, (x0 + 3 * n_in) // 16)
-            i4, m4 = _lanes_q4_k(q, scales, mins, xq, x0 + 4 * n_in, bsums, (x0 + 4 * n_in) // 16)
-            i5, m5 = _lanes_q4_k(q, scales, mins, xq, x0 + 5 * n_in, bsums, (x0 + 5 * n_in) // 16)
-            i6, m6 = _lanes_q4_k(q, scales, mins, xq, x0 + 6 * n_in, bsums, (x0 + 6 * n_in) // 16)
-            i7, m7 = _lanes_q4_k(q, scales, mins, xq, x0 + 7 * n_in, bsums, (x0 + 7 * n_in) // 16)
+            i, m = _four_tokens_q4_k(q, scales, mins, xq, x0, n_in, bsums)
+            j, n = _four_tokens_q4_k(q, scales, mins, xq, x0 + 4 * n_in, n_in, bsums)
             dx = load_f32x8(xdt, ((t // 8) * nsb + b) * 8)
-            store_f32x8(acc, t, f32x8_fma_lanes(load_f32x8(acc, t), i32x8_hsum8(i0, i1, i2, i3, i4, i5, i6, i7),
+            store_f32x8(acc, t, f32x8_fma_lanes(load_f32x8(acc, t),
+                                                i32x8_hsum8(i[0], i[1], i[2], i[3], j[0], j[1], j[2], j[3]),
                                                 f32x8_mul(f32x8_splat(d), dx)))
             store_f32x8(acc, n_tokens + t, f32x8_fma_lanes(load_f32x8(acc, n_tokens + t),
-                                                           i32x8_hsum8(m0, m1, m2, m3, m4, m5, m6, m7),
+                                                           i32x8_hsum8(m[0], m[1], m[2], m[3], n[0], n[1], n[2], n[3]),
                                                            f32x8_mul(f32x8_splat(dmin), dx)))
             t += 8
         while t + 4 <= n_tokens:
             x0 = t * n_in + 256 * b
-            i0, m0 = _lanes_q4_k(q, scales, mins, xq, x0, bsums, x0 // 16)
-            i1, m1 = _lanes_q4_k(q, scales, mins, xq, x0 + n_in, bsums, (x0 + n_in) // 16)
-            i2, m2 = _lanes_q4_k(q, scales, mins, xq, x0 + 2 * n_in, bsums, (x0 + 2 * n_in) // 16)
-            i3, m3 = _lanes_q4_k(q, scales, mins, xq, x0 + 3 * n_in, bsums, (x0 + 3 * n_in) // 16)
-            isums, msums = i32x8_hsum4(i0, i1, i2, i3), i32x8_hsum4(m0, m1, m2, m3)
+            i, m = _four_tokens_q4_k(q, scales, mins, xq, x0, n_in, bsums)
+            isums, msums = i32x8_hsum4(i[0], i[1], i[2], i[3]), i32x8_hsum4(m[0], m[1], m[2], m[3])
             for k in range(4):
                 _scalar_fmas_q4_k(acc, t + k, n_tokens, isums[k], msums[k], d, dmin, load_f32(xd, (t + k) * nsb + b))
             t += 4
