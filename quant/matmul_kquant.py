@@ -24,7 +24,7 @@ from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot4_u8x32_byte_scales,
                    prefetch, store_f32x8, store_i8x32)
 
 _F32 = np.float32
-ROW_PARTS = 64  # runs of rows the threads share out in the kernels that take several tokens a row (_rows_q4_k)
+ROW_PARTS = 64  # runs of rows shared out to the threads when several tokens share a row (_rows_q4_k, _rows_q6_k)
 
 
 @njit(cache=True, inline="always")
