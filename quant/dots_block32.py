@@ -36,18 +36,23 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 
-from .simd import (HAS_WIDE_TILES, IS_AARCH64, cpu_name, dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x16_halves,
-                   f32x16_pair_scales, f32x16_tile_step, f32x16_zero, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero,
-                   f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_hsum_split, f32x8_lane, f32x8_mul,
-                   f32x8_pair_splats, f32x8_splat, f32x8_zero, i8x32_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or,
-                   i8x32_sub, i8x32_xor, i8x64_tile_quants, load_f16_pair, load_f16_splat8, load_f16x2_rows,
-                   load_f32, load_f32x2_twice, load_f32x8, load_fifth_bits, load_i8x32, load_nibbles_lo_hi,
-                   load_nibbles_lo_hi_bcast, load_nibbles_tile64, load_q5_tile64, prefetch, store_lane_sums,
-                   store_pair64)
+from .simd import (HAS_WIDE_TILES, IS_AARCH64, TILE_START, cpu_name, dot_i8x32, dot_u8x32, dot_u8x32_plus,
+                   f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_tile_sums8, f32x16_zero, f32x4_add,
+                   f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add, f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum,
+                   f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_splat, f32x8_zero, i8x32_add,
+                   i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_sub, i8x32_xor, i8x64_tile_quants, load_f16_pair,
+                   load_f16_splat8, load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_fifth_bits,
+                   load_i8x32, load_nibbles_lo_hi, load_nibbles_lo_hi_bcast, load_nibbles_tile64, load_q5_tile64,
+                   prefetch, store_lane_sums, store_pair64)
 
 # --- the activations laid out for the dots -----------------------------------------------------------------
 
 TOKEN_TILE = 4
+# The tiles' lane sums (xl) start the 512-bit steps' lanes, which carry simd.TILE_START.
+TILE_LANES_START = TILE_START if HAS_WIDE_TILES else 0
+# Sixteen tokens a row pass (tile16_<fmt> of the formats with mins: two eight-token groups sharing each block's
+# decoding) with the 512-bit tiles; the 256-bit ones' two groups would need 16 accumulators, all of AVX2's registers.
+TILE16 = HAS_WIDE_TILES
 # Batches go eight tokens at a time through blocks of ROW_BLOCK rows, so the eight tokens' activations stay in L1
 # while the block's rows pass over them; each (row, token) dot is the same whatever the tiling.
 ROW_BLOCK = 16
@@ -136,12 +141,12 @@ def _pack_pairs(xd, xs, nb, n8, n4, n_tokens, xt):
 
 
 @njit(cache=True)
-def _lane_sums(src, mult, dst):
-    """dst[k] = mult x (src[4k] + ... + src[4k + 3]) for each int32 lane k of the int8 activations src (whole blocks
-    of 32, eight lanes at a time): the starting lanes of a dot whose quants carry an offset -mult
-    (simd.dot_u8x32_plus)."""
+def _lane_sums(src, mult, dst, start=0):
+    """dst[k] = start + mult x (src[4k] + ... + src[4k + 3]) for each int32 lane k of the int8 activations src
+    (whole blocks of 32, eight lanes at a time): the starting lanes of a dot whose quants carry an offset -mult
+    (simd.dot_u8x32_plus; start TILE_LANES_START for the tiles)."""
     for k in range(0, src.shape[0] // 4, 8):
-        store_lane_sums(dst, k, src, 4 * k, mult)
+        store_lane_sums(dst, k, src, 4 * k, mult, start)
 
 
 @njit(cache=True)
@@ -181,7 +186,7 @@ def _prepare(x, xq, xd, xs, offset):
     if n4 > n8:
         _pack_tiles4(xq, xd, xs, n_in, n8, xp, xt)
     if offset:  # the tiles' lane sums, at xp's byte offsets in xl
-        _lane_sums(xp[:n4 * n_in], -offset, xl[:n4 * n_in].view(np.int32))
+        _lane_sums(xp[:n4 * n_in], -offset, xl[:n4 * n_in].view(np.int32), TILE_LANES_START)
     return nb, n8, n4, xp, xt, xl
 
 
@@ -288,22 +293,30 @@ def _tile8_zero_wide():
 
 
 @njit(cache=True)
-def _tile8_sums_wide(acc):
-    a0, a1 = f32x16_halves(acc[0])
-    a2, a3 = f32x16_halves(acc[1])
-    a4, a5 = f32x16_halves(acc[2])
-    a6, a7 = f32x16_halves(acc[3])
-    return _tile8_sums_256((a0, a1, a2, a3, a4, a5, a6, a7))
+def _lanes8(v):
+    return (f32x8_lane(v, 0), f32x8_lane(v, 1), f32x8_lane(v, 2), f32x8_lane(v, 3), f32x8_lane(v, 4),
+            f32x8_lane(v, 5), f32x8_lane(v, 6), f32x8_lane(v, 7))
 
 
 @njit(cache=True)
-def _tile8_sums_mins(acc, mins):
+def _tile8_sums_wide(acc):
+    return _lanes8(f32x16_tile_sums8(acc[0], acc[1], acc[2], acc[3]))
+
+
+@njit(cache=True)
+def _tile8_sums_mins_256(acc, mins):
     """_tile8_sums plus each token's min term (lane j of mins = token j), as vec_dot_q4_1/q5_1 return them. The
     formats without mins do not add zeros: -0.0 + 0.0 would give +0.0 where vec_dot gives -0.0."""
-    r = _tile8_sums(acc)
+    r = _tile8_sums_256(acc)
     return (r[0] + f32x8_lane(mins, 0), r[1] + f32x8_lane(mins, 1), r[2] + f32x8_lane(mins, 2),
             r[3] + f32x8_lane(mins, 3), r[4] + f32x8_lane(mins, 4), r[5] + f32x8_lane(mins, 5),
             r[6] + f32x8_lane(mins, 6), r[7] + f32x8_lane(mins, 7))
+
+
+@njit(cache=True)
+def _tile8_sums_mins_wide(acc, mins):
+    """_tile8_sums_mins_256's sums, the eight min terms added in one vector."""
+    return _lanes8(f32x8_add(f32x16_tile_sums8(acc[0], acc[1], acc[2], acc[3]), mins))
 
 
 # Four-token tiles: pairs 0 and 1 of the above (the scales' lanes 4-7 are read and left unused).
@@ -461,12 +474,14 @@ def _quants_q8_0_plus128(w, o):
 
 if HAS_WIDE_TILES:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_wide, _tile8_pairs_wide, _tile8_sums_wide
+    _tile8_sums_mins = _tile8_sums_mins_wide
     _tile4_zero, _tile4_pairs, _tile4_sums = _tile4_zero_wide, _tile4_pairs_wide, _tile4_sums_wide
     _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
         _tile64_q4_0, _tile64_q4_1, _tile64_q5_0, _tile64_q5_1, _quants_q8_0_plus128)
     Q8_0_TILE_KIND, Q8_0_TILE_OFFSET = TILE_OFFSET, 128  # (the offset: _prepare's lane sums)
 else:
     _tile8_zero, _tile8_pairs, _tile8_sums = _tile8_zero_256, _tile8_pairs_256, _tile8_sums_256
+    _tile8_sums_mins = _tile8_sums_mins_256
     _tile4_zero, _tile4_pairs, _tile4_sums = _tile4_zero_256, _tile4_pairs_256, _tile4_sums_256
     _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1, _tile_quants_q8_0 = (
         _quants_q4_0_unsigned, _quants_q4_1, _quants_q5_0_unsigned, _quants_q5_1, _quants_q8_0)

@@ -13,13 +13,13 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE_OFFSET, TILE_UNSIGNED,
-                           TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare, _row_blocks, _tile4_pairs, _tile4_sums,
-                           _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums, _tile8_sums_mins, _tile8_zero,
-                           _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1,
-                           _tile_quants_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0, vec_dot2_q5_0_q8_0,
-                           vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0,
-                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
+from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE16, TILE_OFFSET,
+                           TILE_UNSIGNED, TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare, _row_blocks,
+                           _tile4_pairs, _tile4_sums, _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums,
+                           _tile8_sums_mins, _tile8_zero, _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0,
+                           _tile_quants_q5_1, _tile_quants_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0,
+                           vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0,
+                           vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
 from .simd import f32x8_add, f32x8_mul, f32x8_zero, load_f16_splat8, load_f32x8, prefetch
@@ -132,13 +132,34 @@ def tile4_q4_1(w, o, nb, xp, xo, xt, so, mo):
 
 
 @njit(cache=True)
+def tile16_q4_1(w, o, nb, xp, xo, xt, so, mo, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()
+    mins, mins2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q, d, m = _tile_quants_q4_1(w, o), load_f16_splat8(w, o), load_f16_splat8(w, o + 2)
+        mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))
+        mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))
+        acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED, xp)
+        acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_UNSIGNED, xp)
+        o += 20
+    return _tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)
+
+
+@njit(cache=True)
 def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
-    rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
+    tokens two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-    for t in range(0, n8, 8):
+    n16 = n8 - n8 % 16 if TILE16 else 0
+    for t in range(0, n16, 16):
+        for r in range(r0, r1):
+            v = tile16_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb, 8 * n_in, 8 * nb)
+            for j in range(16):
+                out[t + j, r] = v[j]
+    for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)
@@ -288,13 +309,34 @@ def tile4_q5_1(w, o, nb, xp, xo, xt, so, mo):
 
 
 @njit(cache=True)
+def tile16_q5_1(w, o, nb, xp, xo, xt, so, mo, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()
+    mins, mins2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q, d, m = _tile_quants_q5_1(w, o), load_f16_splat8(w, o), load_f16_splat8(w, o + 2)
+        mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))
+        mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))
+        acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED, xp)
+        acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_UNSIGNED, xp)
+        o += 24
+    return _tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)
+
+
+@njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
-    rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
+    tokens two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-    for t in range(0, n8, 8):
+    n16 = n8 - n8 % 16 if TILE16 else 0
+    for t in range(0, n16, 16):
+        for r in range(r0, r1):
+            v = tile16_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb, 8 * n_in, 8 * nb)
+            for j in range(16):
+                out[t + j, r] = v[j]
+    for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb)

@@ -180,8 +180,9 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=3), fmt.name, (n_out, n_in))
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
     batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
-    for n_tokens in (45, 13, 1, 2, 3, 4, 6, 7, 12, 14, 9):  # 45: tiles of 8, a padded tile (5 + 3 copies); 12: a
-        # four-token tile; 3: padded to one with the 512-bit tiles; 9 last
+    for n_tokens in (45, 13, 1, 2, 3, 4, 6, 7, 12, 14, 24, 9):  # 45: tiles of 8 (of 16 with the 512-bit tiles),
+        # a padded tile (5 + 3 copies); 24: 16 + 8; 12: a four-token tile; 3: padded to one with the 512-bit tiles;
+        # 9 last
         out, ones = _decoded_rows_equal_matvec(layer, x[:n_tokens])
         layer.matmul(x[:n_tokens], out)
         if not batch_kernels:
@@ -528,10 +529,12 @@ def test_pair_splats_copy_lanes():
 @pytest.mark.skipif(not simd.HAS_WIDE_TILES, reason="needs AVX-512 with VNNI")
 def test_512_bit_tile_intrinsics_match_numpy():
     """The 512-bit tiles' pieces against numpy: quants in tile order from Q4 nibbles and Q5 nibbles plus high bits,
-    the pairs' scales, and one step (unsigned x signed four-byte lane sums from zero or from starting lanes, to
-    float, times the scales plus the accumulator with one rounding), and the halves."""
-    from edgellm.quant.simd import (f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero, i8x64_tile_quants,
-                                    load_f32x8, load_i8x32, load_nibbles_tile64, load_q5_tile64, store_f32x8)
+    the pairs' scales, and one step (unsigned x signed four-byte lane sums from zero or from starting lanes that
+    carry TILE_START, to float exactly, times the scales plus the accumulator with one rounding; lanes up to the
+    extremes of a Q8_0 step, +-2^18), and the halves."""
+    from edgellm.quant.simd import (TILE_START, f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero,
+                                    i8x64_tile_quants, load_f32x8, load_i8x32, load_nibbles_tile64, load_q5_tile64,
+                                    store_f32x8)
 
     @njit
     def step(w, x, base, scales8, acc8, out, with_base, pair):
@@ -553,7 +556,7 @@ def test_512_bit_tile_intrinsics_match_numpy():
                 store_f32x8(out, (4 * j + e) * 16 + 8, hi)
 
     rng = np.random.default_rng(9)
-    for _ in range(20):
+    for trial in range(20):
         raw = rng.integers(0, 256, 24).astype(np.uint8)
         qs, bits = raw[4:20], int(raw[:4].view("<u4")[0])
         nib = np.concatenate([qs & 15, qs >> 4]).astype(np.int64)  # quant j: low nibbles 0-15, high 16-31
@@ -570,7 +573,10 @@ def test_512_bit_tile_intrinsics_match_numpy():
 
         w = rng.integers(0, 256, 32).astype(np.uint8).view(np.int8)
         x = rng.integers(-127, 128, 64).astype(np.int8)
-        base = rng.integers(-(1 << 16), 1 << 16, 16).astype(np.int32)
+        if trial % 4 == 1:  # the largest lanes, both signs: 255 x +-127 x 4 plus a base of +-2^17
+            w[:] = -1
+            x[:32], x[32:] = 127, -127
+        base = rng.integers(-(1 << 17), 1 << 17, 16).astype(np.int32)
         scales8 = (rng.standard_normal(8) * 1e-3).astype(np.float32)
         acc8 = rng.standard_normal(8).astype(np.float32)
         wt = w.view(np.uint8)[order].astype(np.int64)
@@ -581,7 +587,7 @@ def test_512_bit_tile_intrinsics_match_numpy():
             for with_base in (False, True):
                 total = lanes + (base if with_base else 0)
                 out = np.empty(16, np.float32)
-                step(w, x, base, scales8, acc8, out, with_base, pair)
+                step(w, x, base + TILE_START, scales8, acc8, out, with_base, pair)
                 want = (total.astype(np.float32).astype(np.float64) * s16 + a16).astype(np.float32)
                 np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
 
@@ -806,18 +812,19 @@ def test_pack_tiles4_matches_numpy(n_tokens):
     assert not xp[:n8 * n_in].any() and not xt[:base].any()  # the eight-token groups' part is left alone
 
 
-@pytest.mark.parametrize("mult", [-16, -8, -128, 3])
-def test_lane_sums_match_numpy(mult):
-    """dots_block32._lane_sums (eight lanes at a time): mult x the sum of each four activation bytes, including
-    the extremes (-128 x 4 x -128 needs more than 16 bits)."""
+@pytest.mark.parametrize("mult, start", [(-16, 0), (-8, 0), (-128, 0), (3, 0), (-128, 0x4B400000),
+                                         (-8, 0x4B400000)])
+def test_lane_sums_match_numpy(mult, start):
+    """dots_block32._lane_sums (eight lanes at a time): start + mult x the sum of each four activation bytes,
+    including the extremes (-128 x 4 x -128 needs more than 16 bits)."""
     from edgellm.quant.dots_block32 import _lane_sums
     rng = np.random.default_rng(abs(mult))
     src = rng.integers(-128, 128, 3 * 32 * 5).astype(np.int8)
     src[:32] = -128
     src[32:64] = 127
     dst = np.full(src.size // 4 + 3, 7, np.int32)  # past the lanes: left as it was
-    _lane_sums(src, mult, dst[:src.size // 4])
-    np.testing.assert_array_equal(dst[:-3], mult * src.astype(np.int64).reshape(-1, 4).sum(axis=1))
+    _lane_sums(src, mult, dst[:src.size // 4], start)
+    np.testing.assert_array_equal(dst[:-3], start + mult * src.astype(np.int64).reshape(-1, 4).sum(axis=1))
     np.testing.assert_array_equal(dst[-3:], 7)
 
 

@@ -43,8 +43,8 @@ from .i8x32 import (i8x32_add, i8x32_and, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, 
                     load_nibbles_rows2, store_i8x32, store_lane_sums, store_pair64)
 from .dots import (dot4_u8x32_byte_scales, dot_i8x32, dot_i8x32_2scales, dot_u8x32, dot_u8x32_2scales, dot_u8x32_plus,
                    dot_u8x32_scale_pair)
-from .tiles_avx512 import (f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_zero, i8x64_tile_quants,
-                           load_nibbles_tile64, load_q5_tile64)
+from .tiles_avx512 import (TILE_START, f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_tile_sums8,
+                           f32x16_zero, i8x64_tile_quants, load_nibbles_tile64, load_q5_tile64)
 from .token_lanes import (LANES, TILE_VECTORS, lanes_fma, lanes_mul, lanes_splat, load_lanes, q4_k_pair_sums_1x1,
                           q4_k_pair_sums_tile, q6_k_superblock_sums_1x1, q6_k_superblock_sums_tile, store_lanes)
 from .i32x8 import (i32x8_add, i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_halves4, i32x8_hsum_two, i32x8_madd,
@@ -58,11 +58,12 @@ from .f32_lanes import (absmax_f32x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_z
 from .scalar_float import f32_from_bits, f32_shl23_add, f32_to_f16, f32_to_f16_portable, fma32, round_f16
 
 __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "HAS_VNNI", "HAS_WIDE_TILES", "I32x8",
-           "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_VECTORS", "absmax_f32x32", "cpu_name",
+           "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_START", "TILE_VECTORS", "absmax_f32x32",
+           "cpu_name",
            "dot4_u8x32_byte_scales", "dot_i8x32", "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales",
            "dot_u8x32_plus", "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add",
            "f32_to_f16", "f32_to_f16_portable", "f32x16_fma", "f32x16_halves", "f32x16_pair_scales",
-           "f32x16_splat", "f32x16_tile_step", "f32x16_zero", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma",
+           "f32x16_splat", "f32x16_tile_step", "f32x16_tile_sums8", "f32x16_zero", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma",
            "f32x8_fma_i32", "f32x8_fma_lanes", "f32x8_from_i32", "f32x8_hsum", "f32x8_hsum_pairs", "f32x8_hsum_split",
            "f32x8_lane", "f32x8_mul", "f32x8_pair_splats", "f32x8_splat", "f32x8_sub", "f32x8_zero", "fma32",
            "i32x8_add", "i32x8_hsum", "i32x8_hsum4", "i32x8_hsum8", "i32x8_hsum_halves4", "i32x8_hsum_two",

@@ -46,19 +46,20 @@ def store_pair64(typingctx, dst, d_offset, src, a_offset, b_offset):
 
 
 @intrinsic
-def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult):
-    """dst[d_offset + k] <- mult x (src[s_offset + 4k] + ... + src[s_offset + 4k + 3]) for k = 0..7: the int32 lane
-    sums of 32 signed bytes (dst an int32 array, element offset; mult an int32, the products within int32)."""
+def store_lane_sums(typingctx, dst, d_offset, src, s_offset, mult, start):
+    """dst[d_offset + k] <- start + mult x (src[s_offset + 4k] + ... + src[s_offset + 4k + 3]) for k = 0..7: the
+    int32 lane sums of 32 signed bytes (dst an int32 array, element offset; mult and start int32, the results
+    within int32)."""
     def codegen(context, builder, sig, args):
         i32x32 = _vec(_I32, 32)
         v = builder.sext(_load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _vec(_I8, 32)), i32x32)
         parts = [_shuffle(builder, v, v, range(e, 32, 4)) for e in range(4)]
         total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
-        total = builder.mul(total, _splat(builder, args[4], 8))
+        total = builder.add(builder.mul(total, _splat(builder, args[4], 8)), _splat(builder, args[5], 8))
         ptr = _ptr(context, builder, sig.args[0], args[0], args[1])
         _store(builder, ptr, total, align=4)
         return context.get_dummy_value()
-    return types.none(dst, d_offset, src, s_offset, types.int32), codegen
+    return types.none(dst, d_offset, src, s_offset, types.int32, types.int32), codegen
 
 
 def _nibbles_lo_hi(context, builder, sig, args):
