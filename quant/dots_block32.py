@@ -50,8 +50,8 @@ from .simd import (HAS_WIDE_TILES, IS_AARCH64, TILE_START, cpu_name, dot_i8x32, 
 TOKEN_TILE = 4
 # The tiles' lane sums (xl) start the 512-bit steps' lanes, which carry simd.TILE_START.
 TILE_LANES_START = TILE_START if HAS_WIDE_TILES else 0
-# Sixteen tokens a row pass (tile16_<fmt> of the formats with mins: two eight-token groups sharing each block's
-# decoding) with the 512-bit tiles; the 256-bit ones' two groups would need 16 accumulators, all of AVX2's registers.
+# Sixteen tokens a row pass (tile16_<fmt>: two eight-token groups sharing each block's decoding) with the 512-bit
+# tiles; the 256-bit ones' two groups would need 16 accumulators, all of AVX2's registers.
 TILE16 = HAS_WIDE_TILES
 # Batches go eight tokens at a time through blocks of ROW_BLOCK rows, so the eight tokens' activations stay in L1
 # while the block's rows pass over them; each (row, token) dot is the same whatever the tiling.

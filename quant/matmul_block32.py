@@ -55,13 +55,36 @@ def tile4_q4_0(w, o, nb, xp, xo, xt, so, xl):
 
 
 @njit(cache=True)
+def tile16_q4_0(w, o, nb, xp, xo, xt, so, xl, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q, d = _tile_quants_q4_0(w, o), load_f16_splat8(w, o)
+        acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET, xl)
+        acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_OFFSET, xl)
+        o += 18
+    return _tile8_sums(acc) + _tile8_sums(acc2)
+
+
+@njit(cache=True)
+def _rows16_q4_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
+
+
+@njit(cache=True)
 def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
-    rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
+    tokens two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-    for t in range(0, n8, 8):
+    n16 = n8 - n8 % 16 if TILE16 else 0
+    for t in range(0, n16, 16):
+        _rows16_q4_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, xl, out)
+    for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q4_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
@@ -137,13 +160,22 @@ def tile16_q4_1(w, o, nb, xp, xo, xt, so, mo, gx, gs):
     mins, mins2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q, d, m = _tile_quants_q4_1(w, o), load_f16_splat8(w, o), load_f16_splat8(w, o + 2)
+        q, d = _tile_quants_q4_1(w, o), load_f16_splat8(w, o)
+        m = load_f16_splat8(w, o + 2)
         mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))
         mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))
         acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED, xp)
         acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_UNSIGNED, xp)
         o += 20
     return _tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)
+
+
+@njit(cache=True)
+def _rows16_q4_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
 
 
 @njit(cache=True)
@@ -155,10 +187,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
     n16 = n8 - n8 % 16 if TILE16 else 0
     for t in range(0, n16, 16):
-        for r in range(r0, r1):
-            v = tile16_q4_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb, 8 * n_in, 8 * nb)
-            for j in range(16):
-                out[t + j, r] = v[j]
+        _rows16_q4_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, n8 * nb + t * nb, out)
     for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
@@ -230,13 +259,36 @@ def tile4_q5_0(w, o, nb, xp, xo, xt, so, xl):
 
 
 @njit(cache=True)
+def tile16_q5_0(w, o, nb, xp, xo, xt, so, xl, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q, d = _tile_quants_q5_0(w, o), load_f16_splat8(w, o)
+        acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_OFFSET, xl)
+        acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_OFFSET, xl)
+        o += 22
+    return _tile8_sums(acc) + _tile8_sums(acc2)
+
+
+@njit(cache=True)
+def _rows16_q5_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
+
+
+@njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
-    rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
+    tokens two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-    for t in range(0, n8, 8):
+    n16 = n8 - n8 % 16 if TILE16 else 0
+    for t in range(0, n16, 16):
+        _rows16_q5_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, xl, out)
+    for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q5_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)
@@ -314,13 +366,22 @@ def tile16_q5_1(w, o, nb, xp, xo, xt, so, mo, gx, gs):
     mins, mins2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q, d, m = _tile_quants_q5_1(w, o), load_f16_splat8(w, o), load_f16_splat8(w, o + 2)
+        q, d = _tile_quants_q5_1(w, o), load_f16_splat8(w, o)
+        m = load_f16_splat8(w, o + 2)
         mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))
         mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))
         acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, TILE_UNSIGNED, xp)
         acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, TILE_UNSIGNED, xp)
         o += 24
     return _tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)
+
+
+@njit(cache=True)
+def _rows16_q5_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
 
 
 @njit(cache=True)
@@ -332,10 +393,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
     n16 = n8 - n8 % 16 if TILE16 else 0
     for t in range(0, n16, 16):
-        for r in range(r0, r1):
-            v = tile16_q5_1(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, n8 * nb + t * nb, 8 * n_in, 8 * nb)
-            for j in range(16):
-                out[t + j, r] = v[j]
+        _rows16_q5_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, n8 * nb + t * nb, out)
     for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
@@ -409,13 +467,36 @@ def tile4_q8_0(w, o, nb, xp, xo, xt, so, xl):
 
 
 @njit(cache=True)
+def tile16_q8_0(w, o, nb, xp, xo, xt, so, xl, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        q, d = _tile_quants_q8_0(w, o), load_f16_splat8(w, o)
+        acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, Q8_0_TILE_KIND, xl)
+        acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, Q8_0_TILE_KIND, xl)
+        o += 34
+    return _tile8_sums(acc) + _tile8_sums(acc2)
+
+
+@njit(cache=True)
+def _rows16_q8_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
+
+
+@njit(cache=True)
 def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then a four-token tile, then single tokens two
-    rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
+    tokens two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
-    for t in range(0, n8, 8):
+    n16 = n8 - n8 % 16 if TILE16 else 0
+    for t in range(0, n16, 16):
+        _rows16_q8_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, xl, out)
+    for t in range(n16, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_q8_0(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, xl)

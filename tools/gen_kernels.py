@@ -127,26 +127,30 @@ def tile${n}_$fmt(w, o, nb, xp, xo, xt, so, $last):$doc
 
 
 # Two eight-token groups through one row at once (dots_block32.TILE16: the 512-bit tiles, whose 32 registers hold
-# both groups' accumulators): each block's quants, scale and min are decoded once for sixteen tokens. The second
-# group's activations are gx bytes and its scales gs floats after the first's, in the eight-token layout. Only the
-# formats with mins: the tiles that start from lane sums (Q4_0, Q5_0, Q8_0) read two more streams, and with both
-# groups' inlined into the row block LLVM spilled its pointers and reloaded its constants in the loop, which left
-# those no faster than two eight-token passes.
+# both groups' accumulators): each block's quants, scale (and min) are decoded once for sixteen tokens. The second
+# group's activations are gx bytes and its scales gs floats after the first's, in the eight-token layout. The rows
+# run in a function of their own (_rows16_<fmt>), which LLVM does not inline into the row block: inlined there, the
+# lane-sum formats' loop spilled pointers and reloaded constants, and Q5_0 ran no faster than two eight-token passes.
 TILE16 = Template('''
 
 @njit(cache=True)
-def tile16_$fmt(w, o, nb, xp, xo, xt, so, mo, gx, gs):
-    acc, acc2 = _tile8_zero(), _tile8_zero()
-    mins, mins2 = f32x8_zero(), f32x8_zero()
+def tile16_$fmt(w, o, nb, xp, xo, xt, so, $last, gx, gs):
+    acc, acc2 = _tile8_zero(), _tile8_zero()$mins_init
     for b in range(nb):
         prefetch(w, o + PREFETCH_BYTES)
-        q, d, m = _tile_quants_$fmt(w, o), load_f16_splat8(w, o), load_f16_splat8(w, o + 2)
-        mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))
-        mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))
+        q, d = _tile_quants_$fmt(w, o), load_f16_splat8(w, o)$mins_step
         acc = _tile8_pairs(acc, q, d, xp, xo + 256 * b, xt, so + 8 * b, $kind, $kind_arg)
         acc2 = _tile8_pairs(acc2, q, d, xp, xo + gx + 256 * b, xt, so + gs + 8 * b, $kind, $kind_arg)
         o += $block_bytes
-    return _tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)
+    return $sums
+
+
+@njit(cache=True)
+def _rows16_$fmt(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
+    for r in range(r0, r1):
+        v = tile16_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, last, 8 * n_in, 8 * nb)
+        for j in range(16):
+            out[t + j, r] = v[j]
 ''')
 
 
@@ -179,23 +183,21 @@ def tiles(r) -> str:
                                f"load_f32x8(xt, mo + {n} * b)))") if mins else "",
                     sums=f"_tile{n}_sums_mins(acc, mins)" if mins else f"_tile{n}_sums(acc)")
         out.append(TILE.substitute(args))
-    if _has_tile16(r):
-        out.append(TILE16.substitute(fmt=r.suffix, kind=kind, kind_arg=kind_arg, block_bytes=r.format.type_size))
+    extra = (dict(mins_init="\n    mins, mins2 = f32x8_zero(), f32x8_zero()",
+                  mins_step=("\n        m = load_f16_splat8(w, o + 2)"
+                             "\n        mins = f32x8_add(mins, f32x8_mul(m, load_f32x8(xt, mo + 8 * b)))"
+                             "\n        mins2 = f32x8_add(mins2, f32x8_mul(m, load_f32x8(xt, mo + gs + 8 * b)))"),
+                  sums="_tile8_sums_mins(acc, mins) + _tile8_sums_mins(acc2, mins2)", last="mo") if mins else
+             dict(mins_init="", mins_step="", sums="_tile8_sums(acc) + _tile8_sums(acc2)", last="xl"))
+    out.append(TILE16.substitute(extra, fmt=r.suffix, kind=kind, kind_arg=kind_arg, block_bytes=r.format.type_size))
     return "".join(out)
 
 
-def _has_tile16(r) -> bool:
-    return r.tile4 and r.driver == registry.DRIVER_MINS
-
-
-# Sixteen-token tiles first where the format has them (_has_tile16) and TILE16 holds.
+# Sixteen-token tiles first where the format has them (the tile4 records) and TILE16 holds.
 SIXTEEN_STEP = """
     n16 = n8 - n8 % 16 if TILE16 else 0
     for t in range(0, n16, 16):
-        for r in range(r0, r1):
-            v = tile16_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last, 8 * n_in, 8 * nb)
-            for j in range(16):
-                out[t + j, r] = v[j]"""
+        _rows16_$fmt(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, $tile_last, out)"""
 
 
 # The four tokens after the eight-token tiles (T % 8 >= 4): a four-token tile (its scales after the eight-token
@@ -260,8 +262,8 @@ def matmul_block32() -> str:
         fmt = r.suffix
         imports.setdefault(r.dots, []).extend([f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0"])
         if r.tile4:  # its tiles made here
-            imports["dots_block32"] += [f"_tile_quants_{fmt}", "PREFETCH_BYTES", "_tile8_zero", "_tile8_pairs",
-                                        "_tile4_zero", "_tile4_pairs"] + (["TILE16"] if _has_tile16(r) else [])
+            imports["dots_block32"] += [f"_tile_quants_{fmt}", "PREFETCH_BYTES", "TILE16", "_tile8_zero",
+                                        "_tile8_pairs", "_tile4_zero", "_tile4_pairs"]
             imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
                                         else ["_tile8_sums", "_tile4_sums"])
             imports["dots_block32"].append(_tile_kind(r)[0])
@@ -273,10 +275,10 @@ def matmul_block32() -> str:
             imports[r.dots].append(r.tile_offset)
         four, step = FOUR_STEPS[r.tile4]
         args = dict(DRIVER_ARGS[r.driver], fmt=fmt, offset=r.tile_offset, four=four,
-                    eight="sixteen- and eight-token tiles" if _has_tile16(r) else "eight-token tiles",
-                    eight_from="n16" if _has_tile16(r) else "0")
+                    eight="sixteen- and eight-token tiles" if r.tile4 else "eight-token tiles",
+                    eight_from="n16" if r.tile4 else "0")
         args["four_step"] = Template(step).substitute(args)
-        args["sixteen"] = Template(SIXTEEN_STEP).substitute(args) if _has_tile16(r) else ""
+        args["sixteen"] = Template(SIXTEEN_STEP).substitute(args) if r.tile4 else ""
         args["rows_doc"] = textwrap.fill(f"Rows [16 rb, 16 rb + 16) of out = W x: {args['eight']}, then {four}, then "
                                          'single tokens two rows at a time."""', 113, initial_indent='    """',
                                          subsequent_indent="    ")
