@@ -294,6 +294,7 @@ def _tile8_zero_wide():
 
 @njit(cache=True)
 def _lanes8(v):
+    """The 8 lanes of an F32x8 as a tuple of float32 (eight tokens' results)."""
     return (f32x8_lane(v, 0), f32x8_lane(v, 1), f32x8_lane(v, 2), f32x8_lane(v, 3), f32x8_lane(v, 4),
             f32x8_lane(v, 5), f32x8_lane(v, 6), f32x8_lane(v, 7))
 

@@ -12,12 +12,12 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .kernels_kquant import (ROW_CHUNK, _decoded_dot, _group_q4_k, _group_q6_k, _quantize_tokens, _row_chunk_buffers,
                              _scales_q6_k, _scales_q45_k)
-from .dots_block32 import PREFETCH_BYTES
+from .dots_block32 import PREFETCH_BYTES, _lanes8
 from .kernels_dequant import k_scales_mins
 from .simd import (LANES, TILE_VECTORS, lanes_fma, lanes_mul, lanes_splat, load_lanes, q4_k_pair_sums_1x1,
                    q4_k_pair_sums_tile, q6_k_superblock_sums_1x1, q6_k_superblock_sums_tile, store_lanes)
 from .simd import (dot_i8x32_2scales, dot_u8x32_2scales, dot4_u8x32_byte_scales, dot_u8x32_scale_pair, f32x8_fma,
-                   f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_lane, f32x8_mul, f32x8_splat,
+                   f32x8_fma_i32, f32x8_fma_lanes, f32x8_from_i32, f32x8_hsum, f32x8_mul, f32x8_splat,
                    f32x8_sub, f32x8_zero, fma32, i8x32_and, i8x32_or, i8x32_shl, i8x32_shr, i32x8_add, i32x8_mins_dot,
                    i32x8_hsum, i32x8_hsum4, i32x8_hsum8, i32x8_hsum_two, i32x8_madd, i32x8_mul, i32x8_splat, i32x8_zero,
                    load_f16, load_f32, load_f32x8, load_i8x32, load_i32, load_i32x8, pair_dot_i8_i32,
@@ -181,13 +181,6 @@ def _group_eight(sums, q, xq, k, n_in, lo, hi, signed):
     s6 = i32x8_add(s6, _dot2(q, load_i8x32(xq, k + 6 * n_in), lo, hi, signed))
     s7 = i32x8_add(s7, _dot2(q, load_i8x32(xq, k + 7 * n_in), lo, hi, signed))
     return s0, s1, s2, s3, s4, s5, s6, s7
-
-
-@njit(cache=True)
-def _lanes8(v):
-    """The 8 lanes of an F32x8 as a tuple of float32 (eight tokens' results)."""
-    return (f32x8_lane(v, 0), f32x8_lane(v, 1), f32x8_lane(v, 2), f32x8_lane(v, 3), f32x8_lane(v, 4),
-            f32x8_lane(v, 5), f32x8_lane(v, 6), f32x8_lane(v, 7))
 
 
 @njit(cache=True)
