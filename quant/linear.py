@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from .aligned import empty_aligned
 from .formats import format_by_name
 from .reference import as_checked_bytes, check_shape
 from .registry import FLOAT, Q8_0, kernels_for
@@ -27,7 +28,7 @@ from .simd import HAS_WIDE_TILES
 
 
 class _ActivationScratch:
-    """int8 quants + per-block scales (+ sums) for up to `capacity` tokens of width n_in."""
+    """int8 quants + per-block scales (+ sums) for up to `capacity` tokens of width n_in, each on a cache line."""
 
     def __init__(self, activation: str, n_in: int):
         self.activation, self.n_in, self.capacity = activation, n_in, 0
@@ -38,10 +39,11 @@ class _ActivationScratch:
         if n_tokens > self.capacity:  # matmul only: matvec always fits
             n = n_tokens * self.n_in
             if self.activation == Q8_0:  # xq, d per 32, d*sum(q) per 32, each followed by the 8-token tiles' copy
-                self.args = (np.empty(3 * n, np.int8), np.empty(6 * (n // 32), np.float32),
-                             np.empty(n // 32, np.float32))
+                self.args = (empty_aligned(3 * n, np.int8), empty_aligned(6 * (n // 32), np.float32),
+                             empty_aligned(n // 32, np.float32))
             else:                        # xq, d per 256, int sums per 16
-                self.args = (np.empty(n, np.int8), np.empty(n // 256, np.float32), np.empty(n // 16, np.int32))
+                self.args = (empty_aligned(n, np.int8), empty_aligned(n // 256, np.float32),
+                             empty_aligned(n // 16, np.int32))
             self.capacity = n_tokens
         return self.args
 

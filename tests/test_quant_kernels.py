@@ -269,6 +269,25 @@ def test_scratch_is_shared_within_a_thread_grows_and_is_per_thread():
     assert other[0] is not mine
 
 
+def test_activation_scratch_and_the_tiles_copy_start_on_cache_lines():
+    """The 512-bit tiles load their activations 64 bytes at a time, so every scratch array, and the tiles' copy of
+    the quants after the token-by-token ones, start on a cache line (numpy's own large arrays start 16 bytes past
+    one, and a load across two lines costs two)."""
+    from edgellm.quant.aligned import CACHE_LINE, empty_aligned, zeros_aligned
+    from edgellm.quant.linear import _ActivationScratch
+    from edgellm.quant.registry import Q8_0, Q8_K
+    for activation, n_in in ((Q8_0, 576), (Q8_0, 640), (Q8_K, 768)):
+        for n_tokens in (1, 8, 40, 129):
+            arrays = _ActivationScratch(activation, n_in).reserve(n_tokens)
+            assert [a.ctypes.data % CACHE_LINE for a in arrays] == [0, 0, 0], (activation, n_in, n_tokens)
+    xq = _ActivationScratch(Q8_0, 576).reserve(16)[0]
+    assert xq[16 * 576:].ctypes.data % CACHE_LINE == 0
+    assert [empty_aligned(n, np.int8).ctypes.data % CACHE_LINE for n in (1, 63, 10_000, 300_000)] == [0] * 4
+    a = zeros_aligned((3, 1000), np.float32)
+    assert a.shape == (3, 1000) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % CACHE_LINE == 0 and not a.any()
+
+
 # --- validation: a kernel never sees a wrong buffer ----------------------------------------------------------------
 
 

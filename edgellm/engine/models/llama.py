@@ -18,6 +18,7 @@ from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.loading import experts, matrix, vector
 from edgellm.engine.models.linear import project_gate_up, project_qkv
 from edgellm.engine.models.moe import DENSE, ExpertBuffers, ExpertConfig, expert_ffn, read_expert_keys
+from edgellm.quant.aligned import zeros_aligned
 
 
 @dataclass(frozen=True)
@@ -98,19 +99,19 @@ class BlockBuffers(TokenBuffers):
     def __init__(self, cfg, n_tokens: int):
         super().__init__(n_tokens)
         T, f32, hd = n_tokens, np.float32, cfg.head_dim
-        self.x = np.zeros((T, cfg.n_embd), f32)  # [T, d] residual stream
-        self.xn = np.zeros((T, cfg.n_embd), f32)  # [T, d] normed block input, then block output
-        self.q = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd]
-        self.k = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
-        self.v = np.zeros((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
-        self.attn = np.zeros((T, cfg.n_head * hd), f32)  # [T, H*hd] attention output, heads side by side
+        self.x = zeros_aligned((T, cfg.n_embd), f32)  # [T, d] residual stream
+        self.xn = zeros_aligned((T, cfg.n_embd), f32)  # [T, d] normed block input, then block output
+        self.q = zeros_aligned((T, cfg.n_head * hd), f32)  # [T, H*hd]
+        self.k = zeros_aligned((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
+        self.v = zeros_aligned((T, cfg.n_head_kv * hd), f32)  # [T, H_kv*hd]
+        self.attn = zeros_aligned((T, cfg.n_head * hd), f32)  # [T, H*hd] attention output, heads side by side
         self.q_heads = self.q.reshape(T, cfg.n_head, hd)  # views of the same memory, [T, heads, hd]
         self.k_heads = self.k.reshape(T, cfg.n_head_kv, hd)
         self.v_heads = self.v.reshape(T, cfg.n_head_kv, hd)
         self.attn_heads = self.attn.reshape(T, cfg.n_head, hd)
         n_ff = 0 if getattr(cfg, "experts", DENSE).n_expert else cfg.n_ff  # experts have buffers of their own
-        self.gate = np.zeros((T, n_ff), f32)  # [T, n_ff]
-        self.up = np.zeros((T, n_ff), f32)  # [T, n_ff]
+        self.gate = zeros_aligned((T, n_ff), f32)  # [T, n_ff]
+        self.up = zeros_aligned((T, n_ff), f32)  # [T, n_ff]
 
 
 class WindowedBlockBuffers(BlockBuffers):
