@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from edgellm.engine.ops.attention_heads import HEADS, _attend_heads_vec, heads_scratch_width
+from edgellm.engine.ops.attention_heads import HEADS, _attend_heads_vec, heads_scratch_width, prefetch_first_rows
 from edgellm.engine.ops.attention_rows import ROWS, _attend_rows_vec
 from edgellm.engine.ops.attention_scalar import LANES_BATCH, LANES_SINGLE, _attend
 from edgellm.engine.ops.attention_vec import _attend_vec
@@ -209,6 +209,7 @@ def _finish_attend_rows_vec(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps
     for item in prange(n_tokens * n_kv):
         t, kv = item // n_kv, item % n_kv
         s = seqs[t]
+        prefetch_first_rows(k_all[s], v_all[s], sp_all[s], kv, positions[t], window)  # during the cache step
         finish_heads(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, q_scale, t, kv * group,
                      (kv + 1) * group, kv, positions[t] % capacity, k_all[s], v_all[s], ks_all[s], vs_all[s])
         for g0 in range(0, group, HEADS):

@@ -130,6 +130,21 @@ def heads_scratch_width(capacity: int, head_dim: int) -> int:
     return HEADS * (capacity + (LANES_SINGLE + 1) * head_dim) + 8
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def prefetch_first_rows(k_cache, v_cache, slot_pos, kv, p, window):
+    """Prefetch the first KEY_PREFETCH_SLOTS key and value rows that a query at position p reads from KV head kv:
+    the score loop prefetches only ahead of itself, and in a decode step these rows come from memory (the step's
+    weights have passed through the caches since the last step read them)."""
+    capacity, head_dim = slot_pos.shape[0], k_cache.shape[2]
+    lo = _visible_from(p, window, capacity)
+    a, b = _run_bounds(0, lo % capacity, p % capacity + 1, capacity)
+    for j in range(a, min(b, a + KEY_PREFETCH_SLOTS)):
+        base = (kv * capacity + j) * head_dim
+        for c in range(0, head_dim, 32):
+            prefetch(k_cache, base + c)
+            prefetch(v_cache, base + c)
+
+
 @njit(cache=True, error_model="numpy")
 def _attend_heads_vec(q, k_cache, v_cache, slot_pos, p, window, scale, t, h0, n, kv, out, work):
     """_attend_vec (one-row order, no sink) for query heads h0 .. h0 + n - 1 (n <= HEADS) of token t, which all read
