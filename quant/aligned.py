@@ -1,6 +1,6 @@
-"""Arrays that start on a cache line. NumPy's large arrays start 16 bytes past one (malloc's header), so a 64-byte
-vector load of them spans two lines and costs two loads; the 512-bit tiles load their activations 64 bytes at a
-time (docs/kernels.md has the gain)."""
+"""Arrays that start on a cache line. NumPy's arrays start wherever malloc leaves them, often 16 to 48 bytes past
+one, and then a 64-byte vector load of them spans two lines and costs two loads; the 512-bit tiles load their
+activations 64 bytes at a time (docs/kernels.md has the gain)."""
 
 import numpy as np
 

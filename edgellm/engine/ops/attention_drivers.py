@@ -298,9 +298,8 @@ def _check_scratch(scratch, capacity: int, head_dim: int) -> None:
 
 def attention_scratch(capacity: int, head_dim: int) -> np.ndarray:
     """The per-thread scratch attention() needs for a cache of this capacity: [threads, width] float32, each
-    thread's row on a cache line. The kernels' query rows and sums sit at offsets of whole cache lines in it (for
-    capacities that are multiples of 16) and are loaded 32 or 64 bytes at a time: on NumPy's own alignment, 16
-    bytes past a line, SmolLM2's 8-sequence attention took 1.6x as long."""
+    thread's row on a cache line, as the kernels load their query rows and sums 32 or 64 bytes at a time (16 bytes
+    past a line, SmolLM2's 8-sequence attention alone took 1.6x as long)."""
     width = -(-attention_scratch_width(capacity, head_dim) // 16) * 16
     return zeros_aligned((numba.config.NUMBA_NUM_THREADS, width), np.float32)
 
