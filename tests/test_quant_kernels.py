@@ -271,8 +271,8 @@ def test_scratch_is_shared_within_a_thread_grows_and_is_per_thread():
 
 def test_activation_scratch_and_the_tiles_copy_start_on_cache_lines():
     """The 512-bit tiles load their activations 64 bytes at a time, so every scratch array, and the tiles' copy of
-    the quants after the token-by-token ones, start on a cache line (numpy's own large arrays start 16 bytes past
-    one, and a load across two lines costs two)."""
+    the quants after the token-by-token ones, start on a cache line (numpy's own arrays start wherever malloc
+    leaves them, often 16 to 48 bytes past one, and a load across two lines costs two)."""
     from edgellm.quant.aligned import CACHE_LINE, empty_aligned, zeros_aligned
     from edgellm.quant.linear import _ActivationScratch
     from edgellm.quant.registry import Q8_0, Q8_K

@@ -59,8 +59,7 @@ from .scalar_float import f32_from_bits, f32_shl23_add, f32_to_f16, f32_to_f16_p
 
 __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "HAS_VNNI", "HAS_WIDE_TILES", "I32x8",
            "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_START", "TILE_VECTORS", "absmax_f32x32",
-           "cpu_name",
-           "dot4_u8x32_byte_scales", "dot_i8x32", "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales",
+           "cpu_name", "dot4_u8x32_byte_scales", "dot_i8x32", "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales",
            "dot_u8x32_plus", "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add",
            "f32_to_f16", "f32_to_f16_portable", "f32x16_fma", "f32x16_halves", "f32x16_pair_scales",
            "f32x16_splat", "f32x16_tile_step", "f32x16_tile_sums8", "f32x16_zero", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_add", "f32x8_fma",
