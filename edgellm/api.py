@@ -144,6 +144,7 @@ class Model:
         if speculative == "auto":
             speculative = "draft" if self.draft_model is not None else None
         self.speculative = speculative_mod.check_mode(speculative, self.draft_model is not None)
+        self._spec_costs = {}  # a new drafter: its costs are measured again
 
     def precompile(self, paths=("prompt",), progress=None) -> float:
         """Compile now the kernels of those warm-up paths (edgellm.generation.kernel_paths.PATHS: "prompt", every
@@ -221,6 +222,7 @@ class Model:
         self.last_batch: list | None = None
         self.draft_model: Model | None = None  # speculative decoding's drafter, when one was loaded
         self.speculative: str | None = None  # the generating calls' default (load(speculative=...))
+        self._spec_costs = {}  # mode -> what speculation measured forwards to cost, kept across calls (ForwardCosts)
         self.prompt_cache = None
 
     def use_prompt_cache(self, cache) -> None:
@@ -596,7 +598,9 @@ class Model:
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
             drafter = speculative_mod.DraftModel(self.draft_model, sampler)
             drafter.start(seq.history)
-        return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min)
+        costs = self._spec_costs.setdefault(mode, speculative_mod.ForwardCosts())  # kept across calls
+        costs.start_generation()
+        return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min, costs)
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

@@ -94,6 +94,22 @@ def test_speculative_requests_in_a_batch_equal_plain_greedy(tiny_pair, mode, che
     assert stats["decode_steps"] < plain_stats["decode_steps"]
 
 
+def test_the_scheduler_times_each_forward_once_in_one_shared_table(tiny_pair, monkeypatch):
+    """Every request's draft length reads one table of forward costs, the server's, kept across requests; each
+    forward is timed into it once, not once per sequence in it."""
+    timed, tables = [], []
+    monkeypatch.setattr(ForwardCosts, "timed_step", lambda self, seconds, n_seqs=1: timed.append(self))
+    monkeypatch.setattr(ForwardCosts, "timed_verification", lambda self, rows, seconds, n_seqs=1: timed.append(self))
+    init = Speculator.__init__
+    monkeypatch.setattr(Speculator, "__init__", lambda self, *a, **k: (init(self, *a, **k),
+                                                                       tables.append(self.length.costs))[0])
+    _, stats = run_together(tiny_pair, "lookup")
+    assert len(tables) == len(TINY_REQUESTS) and all(t is tables[0] for t in tables)
+    assert tables[0].generation == len(TINY_REQUESTS)
+    assert timed and all(t is tables[0] for t in timed)
+    assert len(timed) == stats["decode_steps"] - stats["mixed_steps"]
+
+
 def test_speculative_options_are_checked(tiny_pair):
     with pytest.raises(SamplingError):
         Scheduler(tiny_pair, 1, speculative="beam")

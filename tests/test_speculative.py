@@ -15,7 +15,8 @@ from edgellm.engine import gguf as gguf_reader, ops
 from edgellm.engine.models import build_model
 from edgellm.errors import ModelError, SamplingError
 from edgellm.generation.sampling import Sampler, SamplingParams
-from edgellm.generation.speculative import DRAFT_MAX, DraftLength, ForwardCosts, PromptLookup, Speculator
+from edgellm.generation.speculative import (DRAFT_MAX, DraftLength, ForwardCosts, PromptLookup, Speculator,
+                                           match_class)
 from edgellm.tokenizer import Tokenizer
 
 # Text that repeats itself, so that prompt lookup finds drafts (and a random tiny model's loops repeat it too).
@@ -467,6 +468,72 @@ def test_prompt_lookup_drafts_the_latest_continuation():
     h += [5, 6]
     assert lookup.propose(h, 2) == [7, 2]  # (5, 6) -> 7 2; the index was extended, not rebuilt
     assert PromptLookup().propose([1, 2, 3, 4], 4) == []
+
+
+def test_prompt_lookup_drafts_from_the_longest_matching_suffix():
+    """The longest suffix that occurred before wins over a later occurrence of a shorter one, and find() says how
+    long the match was (up to 8 tokens by default)."""
+    h = [1, 2, 3, 4, 5, 6, 70, 71, 9, 5, 6, 80, 81, 7, 3, 4, 5, 6]
+    assert PromptLookup().find(h, 2) == ([70, 71], 4)  # (3, 4, 5, 6) -> 70 71, not the later (5, 6) -> 80 81
+    assert PromptLookup(n_max=2).find(h, 2) == ([80, 81], 2)
+    copied = list(range(100, 120))
+    assert PromptLookup().find(copied + [0] + copied[:12], 3) == ([112, 113, 114], 8)
+    assert PromptLookup().find([1, 2, 3], 3) == ([], 0)
+    assert [match_class(n) for n in (2, 3, 4, 8)] == [0, 1, 2, 2]
+
+
+def test_lookup_judges_its_finds_by_match_length():
+    """Finds after long matches are right, finds after 2-token matches wrong: the speculator drafts after the long
+    ones and decodes plainly after the short ones, where one estimate for all finds would treat both alike."""
+    spec = Speculator("lookup", None, PromptLookup())
+    spec.length.timed_step(1.0)
+    for rows in range(2, 14):
+        spec.length.timed_verification(rows, 1.0 + 0.15 * rows)
+    for _ in range(30):
+        for j in range(1, 6):  # a long match's drafts: every position right
+            spec.by_match[2].observe(j, True)
+            spec.length.observe(j, True)
+        spec.by_match[0].observe(1, False)  # a 2-token match's: the first token wrong
+        spec.length.observe(1, False)
+    assert 0.4 < spec.length.p(1) < 0.6  # pooled over both kinds of find
+    long_text = list(range(100, 130))
+    history = long_text + [7] + long_text[:10]  # the last 8 tokens occurred before: a long match
+    drafted = spec.propose(history, 12)
+    assert drafted is not None and drafted[0] == long_text[10:10 + len(drafted[0])] and len(drafted[0]) >= 5
+    history += [55, 56, 57, 200, 201, 55, 56]  # only the last 2 tokens occurred before
+    assert spec.drafter.find(history, 3) == ([57, 200, 201], 2) and spec.propose(history, 12) is None
+
+
+def test_forward_costs_are_kept_across_generations_and_stale_sizes_forgotten():
+    costs = ForwardCosts()
+    costs.start_generation()
+    costs.timed_step(1.0)
+    costs.timed_verification(4, 1.6)  # the first timing of a size with a plain step to check it against: kept
+    costs.timed_verification(8, 2.2)
+    for _ in range(ForwardCosts.KEEP_GENERATIONS):  # generations that draft only 3 tokens
+        costs.start_generation()
+        costs.timed_verification(4, 1.6)
+    assert set(costs.verified) == {4, 8}  # the 8-row time is KEEP_GENERATIONS generations old: still kept
+    costs.start_generation()
+    assert set(costs.verified) == {4} and costs.steps == {1: 1.0}  # one more without it: forgotten, tried again
+
+
+def test_a_models_speculation_keeps_its_forward_costs_across_calls(tiny):
+    tiny.complete(REPEATING, max_tokens=24, speculative="lookup")
+    costs = tiny._spec_costs["lookup"]
+    assert costs.steps or costs.verified  # the call timed its forwards
+    before, seen = costs.generation, []
+    real = Speculator.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen.append(self.length.costs)
+    Speculator.__init__ = spy
+    try:
+        tiny.complete(REPEATING, max_tokens=8, speculative="lookup")
+    finally:
+        Speculator.__init__ = real
+    assert seen == [costs] and costs.generation == before + 1  # the next call started from the same table
 
 
 # --- the command line --------------------------------------------------------------------------------------------

@@ -255,6 +255,7 @@ class Scheduler:
                                       or not 1 <= draft_max <= speculative_mod.DRAFT_LIMIT):
             raise ValueError(f"draft_max must be an integer from 1 to {speculative_mod.DRAFT_LIMIT}, got {draft_max!r}")
         self.draft_max = draft_max or (speculative_mod.DRAFT_MAX[mode] if mode else None)
+        self.spec_costs = speculative_mod.ForwardCosts()  # what forwards cost, for every request's draft length
         if self.speculative is None:
             return
         if not isinstance(self.engine, _PoolEngine) or not hasattr(self.engine.fm, "forward_verify_multi"):
@@ -280,7 +281,8 @@ class Scheduler:
             drafter.sampler = None if opts.sampling.greedy else Sampler(
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
         k_max = self.draft_max if opts.draft_max is None else opts.draft_max
-        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min)
+        self.spec_costs.start_generation()
+        return speculative_mod.Speculator(self.speculative, None, drafter, k_max, opts.draft_min, self.spec_costs)
 
     # -- any thread ------------------------------------------------------------------------------------------
     def submit(self, ids, opts, bias=None, time_limit_s: float | None = None) -> ServedRequest:
@@ -645,17 +647,17 @@ class Scheduler:
             self._chunk_done(chunk, rows[len(stepped)])
         extra = sum(len(choices) for _, _, choices, _ in stepped)
         n_seqs, draft_s = len(stepped), sum(d for _, _, _, d in stepped)  # every draft delays the whole forward
+        if chunk is None and any(slot.spec is not None for slot in slots):  # what extra rows cost, against a plain
+            if drafted:                                                     # step as big (once: one shared table)
+                self.spec_costs.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
+            else:
+                self.spec_costs.timed_step(step_s, n_seqs)
         offset = 0
         for slot, fed, choices, _ in stepped:
             own = rows[offset:offset + len(fed)]
             offset += len(fed)
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
-            if slot.spec is not None and chunk is None:  # what extra rows cost, against a plain step as big
-                if drafted:
-                    slot.spec.length.timed_verification(n_seqs + extra, step_s + draft_s, n_seqs)
-                else:
-                    slot.spec.length.timed_step(step_s, n_seqs)
             if not choices:
                 slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
                 self._note_shifts(slot)

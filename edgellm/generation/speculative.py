@@ -23,8 +23,11 @@ import numpy as np
 from edgellm.errors import ModelError, SamplingError
 
 MODES = ("lookup", "draft")
-LOOKUP_NGRAM_MAX = 4  # the longest suffix searched for; longer matches predict better but occur less often
+LOOKUP_NGRAM_MAX = 8  # the longest suffix searched for: the longest one that matches is drafted from
 LOOKUP_NGRAM_MIN = 2  # single-token matches are mostly chance on open text
+# Lookup drafts are judged by the length of the suffix they matched, in classes: 2 tokens, 3, and 4 or more. Text
+# being copied matches long suffixes and goes on matching; a 2-token match is often where the output leaves it.
+LOOKUP_MATCH_CLASSES = (2, 3)
 DRAFT_MAX = {"lookup": 12, "draft": 6}  # most tokens drafted per step: a model draft costs a draft forward each
 DRAFT_LIMIT = 64  # the most a caller may ask drafted per step (each drafted row is a verified row of the forward)
 
@@ -74,7 +77,8 @@ class PromptLookup:
                     self.index[n][tuple(history[t - n:t])] = t
         self.n_indexed = len(history)
 
-    def propose(self, history, k: int) -> list[int]:
+    def find(self, history, k: int) -> tuple[list[int], int]:
+        """(up to k drafted tokens, the length of the suffix they were found after); ([], 0) when none matched."""
         self._extend(history)
         end = len(history)
         for n in self.sizes:
@@ -82,8 +86,19 @@ class PromptLookup:
                 continue
             start = self.index[n].get(tuple(history[end - n:]))
             if start is not None:
-                return list(history[start:start + k])
-        return []
+                return list(history[start:start + k]), n
+        return [], 0
+
+    def propose(self, history, k: int) -> list[int]:
+        return self.find(history, k)[0]
+
+
+def match_class(n: int) -> int:
+    """The class (an index) of a lookup find after a matched suffix of n tokens: see LOOKUP_MATCH_CLASSES."""
+    for i, bound in enumerate(LOOKUP_MATCH_CLASSES):
+        if n <= bound:
+            return i
+    return len(LOOKUP_MATCH_CLASSES)
 
 
 class DraftModel:
@@ -197,22 +212,35 @@ class ForwardCosts:
     the rows (the matmuls run tokens in tiles of 8 and 4: on a small model 4 rows can cost less than 3), so each
     size is timed; an untimed size is interpolated between timed ones, past them extrapolated at the average extra
     row's cost (before any verification is timed, BETA_START of a single step a row), and taken UNTIMED lower, so
-    that each size worth it gets tried once. One table per generation: a table kept across calls would keep a
-    noisy size's time for good, since a size judged too dear is not tried (and timed) again. For the same reason a
-    size's first timing is timed again when it is far above what the timed forwards suggest, or when nothing is
-    timed yet to check it with: a process's first forward of a size also loads its kernels from Numba's cache
-    (SmolLM2's 4-row verification at one thread, 16-22 ms, took 27-33 ms the first time, and a generation that
-    kept that never drafted 3 tokens again)."""
+    that each size worth it gets tried once. A table is kept across generations (a Model's per mode, a server's),
+    since trying each size costs a short generation much of its gain; a size that none of the last KEEP_GENERATIONS
+    generations timed is forgotten, so that a noisy timing is not kept for good (a size judged too dear is not
+    drafted, and so not timed, again: forgotten, it is guessed and tried again). A size's first timing is timed
+    again when it is far above what the timed forwards suggest, or when nothing is timed yet to check it with: a
+    process's first forward of a size also loads its kernels from Numba's cache (SmolLM2's 4-row verification at
+    one thread, 16-22 ms, took 27-33 ms the first time, and a generation that kept that never drafted 3 tokens
+    again)."""
 
     DECAY = 0.7  # weight of the past in the running times, per timed forward
     BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
     UNTIMED = 0.8  # an untimed size's estimate, times this: optimistic, so that it gets timed
     FIRST_SLACK = 1.25  # a first timing above this many times the size's estimate is timed again before it counts
+    KEEP_GENERATIONS = 4
 
     def __init__(self):
         self.steps = {}  # sequences in a plain forward -> its running seconds
         self.verified = {}  # rows in a verifying forward -> its running seconds, drafting included
         self.slow_first = set()  # sizes whose first timing was not kept
+        self.generation = 0
+        self.timed_in = {}  # rows -> the generation that last timed a verification of that size
+
+    def start_generation(self) -> None:
+        """A generation starts with this table: sizes no timing of the last KEEP_GENERATIONS generations kept are
+        forgotten (see the class)."""
+        self.generation += 1
+        for rows in [r for r, g in self.timed_in.items() if g <= self.generation - self.KEEP_GENERATIONS - 1]:
+            del self.verified[rows], self.timed_in[rows]
+            self.slow_first.discard(rows)
 
     def _running(self, table: dict, key: int, seconds: float) -> None:
         old = table.get(key)
@@ -230,6 +258,7 @@ class ForwardCosts:
             self.slow_first.add(rows)
             return
         self._running(self.verified, rows, seconds)
+        self.timed_in[rows] = self.generation
 
     def plain_s(self, n_seqs: int) -> float:
         """A plain step of n_seqs sequences: timed, else the nearest timed batch size's scaled as 1 + BETA_START
@@ -279,15 +308,19 @@ class DraftLength:
     that is the single sequence's speed-up. Where no k beats plain decoding (open-ended text: drafts rejected; a
     big batch) drafting pauses (unless `pauses` is off: a drafter whose finds are checked without drafting), for a
     pause that doubles while it stays so and resets when a draft is accepted again. k_min: a shorter draft is not
-    verified (want() asks for at least k_min)."""
+    verified (want() asks for at least k_min). parent: another DraftLength whose estimates this one's start from and
+    are pulled toward, as POOL_WEIGHT observations of them (prompt lookup's classes of find, each pooled toward all
+    finds: a class seen rarely is judged mostly as the finds are overall)."""
 
     ACCEPT_DECAY = 0.9  # weight of the past in the acceptance counts, per observation
     ALPHA_START = 0.8  # the first position's first estimate
     PAUSE_FIRST, PAUSE_MAX = 4, 128
     MIN_GAIN = 1.05  # a draft is verified only for at least this expected speed-up: less is within the costs' noise
+    POOL_WEIGHT = 2.0
 
-    def __init__(self, k_max: int, k_min: int = 0, pauses: bool = True, costs: ForwardCosts | None = None):
-        self.k_max, self.k_min, self.pauses = k_max, min(k_min, k_max), pauses
+    def __init__(self, k_max: int, k_min: int = 0, pauses: bool = True, costs: ForwardCosts | None = None,
+                 parent: DraftLength | None = None):
+        self.k_max, self.k_min, self.pauses, self.parent = k_max, min(k_min, k_max), pauses, parent
         self.costs = ForwardCosts() if costs is None else costs
         n = max(k_max, 0) + 1
         self.accepted = [0.0] * n  # [j - 1]: decayed counts of drafted token j accepted / tried
@@ -300,6 +333,9 @@ class DraftLength:
 
     def estimates(self, k: int) -> list[float]:
         """[p_1, ..., p_k]: p_j, the chance that drafted token j is accepted, given the ones before it were."""
+        if self.parent is not None:
+            pooled, w = self.parent.estimates(k), self.POOL_WEIGHT
+            return [(self.accepted[i] + w * pooled[i]) / (self.seen[i] + w) for i in range(k)]
         out, p = [], self.ALPHA_START
         for i in range(k):
             w = self.prior_weight[i]
@@ -395,8 +431,13 @@ class Speculator:
         # a lookup costs a few dictionary look-ups, so it runs every step and needs no pauses (see propose)
         self.length = DraftLength(DRAFT_MAX[mode] if k_max is None else k_max, k_min, pauses=not self.lookup,
                                   costs=costs)
+        # lookup: the length is chosen with the estimates of the find's class (match_class), pooled toward
+        # self.length's, which counts every find
+        self.by_match = [DraftLength(self.length.k_max, k_min, pauses=False, costs=self.length.costs,
+                                     parent=self.length) for _ in range(len(LOOKUP_MATCH_CLASSES) + 1)] \
+            if self.lookup else []
         self.drafted = self.accepted = self.verifications = 0
-        self._found = []  # lookup: [history length, the tokens found then, how many are compared yet]
+        self._found = []  # lookup: [history length, the tokens found then, how many compared yet, its class's length]
 
     def propose(self, history, room: int, n_seqs: int = 1):
         """(drafted tokens, choices for SequenceState.step) after history, at most `room` tokens, in a forward of
@@ -406,11 +447,12 @@ class Speculator:
         and when copying starts again after open text); the length is chosen knowing how many tokens it found."""
         if self.lookup:
             self._compare_found(history)
-            found = self.drafter.propose(history, self.length.k_max) if self.length.k_max > 0 else []
+            found, n = self.drafter.find(history, self.length.k_max) if self.length.k_max > 0 else ([], 0)
             if not found:
                 return None
-            self._found.append([len(history), found, 0])
-            k = min(self.length.want(n_seqs, len(found)), room)
+            length = self.by_match[match_class(n)]
+            self._found.append([len(history), found, 0, length])
+            k = min(length.want(n_seqs, len(found)), room)
             return self.choices(found[:k], None) if k > 0 else None
         k = self.plan(room, n_seqs)
         if k == 0:
@@ -423,11 +465,12 @@ class Speculator:
         once, as it is seen, up to the find's first wrong token."""
         waiting = []
         for entry in self._found:
-            start, found, j = entry
+            start, found, j, length = entry
             while j < len(found) and start + j < len(history):
                 right = history[start + j] == found[j]
                 j += 1
                 self.length.observe(j, right)
+                length.observe(j, right)
                 if not right:
                     j = len(found)
             if j < len(found):
