@@ -25,9 +25,10 @@ import numpy as np
 
 from edgellm.engine import kvtypes, ops, prefix
 from edgellm.errors import ModelError
+from edgellm.quant.aligned import CACHE_LINE
 
 EMPTY_SLOT = -1
-_ALIGN = 64  # bytes: each layer's arrays start on a cache line
+_ALIGN = CACHE_LINE  # each layer's arrays start on a cache line
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ decoding's; sampling, the rejection rule keeps the output distribution the targe
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -95,10 +96,7 @@ class PromptLookup:
 
 def match_class(n: int) -> int:
     """The class (an index) of a lookup find after a matched suffix of n tokens: see LOOKUP_MATCH_CLASSES."""
-    for i, bound in enumerate(LOOKUP_MATCH_CLASSES):
-        if n <= bound:
-            return i
-    return len(LOOKUP_MATCH_CLASSES)
+    return bisect.bisect_left(LOOKUP_MATCH_CLASSES, n)
 
 
 class DraftModel:
