@@ -31,7 +31,7 @@ from edgellm.errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError,
                             PromptError, SamplingError)  # (NumericalError, SamplingError: this module's API)
 from edgellm.generation import kernel_paths
 from edgellm.generation.batch import prepare, release_pool, run_batch
-from edgellm.generation import speculative as speculative_mod
+from edgellm.generation import cost_store, speculative as speculative_mod
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.options import MODEL_DEFAULT, GenerationOptions, parse_options
 from edgellm.generation.prompt_cache import PromptCache
@@ -565,10 +565,11 @@ class Model:
                 if self._shift_log():
                     self._apply_shifts()
             t.generated_tokens = len(seq.generated)
-            if spec is not None:
-                t.draft_tokens, t.accepted_tokens = spec.drafted, spec.accepted
             c2 = compile_seconds()
             t.generate_s = time.perf_counter() - t1 - (c2 - c1)
+            if spec is not None:
+                t.draft_tokens, t.accepted_tokens = spec.drafted, spec.accepted
+                cost_store.save(spec.length.costs, self._spec_cost_path(spec.mode))
             t.compile_s += c2 - c0
             t.sample_s = seq.sample_s
             t.mask_s = seq.constraint.mask_s if seq.constraint is not None else 0.0
@@ -598,9 +599,16 @@ class Model:
                 opts.sampling, seed=None if opts.seed is None else opts.seed + 1)  # its own stream of draws
             drafter = speculative_mod.DraftModel(self.draft_model, sampler)
             drafter.start(seq.history)
-        costs = self._spec_costs.setdefault(mode, speculative_mod.ForwardCosts())  # kept across calls
+        costs = self._spec_costs.get(mode)  # kept across calls, and on disk across processes
+        if costs is None:
+            costs = self._spec_costs[mode] = speculative_mod.ForwardCosts()
+            cost_store.load(costs, self._spec_cost_path(mode))
         costs.start_generation()
         return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min, costs)
+
+    def _spec_cost_path(self, mode: str):
+        draft = self.draft_model.path if mode == "draft" and self.draft_model is not None else None
+        return cost_store.table_path(self.path, mode, draft, self.n_threads, getattr(self.model, "kv_type", ""))
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

@@ -1,9 +1,14 @@
 """Shared fixtures: the two real models, pulled through the catalog (instant when cached)."""
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# Speculation's forward costs are kept on disk between processes (edgellm.generation.cost_store): off here, so that
+# no test drafts by what an earlier run, or another test, measured. The tests of that store set it themselves.
+os.environ["EDGELLM_SPEC_COSTS"] = "off"
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMOLLM2 = "smollm2-135m"

@@ -5,6 +5,7 @@ stop strings and max_tokens; drafts are made, accepted and rejected (so the roll
 counters of drafted and accepted tokens; the batch-aware draft length (a draft's rows slow every sequence in the
 forward); and through the openai client against SmolLM2 served with prompt lookup, concurrent greedy chats equal
 the same chats without it."""
+import json
 import threading
 
 import pytest
@@ -108,6 +109,33 @@ def test_the_scheduler_times_each_forward_once_in_one_shared_table(tiny_pair, mo
     assert tables[0].generation == len(TINY_REQUESTS)
     assert timed and all(t is tables[0] for t in timed)
     assert len(timed) == stats["decode_steps"] - stats["mixed_steps"]
+
+
+def test_the_servers_forward_costs_are_kept_on_disk_for_its_next_run(tiny_pair, tmp_path, monkeypatch):
+    """When its requests are done the scheduler saves its table (a file of its own, not the API's); the next
+    scheduler of the same model starts from it."""
+    from edgellm.generation import cost_store
+    monkeypatch.setenv(cost_store.ENV, str(tmp_path))
+    first = Scheduler(tiny_pair, 3, seq_ctx=256, speculative="lookup")
+    try:
+        request = first.submit(tiny_pair.prompt_ids(REPEATING), parse_options("t", {"max_tokens": 40,
+                                                                                    "temperature": 0}, {}))
+        list(request.events())
+        for _ in range(200):  # saved once the loop is idle again
+            if first.spec_costs_path.exists():
+                break
+            threading.Event().wait(0.01)
+        saved = first.spec_costs.saved()
+    finally:
+        first.close()
+    assert first.spec_costs_path.parent == tmp_path and saved["steps"]
+    assert first.spec_costs_path != tiny_pair._spec_cost_path("lookup")
+    second = Scheduler(tiny_pair, 3, seq_ctx=256, speculative="lookup")
+    try:
+        assert second.spec_costs.saved() == json.loads(first.spec_costs_path.read_text())
+        assert second.spec_costs.steps == {int(n): c for n, c in saved["steps"].items()}
+    finally:
+        second.close()
 
 
 def test_speculative_options_are_checked(tiny_pair):

@@ -3,6 +3,8 @@ and its rollback leaves the cache (ring included) as if the rejected rows never 
 lookup or a draft model is plain greedy decoding's, token for token and logits for logits, with stop strings,
 logprobs, streams and a grammar; the rejection rule samples the target's distribution (checked statistically on a
 small vocabulary); the options are checked and refused where speculation does not apply."""
+import json
+
 import numpy as np
 import pytest
 from fake_model import fake_metadata, ScriptedDecoder
@@ -534,6 +536,112 @@ def test_a_models_speculation_keeps_its_forward_costs_across_calls(tiny):
     finally:
         Speculator.__init__ = real
     assert seen == [costs] and costs.generation == before + 1  # the next call started from the same table
+
+
+def test_saved_forward_costs_load_with_their_costs_and_go_on_forgetting():
+    here = ForwardCosts()
+    here.start_generation()
+    here.timed_step(1.0)
+    here.timed_verification(4, 1.6)
+    here.timed_verification(8, 2.2)
+    for _ in range(ForwardCosts.KEEP_GENERATIONS - 1):  # generations that draft only 3 tokens
+        here.start_generation()
+        here.timed_verification(4, 1.6)
+    there = ForwardCosts()  # a later process's table
+    there.load(json.loads(json.dumps(here.saved())))  # (through JSON, as on disk)
+    assert there.steps == here.steps and there.verified == here.verified
+    assert there.forward_s(1, 8) == here.forward_s(1, 8) and there.forward_s(1, 6) == here.forward_s(1, 6)
+    for table in (here, there):  # the 8-row time is as old in both: kept one more generation, then forgotten
+        table.start_generation()
+        table.timed_verification(4, 1.6)
+        assert set(table.verified) == {4, 8}
+        table.start_generation()
+        assert set(table.verified) == {4}
+        table.timed_verification(8, 2.3)  # tried again: timed as a new size
+        assert table.verified[8] == 2.3
+
+
+def test_a_loaded_sizes_first_timing_here_is_dropped_when_far_above_it():
+    saved = ForwardCosts()
+    saved.timed_step(1.0)
+    saved.timed_verification(4, 1.6)
+    costs = ForwardCosts()
+    costs.load(saved.saved())
+    costs.start_generation()
+    costs.timed_step(5.0)  # the process's first plain step also loads its kernels
+    costs.timed_verification(4, 9.0)
+    assert costs.steps == {1: 1.0} and costs.verified == {4: 1.6}
+    costs.timed_step(2.0)  # later timings count as ever
+    costs.timed_verification(4, 2.6)
+    assert costs.steps[1] == pytest.approx(1.3) and costs.verified[4] == pytest.approx(1.9)
+    fresh = ForwardCosts()  # a loaded size timed near its cost counts at once
+    fresh.load(saved.saved())
+    fresh.timed_verification(4, 1.8)
+    assert fresh.verified[4] == pytest.approx(0.7 * 1.6 + 0.3 * 1.8)
+
+
+@pytest.mark.parametrize("bad", [
+    None, [], {}, {"steps": {}}, {"steps": [], "verified": {}},
+    {"steps": {"1": 0.01}, "verified": {"0": [0.02, 0]}},  # no size 0
+    {"steps": {"x": 0.01}, "verified": {}},
+    {"steps": {"1": -0.01}, "verified": {}},
+    {"steps": {"1": float("nan")}, "verified": {}},
+    {"steps": {"1": True}, "verified": {}},
+    {"steps": {"1": 0.01}, "verified": {"4": 0.02}},  # no age
+    {"steps": {"1": 0.01}, "verified": {"4": [0.02, -1]}},
+    {"steps": {"1": 0.01}, "verified": {"4": [0.02, 1.5]}},
+    {"steps": {"1": 0.01}, "verified": {"99999": [0.02, 0]}},
+])
+def test_a_malformed_saved_table_is_refused_whole(bad):
+    costs = ForwardCosts()
+    costs.timed_step(1.0)
+    with pytest.raises(ValueError):
+        costs.load(bad)
+    assert costs.steps == {1: 1.0} and costs.verified == {} and not costs.loaded
+
+
+def test_a_models_forward_costs_are_kept_on_disk_for_the_next_process(tiny_paths, tmp_path, monkeypatch):
+    from edgellm.generation import cost_store
+    monkeypatch.setenv(cost_store.ENV, str(tmp_path / "costs"))
+    first = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
+    text = first.generate(REPEATING, max_tokens=24, speculative="lookup", ignore_eos=True)
+    written = first._spec_costs["lookup"].saved()
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text()) == written and written["verified"]
+
+    seen = []
+    real = Speculator.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen.append((dict(self.length.costs.steps), dict(self.length.costs.verified)))
+    monkeypatch.setattr(Speculator, "__init__", spy)
+    second = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)  # as a new process would
+    assert second.generate(REPEATING, max_tokens=24, speculative="lookup", ignore_eos=True) == text
+    steps, verified = seen[0]  # what its first generation started from: the first model's table
+    assert steps == {int(n): c for n, c in written["steps"].items()}
+    assert verified == {int(r): c for r, (c, _) in written["verified"].items()}
+
+    two_threads = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=2)  # another set-up: a table of its own
+    two_threads.generate(REPEATING, max_tokens=8, speculative="lookup")
+    assert not seen[-1][0] and not seen[-1][1] and len(list((tmp_path / "costs").glob("*.json"))) == 2
+
+
+def test_a_bad_cost_file_is_ignored_and_replaced_and_off_keeps_none(tiny_paths, tmp_path, monkeypatch):
+    from edgellm.generation import cost_store
+    monkeypatch.setenv(cost_store.ENV, str(tmp_path))
+    m = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
+    path = m._spec_cost_path("lookup")
+    path.write_text('{"steps": {"1": 0.01}, "verified": {"4": [0.02')  # cut short
+    plain = m.generate(REPEATING, max_tokens=24, ignore_eos=True)
+    assert m.generate(REPEATING, max_tokens=24, speculative="lookup", ignore_eos=True) == plain
+    assert json.loads(path.read_text()) == m._spec_costs["lookup"].saved()  # replaced by this run's table
+
+    monkeypatch.setenv(cost_store.ENV, "off")
+    off = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
+    assert off._spec_cost_path("lookup") is None
+    off.generate(REPEATING, max_tokens=24, speculative="lookup", ignore_eos=True)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 # --- the command line --------------------------------------------------------------------------------------------

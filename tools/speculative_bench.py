@@ -1,7 +1,9 @@
 """The speculative decoding benchmark (docs/speculative.md): every task of edgellm.prep.speculative_bench.TASKS,
 decoded greedily without and with speculation, each run in a fresh process, the two alternating, so that load from
 other processes on a shared host hits both alike. Prints a markdown table (t/s, speed-up, acceptance, identical
-output) and optionally llama.cpp's plain decode on the same prompts.
+output) and optionally llama.cpp's plain decode on the same prompts. The processes share the forward-cost table
+kept on disk (edgellm.generation.cost_store), as a user's successive runs do; EDGELLM_SPEC_COSTS=off measures
+generations that start with none.
 
     python tools/speculative_bench.py MODEL [--mode lookup|draft] [--draft-model PATH] [-n 128] [-r 2] [-t 1]
         [--warm] [--llama-cpp]   # also llama-cpp-python's plain decode t/s (run with /work/llama-venv/bin/python)

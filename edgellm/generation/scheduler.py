@@ -51,7 +51,7 @@ from edgellm.errors import EdgeLLMError, SamplingError, ServerClosing
 from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
 from edgellm.generation.results import Completion
 from edgellm.generation.sampling import Sampler
-from edgellm.generation import speculative as speculative_mod
+from edgellm.generation import cost_store, speculative as speculative_mod
 
 DEFAULT_PREFILL_CHUNK = 128  # prompt tokens between two decode steps (a multiple of 4: Q4_K's gemm groups)
 DEFAULT_BUFFER_EVENTS = 256  # tokens a request may run ahead of its reader before it pauses
@@ -256,6 +256,7 @@ class Scheduler:
             raise ValueError(f"draft_max must be an integer from 1 to {speculative_mod.DRAFT_LIMIT}, got {draft_max!r}")
         self.draft_max = draft_max or (speculative_mod.DRAFT_MAX[mode] if mode else None)
         self.spec_costs = speculative_mod.ForwardCosts()  # what forwards cost, for every request's draft length
+        self.spec_costs_path = None  # where that table is kept between runs (cost_store), saved when idle
         if self.speculative is None:
             return
         if not isinstance(self.engine, _PoolEngine) or not hasattr(self.engine.fm, "forward_verify_multi"):
@@ -270,6 +271,11 @@ class Scheduler:
             self.draft_pool = KVPool(*args)
             for slot, cache in zip(self.slots, self.draft_pool.caches):
                 slot.drafter = speculative_mod.DraftModel(self.model.draft_model, None, cache)
+        draft = self.model.draft_model.path if self.speculative == "draft" else None
+        # a table of its own: its forwards batch several sequences, the API's one
+        self.spec_costs_path = cost_store.table_path(self.model.path, f"{self.speculative}-server", draft,
+                                                     self.model.n_threads, getattr(self.engine.fm, "kv_type", ""))
+        cost_store.load(self.spec_costs, self.spec_costs_path)
 
     def _speculator(self, slot, opts):
         if self.speculative is None or opts.speculative is None or opts.draft_max == 0:  # off for this request
@@ -349,6 +355,7 @@ class Scheduler:
                                 self._cond.wait(IDLE_WAIT_S)
                     if isinstance(self.engine, _SingleEngine):  # it used the Model's own cache
                         self.model._set_cached([], [])
+                cost_store.save(self.spec_costs, self.spec_costs_path)  # (None: not kept)
         finally:  # closed, or a BaseException (interpreter exit, a KeyboardInterrupt) ended the loop
             with self._cond:
                 self._closed = True

@@ -231,6 +231,7 @@ class ForwardCosts:
         self.slow_first = set()  # sizes whose first timing was not kept
         self.generation = 0
         self.timed_in = {}  # rows -> the generation that last timed a verification of that size
+        self.loaded = set()  # ("step", n) / ("verified", rows): from an earlier process, untimed in this one
 
     def start_generation(self) -> None:
         """A generation starts with this table: sizes no timing of the last KEEP_GENERATIONS generations kept are
@@ -239,16 +240,25 @@ class ForwardCosts:
         for rows in [r for r, g in self.timed_in.items() if g <= self.generation - self.KEEP_GENERATIONS - 1]:
             del self.verified[rows], self.timed_in[rows]
             self.slow_first.discard(rows)
+            self.loaded.discard(("verified", rows))
 
     def _running(self, table: dict, key: int, seconds: float) -> None:
         old = table.get(key)
         table[key] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
 
+    def _first_here_slow(self, kind: str, table: dict, key: int, seconds: float) -> bool:
+        """A loaded size's first timing in this process, when far above the loaded cost: its kernels loading."""
+        if (kind, key) not in self.loaded:
+            return False
+        self.loaded.discard((kind, key))
+        return seconds > self.FIRST_SLACK * table[key]
+
     def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
-        self._running(self.steps, n_seqs, seconds)
+        if not self._first_here_slow("step", self.steps, n_seqs, seconds):
+            self._running(self.steps, n_seqs, seconds)
 
     def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
-        if rows <= n_seqs:
+        if rows <= n_seqs or self._first_here_slow("verified", self.verified, rows, seconds):
             return
         if rows not in self.verified and rows not in self.slow_first and (
                 not (self.verified or n_seqs in self.steps)  # nothing timed to check it with
@@ -257,6 +267,22 @@ class ForwardCosts:
             return
         self._running(self.verified, rows, seconds)
         self.timed_in[rows] = self.generation
+
+    def saved(self) -> dict:
+        """The table as kept between processes (edgellm.generation.cost_store): the running costs, and for each
+        verification size how many generations ago it was last timed, so that forgetting goes on across them."""
+        return {"steps": {str(n): s for n, s in self.steps.items()},
+                "verified": {str(r): [s, self.generation - self.timed_in[r]] for r, s in self.verified.items()}}
+
+    def load(self, saved: dict) -> None:
+        """Start from a table saved() by an earlier process, before this one's first generation (the sizes it
+        holds count as timed, their first timing here as a first one: see _first_here_slow). Raises ValueError
+        where `saved` is not such a table, leaving this one as it was."""
+        steps, verified = _parse_saved(saved)
+        self.steps.update(steps)
+        for rows, (seconds, age) in verified.items():
+            self.verified[rows], self.timed_in[rows] = seconds, self.generation - age
+        self.loaded |= {("step", n) for n in steps} | {("verified", r) for r in verified}
 
     def plain_s(self, n_seqs: int) -> float:
         """A plain step of n_seqs sequences: timed, else the nearest timed batch size's scaled as 1 + BETA_START
@@ -293,6 +319,34 @@ class ForwardCosts:
             row = (t0 - plain) / (r0 - n_seqs) if r0 > n_seqs else self.BETA_START * plain / self._shape(n_seqs)
             guess = t0 + max(0.0, row) * (rows - r0)
         return guess
+
+
+MAX_SAVED_ROWS = 1024  # a saved table's sizes: sequences in a batch, rows in a verification
+
+
+def _parse_saved(saved) -> tuple[dict, dict]:
+    """ForwardCosts.saved()'s form -> ({n: seconds}, {rows: (seconds, age)}); ValueError when it is not that."""
+    def size(key) -> int:
+        if not (isinstance(key, str) and key.isdigit() and 1 <= int(key) <= MAX_SAVED_ROWS):
+            raise ValueError(f"a forward cost table's size must be 1..{MAX_SAVED_ROWS}, got {key!r}")
+        return int(key)
+
+    def cost(value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 60.0:
+            raise ValueError(f"a forward cost must be a number of seconds in (0, 60), got {value!r}")
+        return float(value)
+
+    if not isinstance(saved, dict) or not isinstance(saved.get("steps"), dict) or \
+            not isinstance(saved.get("verified"), dict):
+        raise ValueError("a forward cost table is a dict with 'steps' and 'verified' dicts")
+    steps = {size(k): cost(v) for k, v in saved["steps"].items()}
+    verified = {}
+    for k, v in saved["verified"].items():
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[1], int) and not isinstance(v[1], bool)
+                and 0 <= v[1] <= 1_000_000):
+            raise ValueError(f"a verification's saved cost is [seconds, generations since timed], got {v!r}")
+        verified[size(k)] = (cost(v[0]), v[1])
+    return steps, verified
 
 
 class DraftLength:
