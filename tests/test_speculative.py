@@ -4,6 +4,7 @@ lookup or a draft model is plain greedy decoding's, token for token and logits f
 logprobs, streams and a grammar; the rejection rule samples the target's distribution (checked statistically on a
 small vocabulary); the options are checked and refused where speculation does not apply."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -627,7 +628,7 @@ def test_a_models_forward_costs_are_kept_on_disk_for_the_next_process(tiny_paths
     assert not seen[-1][0] and not seen[-1][1] and len(list((tmp_path / "costs").glob("*.json"))) == 2
 
 
-def test_a_bad_cost_file_is_ignored_and_replaced_and_off_keeps_none(tiny_paths, tmp_path, monkeypatch):
+def test_a_bad_cost_file_is_ignored_and_replaced_old_ones_pruned_and_off_keeps_none(tiny_paths, tmp_path, monkeypatch):
     from edgellm.generation import cost_store
     monkeypatch.setenv(cost_store.ENV, str(tmp_path))
     m = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
@@ -636,6 +637,16 @@ def test_a_bad_cost_file_is_ignored_and_replaced_and_off_keeps_none(tiny_paths, 
     plain = m.generate(REPEATING, max_tokens=24, ignore_eos=True)
     assert m.generate(REPEATING, max_tokens=24, speculative="lookup", ignore_eos=True) == plain
     assert json.loads(path.read_text()) == m._spec_costs["lookup"].saved()  # replaced by this run's table
+
+    stale = tmp_path / "an-old-version.json"
+    stale.write_text("{}")
+    os.utime(stale, (0, 0))  # unused for decades: removed when a new table is made
+    recent = tmp_path / "another-model.json"
+    recent.write_text("{}")
+    path.unlink()
+    m.generate(REPEATING, max_tokens=8, speculative="lookup")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, recent.name])
+    recent.unlink()
 
     monkeypatch.setenv(cost_store.ENV, "off")
     off = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)

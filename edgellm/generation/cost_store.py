@@ -14,12 +14,14 @@ import hashlib
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 from edgellm.atomic import atomic_write
 
 ENV = "EDGELLM_SPEC_COSTS"
 MAX_FILE_BYTES = 1 << 16  # a saved table is a few hundred bytes
+PRUNE_AFTER_S = 30 * 24 * 3600  # tables unused this long (other source versions, files gone) are removed
 
 
 def store_dir() -> Path | None:
@@ -93,9 +95,21 @@ def save(costs, path: Path | None) -> bool:
     if path is None:
         return False
     try:
+        if not path.exists():  # a new table: every upgrade or edit of the source starts new ones
+            _prune(path.parent)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(path, "w") as f:
             json.dump(costs.saved(), f)
     except OSError:
         return False
     return True
+
+
+def _prune(directory: Path) -> None:
+    now = time.time()
+    try:
+        for p in directory.glob("*.json"):
+            if now - p.stat().st_mtime > PRUNE_AFTER_S:
+                p.unlink()
+    except OSError:
+        pass
