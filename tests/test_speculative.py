@@ -42,6 +42,12 @@ def tiny(tiny_paths):
     return edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)
 
 
+def _time_steps(target, seconds, n_seqs=1):
+    """A plain step's cost, timed twice: a size's first step in a process is not kept (ForwardCosts)."""
+    target.timed_step(seconds, n_seqs)
+    target.timed_step(seconds, n_seqs)
+
+
 def _run(m, prompt, **kw):
     """The Completion and the scores seen at every step (through a logits processor, which sees each row)."""
     seen = []
@@ -329,7 +335,7 @@ def test_draft_length_grows_with_acceptance_and_pauses_without():
     bad.update(1, 1)
     assert bad.pause == DraftLength.PAUSE_FIRST  # an accepted draft ends the long pauses
     unpaused = _accepting(DraftLength(12, pauses=False), 0.05)
-    unpaused.timed_step(1.0)
+    _time_steps(unpaused, 1.0)
     for rows in range(2, 14):
         unpaused.timed_verification(rows, 1.0 + 0.2 * rows)
     assert [unpaused.want() for _ in range(3)] == [0, 0, 0] and unpaused.paused == 0
@@ -343,8 +349,8 @@ def test_draft_length_weighs_the_batch():
     # a decode step of n sequences costs 1 + 0.3 (n - 1) single steps, and each drafted row 0.3 more
     def timed(n_seqs, p=0.6):
         length = _accepting(DraftLength(8), p)
-        length.timed_step(1.0, 1)
-        length.timed_step(1.9, 4)
+        _time_steps(length, 1.0, 1)
+        _time_steps(length, 1.9, 4)
         for extra in range(1, 9):
             length.timed_verification(n_seqs + extra, (1.0 if n_seqs == 1 else 1.9) + 0.3 * extra, n_seqs)
         return length
@@ -353,7 +359,7 @@ def test_draft_length_weighs_the_batch():
     assert timed(4, 0.95).want(4) >= 2  # copying text: the draft still pays for the batch
     # a batch size not timed plainly: the nearest one's step, scaled as 1 + 0.3 (n - 1) single steps
     scaled = DraftLength(8)
-    scaled.timed_step(1.0, 1)
+    _time_steps(scaled, 1.0, 1)
     assert scaled.plain_s(4) == pytest.approx(1.9) and scaled.plain_s(1) == 1.0
 
 
@@ -361,7 +367,7 @@ def test_draft_length_follows_timed_costs_by_rows():
     """Forwards cost far from linearly in their rows (the matmuls' token tiles): each size is timed, so a draft of
     3 (4 rows) is taken where 4 rows cost less than 3, and a size between two timed ones is interpolated."""
     length = _accepting(DraftLength(8), 0.9)
-    length.timed_step(1.0, 1)
+    _time_steps(length, 1.0, 1)
     for rows, seconds in ((2, 1.8), (3, 2.6), (4, 1.9), (8, 2.7)):
         for _ in range(2):  # (a first timing far above the estimate is not kept: see the next test)
             length.timed_verification(rows, seconds)
@@ -370,7 +376,7 @@ def test_draft_length_follows_timed_costs_by_rows():
     assert length.forward_s(1, 6) == pytest.approx(ForwardCosts.UNTIMED * (1.9 + 0.8 * 2 / 4))
     assert length.forward_s(1, 4) == 1.9 and length.forward_s(1, 1) == 1.0
     linear = _accepting(DraftLength(8), 0.9)  # before any verification: a row costs BETA_START of a step
-    linear.timed_step(1.0, 1)
+    _time_steps(linear, 1.0, 1)
     assert linear.forward_s(1, 3) == pytest.approx(ForwardCosts.UNTIMED * (1 + 2 * ForwardCosts.BETA_START))
 
 
@@ -379,7 +385,7 @@ def test_a_slow_first_timing_is_timed_again():
     suggest is not kept (the size stays untimed, and worth trying), the next one is, however slow; a first timing
     near the estimate is kept at once; with nothing timed to compare it with, it is timed again."""
     length = _accepting(DraftLength(8), 0.9)
-    length.timed_step(1.0, 1)
+    _time_steps(length, 1.0, 1)
     length.timed_verification(3, 1.6)
     assert length.want(1, available=3) == 3  # 4 rows untimed: 0.8 of the 1.9 extrapolated
     length.timed_verification(4, 2.9)  # the first 4-row forward, loading its kernels
@@ -387,13 +393,13 @@ def test_a_slow_first_timing_is_timed_again():
     length.timed_verification(4, 1.7)
     assert length.costs.verified[4] == 1.7 and length.want(1, available=3) == 3
     again = _accepting(DraftLength(8), 0.9)
-    again.timed_step(1.0, 1)
+    _time_steps(again, 1.0, 1)
     again.timed_verification(3, 1.6)
     again.timed_verification(4, 2.9)
     again.timed_verification(4, 2.9)  # slow twice: that is its cost
     assert again.costs.verified[4] == 2.9 and again.want(1, available=3) < 3
     kept = DraftLength(8).costs
-    kept.timed_step(1.0, 1)
+    _time_steps(kept, 1.0, 1)
     kept.timed_verification(3, 1.6)
     kept.timed_verification(5, 2.3)  # 1.25 x the 2.2 extrapolated: kept
     assert kept.verified == {3: 1.6, 5: 2.3}
@@ -402,8 +408,15 @@ def test_a_slow_first_timing_is_timed_again():
     assert first.verified == {}
     first.timed_verification(2, 2.5)
     assert first.verified == {2: 2.5}
+    loading = ForwardCosts()  # a process's first step loads its kernels: not kept, so no check for the first
+    loading.timed_step(5.0)  # verification either, which also loads its kernels
+    loading.timed_verification(4, 2.6)
+    assert loading.steps == {} and loading.verified == {}
+    loading.timed_step(1.0)
+    loading.timed_verification(4, 2.6)  # (timed again: kept, however slow)
+    assert loading.steps == {1: 1.0} and loading.verified == {4: 2.6}
     plain_only = DraftLength(8).costs  # a plain step timed: 3 rows guessed at 1 + 2 BETA_START steps
-    plain_only.timed_step(1.0, 1)
+    _time_steps(plain_only, 1.0, 1)
     plain_only.timed_verification(3, 1.9)
     plain_only.timed_verification(5, 3.6)  # above 1.25 x 2.8 (1.9 and 0.45 a row)
     assert plain_only.verified == {3: 1.9}
@@ -413,7 +426,7 @@ def test_a_position_never_reached_is_judged_as_the_one_before():
     """Open text: the first drafted token is rejected every time, so the later positions are never tried. Their
     estimates follow the first one down instead of keeping the start value: no long draft is bet on them."""
     length = DraftLength(8, pauses=False)
-    length.timed_step(1.0, 1)
+    _time_steps(length, 1.0, 1)
     for rows in range(2, 10):
         length.timed_verification(rows, 1.0 + 0.1 * (rows - 1))  # cheap rows: only acceptance holds drafts back
     assert length.want() >= 6  # nothing seen yet: every position at the start value
@@ -430,7 +443,7 @@ def test_a_position_never_reached_is_judged_as_the_one_before():
 
 def test_a_draft_needs_more_than_a_marginal_gain():
     length = _accepting(DraftLength(4, pauses=False), 0.1)
-    length.timed_step(1.0, 1)
+    _time_steps(length, 1.0, 1)
     length.timed_verification(2, 1.07)  # one drafted row: 1.1 tokens for 1.07 steps, a 3% gain
     assert length.best(1, available=1) == (0, 1.0) and length.want(1, available=1) == 0
     length.timed_verification(2, 0.6)  # now clearly worth it (running average 0.93)
@@ -442,7 +455,7 @@ def test_lookup_counts_what_followed_its_finds():
     off), copying is seen as it starts and drafting resumes without a probe."""
     spec = Speculator("lookup", None, PromptLookup())
     _accepting(spec.length, 0.02)
-    spec.length.timed_step(1.0)
+    _time_steps(spec.length, 1.0)
     for rows in range(2, 14):
         spec.length.timed_verification(rows, 1.0 + 0.2 * rows)
     text = list(range(100, 140))
@@ -489,7 +502,7 @@ def test_lookup_judges_its_finds_by_match_length():
     """Finds after long matches are right, finds after 2-token matches wrong: the speculator drafts after the long
     ones and decodes plainly after the short ones, where one estimate for all finds would treat both alike."""
     spec = Speculator("lookup", None, PromptLookup())
-    spec.length.timed_step(1.0)
+    _time_steps(spec.length, 1.0)
     for rows in range(2, 14):
         spec.length.timed_verification(rows, 1.0 + 0.15 * rows)
     for _ in range(30):
@@ -510,7 +523,7 @@ def test_lookup_judges_its_finds_by_match_length():
 def test_forward_costs_are_kept_across_generations_and_stale_sizes_forgotten():
     costs = ForwardCosts()
     costs.start_generation()
-    costs.timed_step(1.0)
+    _time_steps(costs, 1.0)
     costs.timed_verification(4, 1.6)  # the first timing of a size with a plain step to check it against: kept
     costs.timed_verification(8, 2.2)
     for _ in range(ForwardCosts.KEEP_GENERATIONS):  # generations that draft only 3 tokens
@@ -542,7 +555,7 @@ def test_a_models_speculation_keeps_its_forward_costs_across_calls(tiny):
 def test_saved_forward_costs_load_with_their_costs_and_go_on_forgetting():
     here = ForwardCosts()
     here.start_generation()
-    here.timed_step(1.0)
+    _time_steps(here, 1.0)
     here.timed_verification(4, 1.6)
     here.timed_verification(8, 2.2)
     for _ in range(ForwardCosts.KEEP_GENERATIONS - 1):  # generations that draft only 3 tokens
@@ -564,7 +577,7 @@ def test_saved_forward_costs_load_with_their_costs_and_go_on_forgetting():
 
 def test_a_loaded_sizes_first_timing_here_is_dropped_when_far_above_it():
     saved = ForwardCosts()
-    saved.timed_step(1.0)
+    _time_steps(saved, 1.0)
     saved.timed_verification(4, 1.6)
     costs = ForwardCosts()
     costs.load(saved.saved())
@@ -595,7 +608,7 @@ def test_a_loaded_sizes_first_timing_here_is_dropped_when_far_above_it():
 ])
 def test_a_malformed_saved_table_is_refused_whole(bad):
     costs = ForwardCosts()
-    costs.timed_step(1.0)
+    _time_steps(costs, 1.0)
     with pytest.raises(ValueError):
         costs.load(bad)
     assert costs.steps == {1: 1.0} and costs.verified == {} and not costs.loaded

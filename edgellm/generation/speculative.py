@@ -217,7 +217,9 @@ class ForwardCosts:
     again when it is far above what the timed forwards suggest, or when nothing is timed yet to check it with: a
     process's first forward of a size also loads its kernels from Numba's cache (SmolLM2's 4-row verification at
     one thread, 16-22 ms, took 27-33 ms the first time, and a generation that kept that never drafted 3 tokens
-    again)."""
+    again). For the same reason a plain step's first timing in a process is never kept: kept, it made the plain
+    step look dear for the next few steps, and a slow first verification measured against it passed for true
+    (SmolLM2's 4 rows at two threads kept at 26 ms, 3.9 steps, and never drafted again in that generation)."""
 
     DECAY = 0.7  # weight of the past in the running times, per timed forward
     BETA_START = 0.3  # an extra row's cost in single steps, before any verification is timed
@@ -231,7 +233,8 @@ class ForwardCosts:
         self.slow_first = set()  # sizes whose first timing was not kept
         self.generation = 0
         self.timed_in = {}  # rows -> the generation that last timed a verification of that size
-        self.loaded = set()  # ("step", n) / ("verified", rows): from an earlier process, untimed in this one
+        self.loaded = set()  # verification sizes from an earlier process, untimed in this one
+        self.steps_here = set()  # plain step sizes timed in this process
 
     def start_generation(self) -> None:
         """A generation starts with this table: sizes no timing of the last KEEP_GENERATIONS generations kept are
@@ -240,26 +243,25 @@ class ForwardCosts:
         for rows in [r for r, g in self.timed_in.items() if g <= self.generation - self.KEEP_GENERATIONS - 1]:
             del self.verified[rows], self.timed_in[rows]
             self.slow_first.discard(rows)
-            self.loaded.discard(("verified", rows))
+            self.loaded.discard(rows)
 
     def _running(self, table: dict, key: int, seconds: float) -> None:
         old = table.get(key)
         table[key] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
 
-    def _first_here_slow(self, kind: str, table: dict, key: int, seconds: float) -> bool:
-        """A loaded size's first timing in this process, when far above the loaded cost: its kernels loading."""
-        if (kind, key) not in self.loaded:
-            return False
-        self.loaded.discard((kind, key))
-        return seconds > self.FIRST_SLACK * table[key]
-
     def timed_step(self, seconds: float, n_seqs: int = 1) -> None:
-        if not self._first_here_slow("step", self.steps, n_seqs, seconds):
-            self._running(self.steps, n_seqs, seconds)
+        if n_seqs not in self.steps_here:  # its kernels loading: the first step of a size is not kept (see the class)
+            self.steps_here.add(n_seqs)
+            return
+        self._running(self.steps, n_seqs, seconds)
 
     def timed_verification(self, rows: int, seconds: float, n_seqs: int = 1) -> None:
-        if rows <= n_seqs or self._first_here_slow("verified", self.verified, rows, seconds):
+        if rows <= n_seqs:
             return
+        if rows in self.loaded:  # a loaded size's first timing here: dropped when far above the loaded cost
+            self.loaded.discard(rows)
+            if seconds > self.FIRST_SLACK * self.verified[rows]:
+                return
         if rows not in self.verified and rows not in self.slow_first and (
                 not (self.verified or n_seqs in self.steps)  # nothing timed to check it with
                 or seconds > self.FIRST_SLACK * max(self.plain_s(n_seqs), self._guess(n_seqs, rows))):
@@ -276,13 +278,14 @@ class ForwardCosts:
 
     def load(self, saved: dict) -> None:
         """Start from a table saved() by an earlier process, before this one's first generation (the sizes it
-        holds count as timed, their first timing here as a first one: see _first_here_slow). Raises ValueError
+        holds count as timed; a verification size's first timing here is dropped when far above its loaded cost,
+        as the class says of first timings). Raises ValueError
         where `saved` is not such a table, leaving this one as it was."""
         steps, verified = _parse_saved(saved)
         self.steps.update(steps)
         for rows, (seconds, age) in verified.items():
             self.verified[rows], self.timed_in[rows] = seconds, self.generation - age
-        self.loaded |= {("step", n) for n in steps} | {("verified", r) for r in verified}
+        self.loaded |= set(verified)
 
     def plain_s(self, n_seqs: int) -> float:
         """A plain step of n_seqs sequences: timed, else the nearest timed batch size's scaled as 1 + BETA_START
