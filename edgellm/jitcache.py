@@ -48,9 +48,14 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def cache_root() -> Path:
+def user_cache() -> Path:
+    """edgellm's directory in the user cache: $XDG_CACHE_HOME/edgellm, else ~/.cache/edgellm."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "edgellm" / "numba"
+    return Path(base) / "edgellm"
+
+
+def cache_root() -> Path:
+    return user_cache() / "numba"
 
 
 PRUNE_AFTER_S = 14 * 24 * 3600  # other source versions' caches unused this long are removed

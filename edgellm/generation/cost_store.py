@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from edgellm.atomic import atomic_write
+from edgellm.jitcache import source_hash, user_cache
 
 ENV = "EDGELLM_SPEC_COSTS"
 MAX_FILE_BYTES = 1 << 16  # a saved table is a few hundred bytes
@@ -31,8 +32,7 @@ def store_dir() -> Path | None:
         return None
     if setting:
         return Path(setting)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "edgellm" / "speculation"
+    return user_cache() / "speculation"
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,8 +50,7 @@ def _host() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _source() -> str:
-    from edgellm.jitcache import source_hash  # the kernels' version: new code, new costs
-    return source_hash()
+    return source_hash()  # the kernels' version: new code, new costs
 
 
 def _file_id(path: str) -> list:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from edgellm.atomic import fsync_directory
 from edgellm.errors import CatalogError
+from edgellm.jitcache import user_cache
 
 _HASH_CHUNK = 1 << 22
 
@@ -66,8 +67,7 @@ def models_dir(override: str | os.PathLike | None = None) -> Path:
     env = os.environ.get("EDGELLM_MODELS")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "edgellm" / "models"
+    return user_cache() / "models"
 
 
 def lookup(name: str) -> CatalogEntry:
