@@ -606,9 +606,12 @@ class Model:
         costs.start_generation()
         return speculative_mod.Speculator(mode, self.model, drafter, opts.draft_max, opts.draft_min, costs)
 
-    def _spec_cost_path(self, mode: str):
+    def _spec_cost_path(self, mode: str, server: bool = False):
+        """Where speculation's forward costs for this model, drafter and set-up are kept (cost_store); a server's
+        (edgellm.generation.scheduler) apart from the API's, as its forwards batch several sequences."""
         draft = self.draft_model.path if mode == "draft" and self.draft_model is not None else None
-        return cost_store.table_path(self.path, mode, draft, self.n_threads, getattr(self.model, "kv_type", ""))
+        return cost_store.table_path(self.path, f"{mode}-server" if server else mode, draft, self.n_threads,
+                                     getattr(self.model, "kv_type", ""))
 
     # -- generate / complete / stream ----------------------------------------------------------------------------
     NATIVE_DEFAULTS = {"temperature": 0.0}

@@ -7,6 +7,7 @@ forward); and through the openai client against SmolLM2 served with prompt looku
 the same chats without it."""
 import json
 import threading
+import time
 
 import pytest
 from hardening_tiny import tiny_spec, write_loadable_tiny_model
@@ -124,7 +125,7 @@ def test_the_servers_forward_costs_are_kept_on_disk_for_its_next_run(tiny_pair, 
         for _ in range(200):  # saved once the loop is idle again
             if first.spec_costs_path.exists():
                 break
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         saved = first.spec_costs.saved()
     finally:
         first.close()

@@ -271,10 +271,7 @@ class Scheduler:
             self.draft_pool = KVPool(*args)
             for slot, cache in zip(self.slots, self.draft_pool.caches):
                 slot.drafter = speculative_mod.DraftModel(self.model.draft_model, None, cache)
-        draft = self.model.draft_model.path if self.speculative == "draft" else None
-        # a table of its own: its forwards batch several sequences, the API's one
-        self.spec_costs_path = cost_store.table_path(self.model.path, f"{self.speculative}-server", draft,
-                                                     self.model.n_threads, getattr(self.engine.fm, "kv_type", ""))
+        self.spec_costs_path = self.model._spec_cost_path(self.speculative, server=True)
         cost_store.load(self.spec_costs, self.spec_costs_path)
 
     def _speculator(self, slot, opts):
