@@ -660,6 +660,9 @@ def test_a_bad_cost_file_is_ignored_and_replaced_old_ones_pruned_and_off_keeps_n
     m.generate(REPEATING, max_tokens=8, speculative="lookup")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, recent.name])
     recent.unlink()
+    with monkeypatch.context() as pinned:  # kernels compiled for another target: a table of their own
+        pinned.setenv("NUMBA_CPU_NAME", "znver3")
+        assert m._spec_cost_path("lookup") not in (path, None)
 
     monkeypatch.setenv(cost_store.ENV, "off")
     off = edgellm.load(str(tiny_paths[0]), n_ctx=256, n_threads=1)

@@ -2,9 +2,9 @@
 generation drafts with what earlier processes measured instead of trying every size of verification again (a
 128-token generation spends much of its gain doing that: docs/speculative.md).
 
-One small JSON file per model file, drafter, thread count, KV cache type, CPU and source version, under the user
-cache (~/.cache/edgellm/speculation). EDGELLM_SPEC_COSTS set to a directory keeps them there instead, and "off"
-keeps none. A table is a hint: one that cannot be read, or holds no valid table, is ignored and replaced at the
+One small JSON file per model file, drafter, thread count, KV cache type, CPU (and Numba's pinned target) and
+source version, under the user cache (~/.cache/edgellm/speculation). EDGELLM_SPEC_COSTS set to a directory keeps
+them there instead, and "off" keeps none. A table is a hint: one that cannot be read, or holds no valid table, is ignored and replaced at the
 next save, and a save that fails is dropped, so a generation never fails for it.
 """
 from __future__ import annotations
@@ -66,7 +66,9 @@ def table_path(model_path: str, mode: str, draft_path: str | None, n_threads: in
         return None
     try:
         ident = [_file_id(model_path), mode, _file_id(draft_path) if draft_path else None, int(n_threads),
-                 str(kv_type), _host(), os.cpu_count(), _source()]
+                 str(kv_type), _host(), os.cpu_count(), _source(),
+                 # a Numba pinned to another CPU compiles other kernels (e.g. AVX2 ones on an AVX-512 host)
+                 os.environ.get("NUMBA_CPU_NAME", ""), os.environ.get("NUMBA_CPU_FEATURES", "")]
     except OSError:
         return None
     digest = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
