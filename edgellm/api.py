@@ -529,8 +529,9 @@ class Model:
                 if seq.done:
                     break
                 token = seq.generated[-1]
-                draft = spec.draft(seq.history) if spec is not None else None
-                if draft is not None:
+                draft = spec.draft(seq.history, seq.max_tokens - len(seq.generated)) if spec is not None else None
+                ended = all_accepted = False
+                while draft is not None:
                     # the target's row after each drafted token, in order, while the drafts are accepted
                     accepted, logits = 0, draft.rows[-1]
                     for row, choice in zip(draft.rows, draft.choices):
@@ -547,11 +548,18 @@ class Model:
                     kept = spec.settle(draft, accepted)
                     self._cached_tokens += kept
                     self._cached_kinds += [decode_kind] * len(kept)
-                    if event is None or seq.done or accepted == len(draft.choices):
-                        if event is None or seq.done:
-                            break
-                        continue  # every draft accepted: the last row gives the next token
-                    token = seq.generated[-1]  # the target's own token where a draft was rejected: fed below
+                    ended = event is None or seq.done
+                    all_accepted = accepted == len(draft.choices)
+                    if ended or all_accepted or self._cancel_requested.is_set():
+                        break
+                    # the target's own token where the draft was rejected is not in the cache yet: it leads the
+                    # next draft's rows, or a plain step below when there is none
+                    token = seq.generated[-1]
+                    draft = spec.draft(seq.history, seq.max_tokens - len(seq.generated))
+                if ended:
+                    break
+                if all_accepted:
+                    continue  # every draft accepted: the last row gives the next token
                 try:
                     ts = time.perf_counter()
                     logits = self.model.forward(np.array([token], dtype=np.int32))[-1]

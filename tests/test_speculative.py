@@ -309,6 +309,70 @@ def test_lookup_sampling_keeps_the_target_distribution_end_to_end():
     assert _chi2(obs, np.array([exact[k] for k in keys])) < CHI2_CRITICAL[len(keys) - 1]
 
 
+def test_a_rejected_drafts_own_token_leads_the_next_draft(monkeypatch):
+    """After a rejection the target's own token is not in the cache yet: it is fed as the first row of the next
+    draft's verification where the lookup finds one, so a plain step runs only where no draft is made."""
+    md = fake_metadata()
+    tok = Tokenizer.from_metadata(md)
+    dec = MarkovDecoder(tok.n_vocab, tok.eos_id, n_ctx=256, seed=4)
+    m = Model.from_parts(dec, tok, md)
+    # "10 11" drafts "12 13 ...", the reply turns at 13 to 30, and "12 30" drafts "20 21 ..." from the prompt's end
+    prompt = [10, 11, 12, 13, 14, 15, 16, 40, 12, 30, 20, 21, 22, 23, 24, 25, 26, 41]
+    reply = [10, 11, 12, 30, 20, 21, 22, 23, 50, 51]
+    dec.respond(prompt, reply)
+    events = []
+    real_draft, real_forward = Speculator.draft, dec.forward
+
+    def draft(self, history, *a, **kw):
+        d = real_draft(self, history, *a, **kw)
+        events.append("none" if d is None else "draft")
+        return d
+
+    def forward(tokens, *a, **kw):
+        if events:  # the prompt's prefill comes before any draft
+            events.append("plain")
+        return real_forward(tokens, *a, **kw)
+
+    monkeypatch.setattr(Speculator, "draft", draft)
+    monkeypatch.setattr(dec, "forward", forward)
+    monkeypatch.setattr(dec, "forward_verify", lambda tokens: real_forward(tokens, all_logits=True))
+    c = m.complete(prompt, max_tokens=len(reply), ignore_eos=True, speculative="lookup")
+    assert c.tokens == reply and c.accepted_tokens < c.draft_tokens  # a draft was cut short
+    i = events.index("draft")
+    assert events[i:i + 2] == ["draft", "draft"]  # the rejection's token led the next draft at once
+    assert events.count("plain") == events.count("none")
+    assert all(events[j + 1] == "plain" for j, e in enumerate(events[:-1]) if e == "none")
+
+
+def test_no_draft_runs_past_max_tokens(monkeypatch):
+    """A draft is cut to the tokens max_tokens still allows: a row past them would be verified for nothing."""
+    md = fake_metadata()
+    tok = Tokenizer.from_metadata(md)
+    dec = MarkovDecoder(tok.n_vocab, tok.eos_id, n_ctx=256, seed=4)
+    m = Model.from_parts(dec, tok, md)
+    prompt = list(range(10, 60))
+    dec.respond(prompt, prompt)  # the reply copies the prompt: every find is long and right
+    sizes = []
+    real = Speculator.draft
+
+    def draft(self, history, *a, **kw):
+        d = real(self, history, *a, **kw)
+        if d is not None:
+            sizes.append((len(history) - len(prompt), len(d.tokens) - 1))  # (tokens generated, drafted)
+        return d
+
+    monkeypatch.setattr(Speculator, "draft", draft)
+    # a verification costs what a plain step does: every draft is as long as the find and the room allow
+    monkeypatch.setattr(ForwardCosts, "plain_s", lambda self, n_seqs: 1e-3)
+    monkeypatch.setattr(ForwardCosts, "forward_s", lambda self, n_seqs, rows: 1e-3)
+    for max_tokens in (9, 20, 33):
+        sizes.clear()
+        c = m.complete(prompt, max_tokens=max_tokens, ignore_eos=True, speculative="lookup")
+        assert c.tokens == prompt[:max_tokens] and sizes
+        assert all(drafted <= max_tokens - generated for generated, drafted in sizes)
+        assert sizes[-1][1] == max_tokens - sizes[-1][0]  # the last draft takes exactly what is left
+
+
 # --- the draft length ------------------------------------------------------------------------------------------------
 
 def _accepting(length, p):

@@ -507,7 +507,7 @@ class Speculator:
                 return None
             length = self.by_match[match_class(n)]
             self._found.append([len(history), found, 0, length])
-            k = min(length.want(n_seqs, len(found)), room)
+            k = min(length.want(n_seqs, min(len(found), room)), room)
             return self.choices(found[:k], None) if k > 0 else None
         k = self.plan(room, n_seqs)
         if k == 0:
@@ -544,10 +544,13 @@ class Speculator:
             return None
         return tokens, [(t, None, None) if qs is None or qs[i] is None else (t, *qs[i]) for i, t in enumerate(tokens)]
 
-    def draft(self, history) -> Draft | None:
-        """The target's logits after history[-1] (not yet in its cache) and a draft after it; None when no draft
-        is worth it now (paused, nothing found, no room: the caller decodes one token plainly)."""
+    def draft(self, history, limit: int | None = None) -> Draft | None:
+        """The target's logits after history[-1] (not yet in its cache) and a draft of at most `limit` tokens after
+        it (the tokens the generation may still take: a row past them would be verified for nothing); None when no
+        draft is worth it now (paused, nothing found, no room: the caller decodes one token plainly)."""
         room = min(self.target.n_batch, self.target.n_ctx - self.target.n_past) - 1  # the draft must fit without a shift
+        if limit is not None:
+            room = min(room, limit)
         t0 = time.perf_counter()
         proposed = self.propose(history, room)
         if proposed is None:
