@@ -753,4 +753,19 @@ def test_cli_bench_lookup_reports_every_task(tiny_paths, capsys):
     assert cli.main(["bench", str(tiny_paths[0]), "--lookup", "-n", "12", "-r", "1", "-t", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + sum(len(t) for t in TASKS.values())
-    assert all(row.rstrip(" |").endswith("yes") for row in rows[1:])  # identical greedy output on every task
+    cells = [[c.strip() for c in row.strip("| ").split("|")] for row in rows]
+    assert cells[0][-2:] == ["identical", "bound"]
+    assert all(c[-2] == "yes" for c in cells[1:])  # identical greedy output on every task
+    assert all(float(c[-1].rstrip("x")) >= 1.0 for c in cells[1:])  # drafting nothing is always a plan
+
+
+def test_the_foresight_bound_is_the_cheapest_plan():
+    """An output that copies its prompt: a plain step (no find after the first token), then the find "3 4 5 6 ..."
+    after "1 2", of which 4 tokens are right; the cheapest plan drafts 3 (4 rows: 3 accepted and the target's
+    next ends it), so 5 tokens cost 1 + 1.3 steps."""
+    from edgellm.prep.speculative_bench import foresight_bound
+    ids = tokens = [1, 2, 3, 4, 5, 6]
+    rising = {r: 1.0 + 0.1 * (r - 1) for r in range(1, 14)}
+    assert foresight_bound(ids, tokens, rising, 12) == pytest.approx(5 / 2.3)
+    assert foresight_bound(ids, tokens, {r: float(r) for r in range(1, 14)}, 12) == 1.0  # a row costs a step
+    assert foresight_bound([1, 2, 3], [7, 8, 9, 10], rising, 12) == 1.0  # nothing found to draft

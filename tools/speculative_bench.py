@@ -1,7 +1,8 @@
 """The speculative decoding benchmark (docs/speculative.md): every task of edgellm.prep.speculative_bench.TASKS,
 decoded greedily without and with speculation, each run in a fresh process, the two alternating, so that load from
 other processes on a shared host hits both alike. Prints a markdown table (t/s, speed-up, acceptance, identical
-output) and optionally llama.cpp's plain decode on the same prompts. The processes share the forward-cost table
+output, and for prompt lookup the bound of draft lengths chosen knowing the output, at forward costs measured in one
+more fresh process) and optionally llama.cpp's plain decode on the same prompts. The processes share the forward-cost table
 kept on disk (edgellm.generation.cost_store), as a user's successive runs do; EDGELLM_SPEC_COSTS=off measures
 generations that start with none.
 
@@ -24,6 +25,19 @@ sb.measure(m, ids[:8], mode, 2)  # warm: the kernels of this process
 if warm:  # the task once before: speculation starts from the forward costs it measured then
     sb.measure(m, ids, mode, n_gen)
 print(json.dumps(sb.measure(m, ids, mode, n_gen)))
+'''
+
+BOUND_CHILD = r'''
+import json, sys, edgellm
+from edgellm.generation.speculative import DRAFT_MAX
+from edgellm.prep import speculative_bench as sb
+model, threads, tasks = json.loads(sys.argv[1])  # tasks: [[kind, index, tokens]]
+m = edgellm.load(model, n_threads=threads, n_ctx=2048)
+prompts = [m.chat_prompt_ids(sb.TASKS[kind][index][1]) for kind, index, _ in tasks]
+sb.measure(m, prompts[0][:8], "lookup", 2)  # warm: the kernels of this process
+costs = sb.forward_costs(m, prompts[0], DRAFT_MAX["lookup"] + 1)
+print(json.dumps([sb.foresight_bound(ids, toks, costs, DRAFT_MAX["lookup"])
+                  for ids, (_, _, toks) in zip(prompts, tasks)]))
 '''
 
 LLAMA_CHILD = r'''
@@ -68,11 +82,12 @@ def main():
     args = ap.parse_args()
     mode = args.mode or ("draft" if args.draft_model else "lookup")
     from edgellm.prep import speculative_bench as sb
-    rows = []
+    rows, where = [], []
     for kind, tasks in sb.TASKS.items():
         if args.kinds and kind not in args.kinds.split(","):
             continue
         for index, (name, _) in enumerate(tasks):
+            where.append((kind, index))
             plain, spec = [], []
             for _ in range(args.repeats):
                 plain.append(child(args, None, kind, index))
@@ -80,6 +95,12 @@ def main():
             row = {"task": name, "kind": kind, **sb.summarise(plain, spec)}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tokens"}), file=sys.stderr, flush=True)
+    if mode == "lookup" and rows:
+        cmd = ["nice", "-n", "10", sys.executable, "-c", BOUND_CHILD,
+               json.dumps([args.model, args.threads, [[k, i, r["tokens"]] for (k, i), r in zip(where, rows)]])]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        for row, bound in zip(rows, json.loads(out.stdout.strip().splitlines()[-1])):
+            row["bound"] = bound
     print(sb.to_markdown(rows))
     if args.llama_cpp:
         import edgellm

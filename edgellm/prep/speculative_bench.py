@@ -1,12 +1,16 @@
 """Speculative decoding's benchmark: a task set of three kinds (input-grounded, open-ended, chat), and one
 measurement that decodes a task greedily with and without speculation, alternating, and reports tokens/s, the
 speed-up, the acceptance rate and whether the outputs are identical. `edgellm bench --lookup` / `--draft-model`
-run it in one process; tools/speculative_bench.py runs each measurement in a fresh process.
+run it in one process; tools/speculative_bench.py runs each measurement in a fresh process. For prompt lookup it
+also reports a bound: the speed-up of draft lengths chosen knowing the output, at the forward costs measured in the
+same process, which no chooser can beat (foresight_bound).
 """
 from __future__ import annotations
 
 import statistics
 import time
+
+import numpy as np
 
 CODE = '''import json
 
@@ -93,24 +97,84 @@ def summarise(plain: list, spec: list) -> dict:
             "identical": all(r["tokens"] == plain[0]["tokens"] for r in plain + spec)}
 
 
+def forward_costs(model, ids, rows_max: int, repeats: int = 5) -> dict:
+    """{rows: seconds} of the target's forwards after the prompt ids: a plain step (1 row) and verifications of 2 to
+    rows_max rows, each the median of `repeats`; the Model's cache is emptied afterwards."""
+    fm = model.model
+    model.reset()
+    fm.forward(np.asarray(ids, np.int32))
+    start, fed = fm.cache.n_past, np.asarray((list(ids) * rows_max)[:rows_max], np.int32)
+    costs = {}
+    try:
+        for rows in range(1, rows_max + 1):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fm.forward(fed[:1]) if rows == 1 else fm.forward_verify(fed[:rows])
+                times.append(time.perf_counter() - t0)
+                fm.truncate(start)
+            costs[rows] = statistics.median(times)
+    finally:
+        model.reset()
+    return costs
+
+
+def foresight_bound(ids, tokens, costs: dict, k_max: int) -> float:
+    """The speed-up over plain decoding of `tokens` (a greedy output after the prompt ids) with prompt lookup's finds
+    drafted to the best length chosen knowing the output: at each step the find after the history (up to k_max
+    tokens) is drafted k = 0 (a plain step) to all of it, costed by costs[k + 1] (forward_costs), gaining its
+    accepted tokens and the target's next; the cheapest plan over the whole output, by dynamic programming. The
+    first token comes from the prompt's forward in both and is not counted."""
+    from edgellm.generation.speculative import PromptLookup
+    history, n = list(ids) + list(tokens), len(tokens)
+    if n < 2:
+        return 1.0
+    lookup, found = PromptLookup(), []
+    for i in range(1, n):  # token i is next: the history ends with token i - 1, not yet in the cache
+        end = len(ids) + i
+        draft = lookup.find(history[:end], k_max)[0]
+        accepted = 0
+        while accepted < len(draft) and i + accepted < n and draft[accepted] == tokens[i + accepted]:
+            accepted += 1
+        found.append((len(draft), accepted))
+    plain, best = costs[1], [0.0] * (n + 1)
+    for i in range(n - 1, 0, -1):
+        length, accepted = found[i - 1]
+        best[i] = min([plain + best[i + 1]] + [costs[k + 1] + best[min(n, i + min(k, accepted) + 1)]
+                                                for k in range(1, length + 1)])
+    return (n - 1) * plain / best[1]
+
+
 def to_markdown(rows) -> str:
-    lines = ["| task | kind | tokens | plain t/s | speculative t/s | speed-up | acceptance | identical |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    bound = any("bound" in r for r in rows)
+    lines = ["| task | kind | tokens | plain t/s | speculative t/s | speed-up | acceptance | identical |"
+             + (" bound |" if bound else ""),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |" + (" ---: |" if bound else "")]
     for r in rows:
         lines.append(f"| {r['task']} | {r['kind']} | {r['n_gen']} | {r['plain_tps']:.1f} | {r['spec_tps']:.1f} | "
-                     f"{r['speedup']:.2f}x | {100 * r['acceptance']:.0f}% | {'yes' if r['identical'] else 'NO'} |")
+                     f"{r['speedup']:.2f}x | {100 * r['acceptance']:.0f}% | {'yes' if r['identical'] else 'NO'} |"
+                     + (f" {r['bound']:.2f}x |" if "bound" in r else (" - |" if bound else "")))
+    if bound:
+        lines.append("\nbound: the speed-up of draft lengths chosen knowing the output, at this run's forward costs")
     return "\n".join(lines)
 
 
 def bench(model, mode: str, n_gen: int = 128, repeats: int = 2, kinds=None, log=None) -> list:
-    """compare() on every task of TASKS (or of the given kinds) with a loaded Model."""
-    rows = []
+    """compare() on every task of TASKS (or of the given kinds) with a loaded Model; for prompt lookup each row's
+    foresight_bound too, at forward costs measured once after the first task's prompt."""
+    from edgellm.generation.speculative import DRAFT_MAX
+    rows, costs = [], None
     for kind, tasks in TASKS.items():
         if kinds and kind not in kinds:
             continue
         for name, messages in tasks:
             if log:
                 log(f"{name} ...")
-            r = compare(model, model.chat_prompt_ids(messages), mode, n_gen, repeats)
+            ids = model.chat_prompt_ids(messages)
+            r = compare(model, ids, mode, n_gen, repeats)
+            if mode == "lookup":
+                if costs is None:
+                    costs = forward_costs(model, ids, DRAFT_MAX["lookup"] + 1)
+                r["bound"] = foresight_bound(ids, r["tokens"], costs, DRAFT_MAX["lookup"])
             rows.append({"task": name, "kind": kind, **r})
     return rows
