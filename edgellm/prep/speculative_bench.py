@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from edgellm.generation.speculative import DRAFT_MAX, PromptLookup
+
 CODE = '''import json
 
 
@@ -125,7 +127,6 @@ def foresight_bound(ids, tokens, costs: dict, k_max: int) -> float:
     tokens) is drafted k = 0 (a plain step) to all of it, costed by costs[k + 1] (forward_costs), gaining its
     accepted tokens and the target's next; the cheapest plan over the whole output, by dynamic programming. The
     first token comes from the prompt's forward in both and is not counted."""
-    from edgellm.generation.speculative import PromptLookup
     history, n = list(ids) + list(tokens), len(tokens)
     if n < 2:
         return 1.0
@@ -162,7 +163,6 @@ def to_markdown(rows) -> str:
 def bench(model, mode: str, n_gen: int = 128, repeats: int = 2, kinds=None, log=None) -> list:
     """compare() on every task of TASKS (or of the given kinds) with a loaded Model; for prompt lookup each row's
     foresight_bound too, at forward costs measured once after the first task's prompt."""
-    from edgellm.generation.speculative import DRAFT_MAX
     rows, costs = [], None
     for kind, tasks in TASKS.items():
         if kinds and kind not in kinds:
