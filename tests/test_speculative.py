@@ -759,6 +759,15 @@ def test_cli_bench_lookup_reports_every_task(tiny_paths, capsys):
     assert all(float(c[-1].rstrip("x")) >= 1.0 for c in cells[1:])  # drafting nothing is always a plan
 
 
+def test_forward_costs_time_every_size_and_leave_the_cache_empty(tiny):
+    from edgellm.prep.speculative_bench import forward_costs
+    ids = tiny.tokenize(REPEATING)
+    costs = forward_costs(tiny, ids, 5, repeats=1)
+    assert sorted(costs) == [1, 2, 3, 4, 5] and all(c > 0 for c in costs.values())
+    assert tiny.model.cache.n_past == 0 and tiny._cached_tokens == []
+    assert forward_costs(tiny, ids * 20, 5) is None  # past the context: no timing, no error
+
+
 def test_the_foresight_bound_is_the_cheapest_plan():
     """An output that copies its prompt: a plain step (no find after the first token), then the find "3 4 5 6 ..."
     after "1 2", of which 4 tokens are right; the cheapest plan drafts 3 (4 rows: 3 accepted and the target's

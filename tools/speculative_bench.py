@@ -1,9 +1,9 @@
 """The speculative decoding benchmark (docs/speculative.md): every task of edgellm.prep.speculative_bench.TASKS,
 decoded greedily without and with speculation, each run in a fresh process, the two alternating, so that load from
 other processes on a shared host hits both alike. Prints a markdown table (t/s, speed-up, acceptance, identical
-output, and for prompt lookup the bound of draft lengths chosen knowing the output, at forward costs measured in one
-more fresh process) and optionally llama.cpp's plain decode on the same prompts. The processes share the forward-cost table
-kept on disk (edgellm.generation.cost_store), as a user's successive runs do; EDGELLM_SPEC_COSTS=off measures
+output, and for prompt lookup the bound of draft lengths chosen knowing the output, at forward costs measured in
+one more fresh process) and optionally llama.cpp's plain decode on the same prompts. The processes share the
+forward-cost table kept on disk (edgellm.generation.cost_store), as a user's successive runs do; EDGELLM_SPEC_COSTS=off measures
 generations that start with none.
 
     python tools/speculative_bench.py MODEL [--mode lookup|draft] [--draft-model PATH] [-n 128] [-r 2] [-t 1]
@@ -36,7 +36,7 @@ m = edgellm.load(model, n_threads=threads, n_ctx=2048)
 prompts = [m.chat_prompt_ids(sb.TASKS[kind][index][1]) for kind, index, _ in tasks]
 sb.measure(m, prompts[0][:8], "lookup", 2)  # warm: the kernels of this process
 costs = sb.forward_costs(m, prompts[0], DRAFT_MAX["lookup"] + 1)
-print(json.dumps([sb.foresight_bound(ids, toks, costs, DRAFT_MAX["lookup"])
+print(json.dumps([sb.foresight_bound(ids, toks, costs, DRAFT_MAX["lookup"]) if costs else None
                   for ids, (_, _, toks) in zip(prompts, tasks)]))
 '''
 
@@ -100,7 +100,8 @@ def main():
                json.dumps([args.model, args.threads, [[k, i, r["tokens"]] for (k, i), r in zip(where, rows)]])]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         for row, bound in zip(rows, json.loads(out.stdout.strip().splitlines()[-1])):
-            row["bound"] = bound
+            if bound is not None:
+                row["bound"] = bound
     print(sb.to_markdown(rows))
     if args.llama_cpp:
         import edgellm

@@ -101,8 +101,11 @@ def summarise(plain: list, spec: list) -> dict:
 
 def forward_costs(model, ids, rows_max: int, repeats: int = 5) -> dict:
     """{rows: seconds} of the target's forwards after the prompt ids: a plain step (1 row) and verifications of 2 to
-    rows_max rows, each the median of `repeats`; the Model's cache is emptied afterwards."""
+    rows_max rows, each the median of `repeats`; the Model's cache is emptied afterwards. None where the rows do not
+    fit the context or a batch after the prompt."""
     fm = model.model
+    if len(ids) + rows_max > fm.cache.n_ctx or rows_max > fm.n_batch:
+        return None
     model.reset()
     fm.forward(np.asarray(ids, np.int32))
     start, fed = fm.cache.n_past, np.asarray((list(ids) * rows_max)[:rows_max], np.int32)
@@ -175,6 +178,7 @@ def bench(model, mode: str, n_gen: int = 128, repeats: int = 2, kinds=None, log=
             if mode == "lookup":
                 if costs is None:
                     costs = forward_costs(model, ids, DRAFT_MAX["lookup"] + 1)
-                r["bound"] = foresight_bound(ids, r["tokens"], costs, DRAFT_MAX["lookup"])
+                if costs is not None:
+                    r["bound"] = foresight_bound(ids, r["tokens"], costs, DRAFT_MAX["lookup"])
             rows.append({"task": name, "kind": kind, **r})
     return rows
