@@ -765,7 +765,8 @@ def test_forward_costs_time_every_size_and_leave_the_cache_empty(tiny):
     costs = forward_costs(tiny, ids, 5, repeats=1)
     assert sorted(costs) == [1, 2, 3, 4, 5] and all(c > 0 for c in costs.values())
     assert tiny.model.cache.n_past == 0 and tiny._cached_tokens == []
-    assert forward_costs(tiny, ids * 20, 5) is None  # past the context: no timing, no error
+    assert sorted(forward_costs(tiny, ids * 20, 5, repeats=1)) == [1, 2, 3, 4, 5]  # a prompt past the context
+    assert forward_costs(tiny, ids, tiny.model.cache.n_ctx) is None  # rows that cannot fit: no timing, no error
 
 
 def test_the_foresight_bound_is_the_cheapest_plan():

@@ -100,12 +100,13 @@ def summarise(plain: list, spec: list) -> dict:
 
 
 def forward_costs(model, ids, rows_max: int, repeats: int = 5) -> dict:
-    """{rows: seconds} of the target's forwards after the prompt ids: a plain step (1 row) and verifications of 2 to
-    rows_max rows, each the median of `repeats`; the Model's cache is emptied afterwards. None where the rows do not
-    fit the context or a batch after the prompt."""
+    """{rows: seconds} of the target's forwards after the prompt ids (their last tokens where the prompt and the rows
+    would not fit the context): a plain step (1 row) and verifications of 2 to rows_max rows, each the median of
+    `repeats`; the Model's cache is emptied afterwards. None where rows_max rows do not fit a batch or the context."""
     fm = model.model
-    if len(ids) + rows_max > fm.cache.n_ctx or rows_max > fm.n_batch:
+    if rows_max > fm.n_batch or rows_max >= fm.cache.n_ctx:
         return None
+    ids = list(ids)[-(fm.cache.n_ctx - rows_max):]
     model.reset()
     fm.forward(np.asarray(ids, np.int32))
     start, fed = fm.cache.n_past, np.asarray((list(ids) * rows_max)[:rows_max], np.int32)
