@@ -8,6 +8,8 @@ Q8_0) its dots:
                              8 float lanes, the lanes summed at the end)
   vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode); the formats with mins take the token's scales and sums in
                              pairs (_pack_pairs), Q5_0 its lane sums (_pack_lane_sums)
+  vec_dot22_<fmt>_q8_0(...)  two rows x two tokens (a batch's tokens after its tiles, two at a time): vec_dot2's
+                             sums, each block's quants decoded once for both tokens
 Their tiles are generated into quant.matmul_block32 from the steps here (tools/gen_kernels.py's TILE):
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (_pack_tiles8)
   tile4_<fmt>(...)           one row x four tokens, the same tile with two pairs (_pack_tiles4)
@@ -525,6 +527,29 @@ def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
     return f32x8_hsum(a), f32x8_hsum(a2)
 
 
+@njit(cache=True)
+def vec_dot22_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    """vec_dot2_q4_0_q8_0 for two tokens, the second's activations and scales right after the first's (xo + 32 nb,
+    xdo + nb): each block's quants decoded once for both tokens. Returns (row o, row o2) of the first token, then of
+    the second, each the sum vec_dot2 gives."""
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q4_0(w, o), _quants_q4_0(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_i8x32(q, x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q2, x), d2 * dx)
+        c = f32x8_fma_i32(c, dot_i8x32(q, y), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_i8x32(q2, y), d2 * dy)
+        o += 18
+        o2 += 18
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
+
+
 # --- Q4_1: w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) -------------------------------------------------
 
 
@@ -559,6 +584,35 @@ def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
     return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
 
 
+@njit(cache=True)
+def vec_dot22_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    """vec_dot2_q4_1_q8_0 for two tokens, the second's activations and (d_x, s_x) pairs right after the first's
+    (xo + 32 nb, xso + 2 nb): each block's quants and (d, m) pairs decoded once for both tokens. Returns (row o,
+    row o2) of the first token, then of the second, each the sum vec_dot2 gives."""
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    c, c2, mc = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    yo, yso = xo + 32 * nb, xso + 2 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q4_1_bcast(w, o), _quants_q4_1_bcast(w, o2)
+        dm = load_f16x2_rows(w, o, o2)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(dm, load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(q, x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q2, x), f32x4_lane(s, 2))
+        y = load_i8x32(xq, yo + b * 32)
+        t = f32x4_mul(dm, load_f32x2_twice(xds, yso + 2 * b))
+        mc = f32x4_add(mc, t)
+        c = f32x8_fma_i32(c, dot_u8x32(q, y), f32x4_lane(t, 0))
+        c2 = f32x8_fma_i32(c2, dot_u8x32(q2, y), f32x4_lane(t, 2))
+        o += 20
+        o2 += 20
+    return (f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3), f32x8_hsum(c) + f32x4_lane(mc, 1),
+            f32x8_hsum(c2) + f32x4_lane(mc, 3))
+
+
 # --- Q5_0 -------------------------------------------------------------------------------------------------
 
 
@@ -589,6 +643,29 @@ def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
         o += 22
         o2 += 22
     return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    """vec_dot2_q5_0_q8_0 for two tokens, the second's activations, scales and lane sums right after the first's
+    (xo + 32 nb, xdo + nb, lo + 8 nb): each block's quants decoded once for both tokens. Returns (row o, row o2) of
+    the first token, then of the second, each the sum vec_dot2 gives."""
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo, ylo = xo + 32 * nb, xdo + nb, lo + 8 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q5_0_unsigned_bcast(w, o), _quants_q5_0_unsigned_bcast(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(q, x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(q2, x, lane_sums, lo + 8 * b), d2 * dx)
+        c = f32x8_fma_i32(c, dot_u8x32_plus(q, y, lane_sums, ylo + 8 * b), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_u8x32_plus(q2, y, lane_sums, ylo + 8 * b), d2 * dy)
+        o += 22
+        o2 += 22
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
 
 
 # --- Q5_1 -------------------------------------------------------------------------------------------------
@@ -623,6 +700,35 @@ def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
     return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
 
 
+@njit(cache=True)
+def vec_dot22_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    """vec_dot2_q5_1_q8_0 for two tokens, the second's activations and (d_x, s_x) pairs right after the first's
+    (xo + 32 nb, xso + 2 nb): each block's quants and (d, m) pairs decoded once for both tokens. Returns (row o,
+    row o2) of the first token, then of the second, each the sum vec_dot2 gives."""
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    c, c2, mc = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    yo, yso = xo + 32 * nb, xso + 2 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q5_1_bcast(w, o), _quants_q5_1_bcast(w, o2)
+        dm = load_f16x2_rows(w, o, o2)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(dm, load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(q, x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q2, x), f32x4_lane(s, 2))
+        y = load_i8x32(xq, yo + b * 32)
+        t = f32x4_mul(dm, load_f32x2_twice(xds, yso + 2 * b))
+        mc = f32x4_add(mc, t)
+        c = f32x8_fma_i32(c, dot_u8x32(q, y), f32x4_lane(t, 0))
+        c2 = f32x8_fma_i32(c2, dot_u8x32(q2, y), f32x4_lane(t, 2))
+        o += 24
+        o2 += 24
+    return (f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3), f32x8_hsum(c) + f32x4_lane(mc, 1),
+            f32x8_hsum(c2) + f32x4_lane(mc, 3))
+
+
 # --- Q8_0 -------------------------------------------------------------------------------------------------
 
 
@@ -649,3 +755,26 @@ def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
         o += 34
         o2 += 34
     return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    """vec_dot2_q8_0_q8_0 for two tokens, the second's activations and scales right after the first's (xo + 32 nb,
+    xdo + nb): each block's quants decoded once for both tokens. Returns (row o, row o2) of the first token, then of
+    the second, each the sum vec_dot2 gives."""
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q8_0(w, o), _quants_q8_0(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_i8x32(q, x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q2, x), d2 * dx)
+        c = f32x8_fma_i32(c, dot_i8x32(q, y), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_i8x32(q2, y), d2 * dy)
+        o += 34
+        o2 += 34
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)

@@ -204,17 +204,18 @@ class QuantLinear:
 
 _NO_COLUMNS = np.empty((0, 0), np.float32)  # an output with no row blocks to compute (of a group of two, a lone matrix)
 
-# A batch's last rows past its eight-token tiles go as a four-token tile (T % 8 >= 4) and single tokens; where a
-# bigger tile costs less than that, they are padded with copies of the last row to one: 5-7 rows to an eight-token
-# tile, and with the 512-bit tiles 3 rows to a four-token one (docs/kernels.md has the timings). The padded rows
-# have the same bits as the one-token dots (every block32 format: its rows do not depend on the batch).
-_PAD_ROWS = {3: 1, 5: 3, 6: 2, 7: 1} if HAS_WIDE_TILES else {5: 3, 6: 2, 7: 1}
-# A batch of two rows goes as single tokens, except through a matrix too big for the caches with the 512-bit tiles:
-# there the second token's pass costs more than the four-token tile, which reads the stream once for all its rows
-# (Gemma-3's 262,144 x 640 output at 2 threads: 2 tokens 12.6 ms as singles, 9.3 ms as a padded tile; a 2 MB layer
-# matrix gains nothing, docs/kernels.md). Two rows after eight-token tiles stay singles: the tiles have brought the
-# weights into the caches, where singles are faster (10 rows through that output: 22 ms against 25 ms padded).
-_PAD_TWO_FROM_BYTES = 8 << 20 if HAS_WIDE_TILES else None
+# A batch's last rows past its eight-token tiles go as a four-token tile (T % 8 >= 4), pairs and a single token;
+# where a bigger tile costs less than that, they are padded with copies of the last row to one: 7 rows to an
+# eight-token tile, and with the 512-bit tiles 3 rows to a four-token one (docs/kernels.md has the timings). The
+# padded rows have the same bits as the one-token dots (every block32 format: its rows do not depend on the batch).
+_PAD_ROWS = {3: 1, 7: 1} if HAS_WIDE_TILES else {7: 1}
+# A batch's tokens after its tiles go two at a time through the two-token dots (each block decoded once for both),
+# an odd last one alone. A batch of two rows goes that way too, except through a matrix far bigger than the caches
+# with the 512-bit tiles, where the padded four-token tile streams it a little faster (a two-row forward's output
+# matrix: Gemma-3's 262,144 x 640 at 2 threads 6.7 ms padded against 6.9 as a pair; SmolLM2's 49,152 x 576 at one
+# thread 2.4-2.8 against 2.3; docs/kernels.md). Two rows after eight-token tiles stay a pair: the tiles have brought
+# the weights into the caches (10 rows through Gemma-3's output: 20.7-22.9 ms as 8 + 2, 24.3-25.1 ms padded).
+_PAD_TWO_FROM_BYTES = 64 << 20 if HAS_WIDE_TILES else None
 
 
 def _block32_tiles(kernel, weights, row_bytes, x, outs, scratch_key) -> None:

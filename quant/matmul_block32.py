@@ -17,9 +17,11 @@ from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW
                            TILE_UNSIGNED, TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare, _row_blocks,
                            _tile4_pairs, _tile4_sums, _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums,
                            _tile8_sums_mins, _tile8_zero, _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0,
-                           _tile_quants_q5_1, _tile_quants_q8_0, vec_dot2_q4_0_q8_0, vec_dot2_q4_1_q8_0,
-                           vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0, vec_dot_q4_0_q8_0,
-                           vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0, vec_dot_q8_0_q8_0)
+                           _tile_quants_q5_1, _tile_quants_q8_0, vec_dot22_q4_0_q8_0, vec_dot22_q4_1_q8_0,
+                           vec_dot22_q5_0_q8_0, vec_dot22_q5_1_q8_0, vec_dot22_q8_0_q8_0, vec_dot2_q4_0_q8_0,
+                           vec_dot2_q4_1_q8_0, vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0,
+                           vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0,
+                           vec_dot_q8_0_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
 from .simd import f32x8_add, f32x8_mul, f32x8_zero, load_f16_splat8, load_f32x8, prefetch
@@ -77,7 +79,7 @@ def _rows16_q4_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 @njit(cache=True)
 def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens two rows at a time."""
+    tokens, two tokens and two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -92,12 +94,18 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    for t in range(n4, n_tokens):
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    for t in range(n2, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -181,7 +189,7 @@ def _rows16_q4_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 @njit(cache=True)
 def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens two rows at a time."""
+    tokens, two tokens and two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -196,12 +204,18 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
-    for t in range(n4, n_tokens):
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_1_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
+    for t in range(n2, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -281,7 +295,7 @@ def _rows16_q5_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 @njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens two rows at a time."""
+    tokens, two tokens and two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -296,12 +310,18 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    for t in range(n4, n_tokens):
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
+    for t in range(n2, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -387,7 +407,7 @@ def _rows16_q5_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 @njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens two rows at a time."""
+    tokens, two tokens and two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -402,12 +422,18 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
-    for t in range(n4, n_tokens):
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_1_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
+    for t in range(n2, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -489,7 +515,7 @@ def _rows16_q8_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 @njit(cache=True)
 def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens two rows at a time."""
+    tokens, two tokens and two rows at a time."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -504,12 +530,18 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q8_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    for t in range(n4, n_tokens):
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q8_0_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    for t in range(n2, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -557,8 +589,9 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_iq4_nl_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_iq4_nl_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -606,8 +639,9 @@ def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 

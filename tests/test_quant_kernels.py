@@ -181,8 +181,8 @@ def test_matmul_rows_equal_matvec_bit_for_bit(fmt, n_out):
     x = np.random.default_rng(4).standard_normal((45, n_in)).astype(np.float32)
     batch_kernels = fmt.name in ("Q4_K", "Q6_K", "IQ4_XS")  # IQ4_XS: the tiled matmul from 8 tokens
     for n_tokens in (45, 13, 1, 2, 3, 4, 6, 7, 12, 14, 24, 9):  # 45: tiles of 8 (of 16 with the 512-bit tiles),
-        # a padded tile (5 + 3 copies); 24: 16 + 8; 12: a four-token tile; 3: padded to one with the 512-bit tiles;
-        # 9 last
+        # a four-token tile and a single; 7: a padded tile (7 + 1 copy); 24: 16 + 8; 14: 8 + 4 + a pair; 3: padded
+        # to a four-token tile with the 512-bit tiles, else a pair and a single; 9 last
         out, ones = _decoded_rows_equal_matvec(layer, x[:n_tokens])
         layer.matmul(x[:n_tokens], out)
         if not batch_kernels:
@@ -208,6 +208,24 @@ def test_two_rows_padded_to_a_tile_keep_their_bits(fmt, monkeypatch):
         pytest.skip(f"{fmt.name} does not go through the block32 tiles")
     x = np.random.default_rng(6).standard_normal((10, n_in)).astype(np.float32)
     for n_tokens in (2, 10):
+        _decoded_rows_equal_matvec(layer, x[:n_tokens])
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.block_size == 32 and f.name not in ("F16", "BF16")],
+                         ids=lambda f: f.name)
+def test_batch_tails_unpadded_keep_their_bits(fmt, monkeypatch):
+    """A batch's tokens after its tiles go two at a time through the two-token dots (vec_dot22_<fmt>), an odd last
+    one alone. With the padding to bigger tiles turned off, so that every tail takes that path on any host (pairs,
+    a pair and a single, after a four-token tile or an eight-token one), every row still equals matvec's bits."""
+    from edgellm.quant import linear
+    monkeypatch.setattr(linear, "_PAD_ROWS", {})
+    monkeypatch.setattr(linear, "_PAD_TWO_FROM_BYTES", None)
+    n_out, n_in = 37, shape_for(fmt)[1]  # 37: the last row block has an odd row, which goes through vec_dot
+    layer = quant.QuantLinear(matrix(fmt, n_out, n_in, seed=7), fmt.name, (n_out, n_in))
+    if layer._kernel3 is None:
+        pytest.skip(f"{fmt.name} does not go through the block32 tiles")
+    x = np.random.default_rng(8).standard_normal((15, n_in)).astype(np.float32)
+    for n_tokens in (2, 3, 5, 6, 7, 10, 11, 15):
         _decoded_rows_equal_matvec(layer, x[:n_tokens])
 
 

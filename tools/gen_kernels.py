@@ -98,15 +98,25 @@ $rows_doc
     for t in range($eight_from, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step
-    for t in range(n4, n_tokens):
+             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step$pairs_step
+    for t in range($singles_from, n_tokens):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)
-        if (r1 - r0) % 2:
-            r = r1 - 1
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n_tokens):
             out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
 ''')
+
+# The single tokens after the tiles, two at a time through the two-token dots where the format has them (the tile4
+# records): each block's quants decoded once for both tokens; an odd last token through the one-token dots.
+PAIRS_STEP = """
+    n2 = n_tokens - (n_tokens - n4) % 2
+    for t in range(n4, n2, 2):
+        for r in range(r0, r1 - 1, 2):
+            out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_${fmt}_q8_0(
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)"""
 
 # The tiles of a format whose block is one f16 scale (and for the formats with mins, an f16 min after it) and
 # quants that dots_block32._tile_quants_<fmt> decodes: the same loop for eight tokens (four pairs) and four (two),
@@ -262,6 +272,7 @@ def matmul_block32() -> str:
         fmt = r.suffix
         imports.setdefault(r.dots, []).extend([f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0"])
         if r.tile4:  # its tiles made here
+            imports[r.dots].append(f"vec_dot22_{fmt}_q8_0")
             imports["dots_block32"] += [f"_tile_quants_{fmt}", "PREFETCH_BYTES", "TILE16", "_tile8_zero",
                                         "_tile8_pairs", "_tile4_zero", "_tile4_pairs"]
             imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
@@ -279,9 +290,12 @@ def matmul_block32() -> str:
                     eight_from="n16" if r.tile4 else "0")
         args["four_step"] = Template(step).substitute(args)
         args["sixteen"] = Template(SIXTEEN_STEP).substitute(args) if r.tile4 else ""
+        args["pairs_step"] = Template(PAIRS_STEP).substitute(args) if r.tile4 else ""
+        args["singles_from"] = "n2" if r.tile4 else "n4"
+        singles = ("single tokens, two tokens and two rows at a time" if r.tile4
+                   else "single tokens two rows at a time")
         args["rows_doc"] = textwrap.fill(f"Rows [16 rb, 16 rb + 16) of out = W x: {args['eight']}, then {four}, then "
-                                         'single tokens two rows at a time."""', 113, initial_indent='    """',
-                                         subsequent_indent="    ")
+                                         f'{singles}."""', 113, initial_indent='    """', subsequent_indent="    ")
         if r.driver == registry.DRIVER_PLAIN:  # nothing to set up: no line at all
             template = Template(MATMUL.template.replace("\n    $setup", ""))
         else:
