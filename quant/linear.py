@@ -17,6 +17,7 @@ the GIL, so sharing is safe for calls from any one thread at a time.
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import numpy as np
 
@@ -67,6 +68,22 @@ def _scratch_for(key) -> _ActivationScratch:
     if key not in scratch:
         scratch[key] = _ActivationScratch(*key)
     return scratch[key]
+
+
+class StepScratch:
+    """Activation scratch for products bound to one step's buffers (QuantLinear.bound, QuantGroup.bound), which run
+    one after another on one thread: one token's buffers per input width and kind, owned by the step's products
+    alone (the shared per-thread scratch may be grown, and so replaced, by other calls between two steps)."""
+
+    def __init__(self):
+        self._args = {}
+
+    def one_token(self, key) -> tuple:
+        if key is None:  # float weights: no quantized activations
+            return ()
+        if key not in self._args:
+            self._args[key] = _ActivationScratch(*key).reserve(1)
+        return self._args[key]
 
 
 _F32 = np.dtype(np.float32)
@@ -153,6 +170,21 @@ class QuantLinear:
             raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
         if n_tokens:
             self._run(x, out, sizes)
+
+    def bound(self, x: np.ndarray, out: np.ndarray, scratch: StepScratch):
+        """A callable that does out[0] = W @ x[0] for x [1, n_in] and out [1, n_out] each time it is called, its checks
+        and kernel choice made now: a decode step's product on buffers it reuses (the same kernel and bits as
+        matmul). The arrays must stay these ones; scratch: the step's (StepScratch)."""
+        _check_f32("x", x, (1, self.n_in))
+        _check_f32("out", out, (1, self.n_out), writable=True)
+        act = scratch.one_token(self._scratch_key)
+        if self._kernel3 is not None:
+            w = self.data
+            return partial(self._kernel3, w, w, w, self.row_bytes, x, *act, out, _NO_COLUMNS, _NO_COLUMNS)
+        if self.kernels.row_kinds is None:
+            return partial(self._kernel, self.data, self.row_bytes, x, *act, out)
+        kinds = self.kernels.row_kinds_of(self.n_out, (1,))
+        return partial(self.kernels.row_kinds_kernel(kinds), self.data, self.row_bytes, x, *act, out, kinds)
 
     def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
         if self._kernel3 is not None:
@@ -305,3 +337,24 @@ class QuantGroup:
         if len(outs) == 2:
             outs = (outs[0], outs[1], _NO_COLUMNS)
         _block32_tiles(self._kernel, self._weights, self.layers[0].row_bytes, x, tuple(outs), self._scratch_key)
+
+    def bound(self, x: np.ndarray, outs, scratch: StepScratch):
+        """As QuantLinear.bound, for the group: one token's outs[i][0] = W_i @ x[0] per call."""
+        if not (isinstance(outs, (tuple, list)) and len(outs) == len(self.layers)):
+            raise ValueError(f"outs must be a tuple or list of {len(self.layers)} arrays")
+        if self._each_layer:
+            return run_all(*(layer.bound(x, out, scratch) for layer, out in zip(self.layers, outs)))
+        _check_f32("x", x, (1, self.n_in))
+        for i, (layer, out) in enumerate(zip(self.layers, outs)):
+            _check_f32(f"outs[{i}]", out, (1, layer.n_out), writable=True)
+        outs = (*outs, _NO_COLUMNS) if len(outs) == 2 else tuple(outs)
+        return partial(self._kernel, *self._weights, self.layers[0].row_bytes, x, *scratch.one_token(self._scratch_key),
+                       *outs)
+
+
+def run_all(*calls):
+    """One callable that runs these zero-argument callables in order."""
+    def run():
+        for call in calls:
+            call()
+    return run

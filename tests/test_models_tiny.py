@@ -13,6 +13,8 @@ import edgellm.engine.gguf
 import edgellm.engine.models.linear
 from edgellm.errors import ModelError
 from edgellm.engine.models import ALIASES, ARCHITECTURES, build_model, get_architecture
+from edgellm.engine.models.gemma3 import Gemma3Model
+from edgellm.engine.models.llama import LlamaModel
 from edgellm.engine.reference import ReferenceModel
 from helpers_tiny_gguf import TinySpec, write_tiny_from_registry, write_tiny_model
 
@@ -240,6 +242,50 @@ def test_every_registered_architecture_against_the_reference(tmp_path, exact_lin
         assert nmse(fast, ReferenceModel(f).logits(tokens)) < ANY_ARCH_VS_REFERENCE_NMSE
         assert tuple(kv.window for kv in model.cache.layers) == model.config.layer_windows()
         check_decode_matches_batch(model, tokens, fast)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_decode_steps_bound_to_their_buffers_keep_the_bits(tmp_path, arch):
+    """A one-token step runs its layers' products and norms as callables bound once to the step's buffers
+    (DecoderModel.decode_steps, where the architecture's forward pass uses them): every step's logits equal those of
+    the same steps through each op's own checks and kernel choice (bound_decode off), bit for bit, with the quantized
+    kernels, past a ring wrap of the sliding-window layers."""
+    spec = registry_spec(arch)
+    path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
+    prompt, steps = tokens_for(spec, 9), tokens_for(spec, 40, seed=8)
+    with edgellm.engine.gguf.open(path) as f:
+        model = build_model(f, n_ctx=64, n_threads=2)
+        runs = []
+        for bound in (True, False):
+            model.bound_decode = bound
+            model.reset()
+            model.forward(prompt)
+            runs.append(np.stack([model.forward(steps[i:i + 1])[0].copy() for i in range(len(steps))]))
+        assert runs[0].tobytes() == runs[1].tobytes()
+        if type(model).forward_pass in (LlamaModel.forward_pass, Gemma3Model.forward_pass):
+            assert model._decode_steps is not None and len(model._decode_steps[1]) == model.config.n_layer
+
+
+@pytest.mark.parametrize("kv_type, parallel", [("f16", False), ("f16", True), ("q8_0", False)])
+def test_bound_decode_attention_keeps_the_bits(tmp_path, kv_type, parallel, monkeypatch):
+    """The decode step's bound attention (ops.bound_decode_attention) takes attention()'s kernel for each position:
+    the serial ones here, the parallel ones with their threshold at zero; a q8_0 cache goes through attend() as it
+    is. Bit for bit against the steps with bound_decode off, as above."""
+    from edgellm.engine.ops import attention_drivers
+    if parallel:
+        monkeypatch.setattr(attention_drivers, "ATTENTION_PARALLEL_MIN_WORK", 0)
+    spec = registry_spec("llama", n_head=4, n_head_kv=2)
+    prompt, steps = tokens_for(spec, 9), tokens_for(spec, 30, seed=9)
+    with edgellm.engine.gguf.open(write_tiny_from_registry(tmp_path / "m.gguf", spec)) as f:
+        model = build_model(f, n_ctx=64, n_threads=2, kv_type=kv_type)
+        runs = []
+        for bound in (True, False):
+            model.bound_decode = bound
+            model.reset()
+            model.forward(prompt)
+            runs.append(np.stack([model.forward(steps[i:i + 1])[0].copy() for i in range(len(steps))]))
+        assert runs[0].tobytes() == runs[1].tobytes()
+        assert all((st[2] is None) == (kv_type == "q8_0") for st in model._decode_steps[1])
 
 
 def test_llama_sliding_window_is_honoured(tmp_path, exact_linear):

@@ -61,6 +61,7 @@ def test_profiling_leaves_nothing_patched(tiny):
             if name.startswith("edgellm.") and mod is not None and getattr(mod, "ops", ops) is not ops
             and getattr(getattr(mod, "ops"), "__name__", None) == ops.__name__] == []
     assert type(model.layers) is list
+    assert "bound_decode" not in vars(model) and model.bound_decode  # the step's bound callables back on
     assert not any("matmul" in vars(v) for layer in model.layers for v in vars(layer).values() if hasattr(v, "matmul"))
     model.reset()
     model.forward(tokens)

@@ -229,6 +229,36 @@ def test_batch_tails_unpadded_keep_their_bits(fmt, monkeypatch):
         _decoded_rows_equal_matvec(layer, x[:n_tokens])
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+def test_bound_products_give_matvec_bits_on_their_buffers(fmt):
+    """QuantLinear.bound (a decode step's product bound to its buffers) gives matvec's bits each call, on whatever
+    the buffer holds then; QuantGroup.bound each of its layers' bits; wrong buffers are refused when bound."""
+    from edgellm.quant.linear import QuantGroup, StepScratch
+    n_out, n_in = 40, shape_for(fmt)[1]
+    layers = [quant.QuantLinear(matrix(fmt, n_out, n_in, seed=20 + i), fmt.name, (n_out, n_in)) for i in range(3)]
+    x, outs = np.empty((1, n_in), np.float32), [np.empty((1, n_out), np.float32) for _ in range(3)]
+    scratch = StepScratch()
+    call = layers[0].bound(x, outs[0], scratch)
+    group = QuantGroup.of(*layers)
+    group_call = group.bound(x, outs, scratch) if group is not None else None
+    rng = np.random.default_rng(21)
+    for _ in range(3):
+        x[:] = rng.standard_normal((1, n_in))
+        call()
+        want = np.empty(n_out, np.float32)
+        layers[0].matvec(x[0], want)
+        np.testing.assert_array_equal(outs[0][0].view(np.uint32), want.view(np.uint32))
+        if group_call is not None:
+            group_call()
+            for layer, out in zip(layers, outs):
+                layer.matvec(x[0], want)
+                np.testing.assert_array_equal(out[0].view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="shape"):
+        layers[0].bound(np.empty((2, n_in), np.float32), outs[0], scratch)
+    with pytest.raises(ValueError, match="float32"):
+        layers[0].bound(x, np.empty((1, n_out), np.float64), scratch)
+
+
 def test_row_kinds_follow_llama_cpp_dispatch():
     from edgellm.quant.registry import kernels_for, records
 

@@ -12,6 +12,7 @@ from edgellm.engine.engine_thread import on_engine_thread
 from edgellm.errors import Cancelled, ModelError
 from edgellm.engine.kvcache import KVCache
 from edgellm.engine.models.linear import group_projections, row_kind_bits
+from edgellm.quant.linear import StepScratch
 from edgellm.engine.models.loading import fill_absent_qkv_steps, layer_weights, load_tensors
 
 # Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
@@ -127,6 +128,9 @@ class DecoderModel:
     # the batches already run, so a long prompt can be cancelled without leaving a half-written batch behind.
     should_stop = None
     SUPPORTS_MULTI = True  # forward_multi: several sequences per step, each in its own KVCache
+    # A one-token step runs its layers' products and norms as callables bound once to the step's buffers
+    # (decode_steps), not through each op's checks and kernel choice; the profiler turns this off to time each op.
+    bound_decode = True
 
     def __init__(self, config, n_ctx: int, n_threads: int, n_batch: int, kv_type=None):
         self.config = config
@@ -140,6 +144,7 @@ class DecoderModel:
         self._all_positions = np.arange(self.n_ctx, dtype=np.int32)
         self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
         self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
+        self._decode_steps = None  # (buffers, per-layer callables) of decode_steps, made on first use
 
     @staticmethod
     def tensor_specs(config) -> list:
@@ -335,6 +340,30 @@ class DecoderModel:
         """The architecture's math over one batch: embed b.tokens, run the layers (attend() between the q/k/v
         projections and W_o), then logits_head() fills b.logits_out."""
         raise NotImplementedError
+
+    def decode_steps(self, s, bind_layer):
+        """The layers' one-token callables, bind_layer(il, layer, s, scratch) for each, bound to the buffers s (the
+        one-token view of self.buffers) and kept while s stays the same; None while bound_decode is off."""
+        if not self.bound_decode:
+            return None
+        kept = self._decode_steps
+        if kept is None or kept[0] is not s:
+            scratch = StepScratch()
+            kept = self._decode_steps = (s, tuple(bind_layer(il, layer, s, scratch)
+                                                  for il, layer in enumerate(self.layers)))
+        return kept[1]
+
+    def bound_attention(self, il: int, layer, s, cos, sin):
+        """attend()'s work for one token of self.cache at layer il, as a callable of the step's positions bound to the
+        buffers s and the rope rows cos, sin (ops.bound_decode_attention); None where a subclass attends its own way
+        or the cache takes other kernels."""
+        if type(self).attend is not DecoderModel.attend:
+            return None
+        cfg, kv = self.config, self.cache.layers[il]
+        return ops.bound_decode_attention(s.q_heads, s.k_heads, s.v_heads, layer.attn_q_bias, layer.attn_k_bias,
+                                          layer.attn_v_bias, layer.attn_q_norm, layer.attn_k_norm, cfg.norm_eps, cos,
+                                          sin, cfg.rope_neox, kv, s.attn_heads, self.attn_scratch(kv), cfg.q_scale,
+                                          cfg.attn_scale)
 
     def logits_head(self, s, b: Batch) -> None:
         """b.logits_out <- output · rmsnorm(last rows of s.x) · output_norm (nothing when it is None). A non-finite

@@ -21,7 +21,7 @@ from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.llama import WindowedBlockBuffers, attention_specs, ffn_specs
-from edgellm.engine.models.linear import project_gate_up, project_qkv
+from edgellm.engine.models.linear import bound_gate_up, bound_matmul, bound_qkv, project_gate_up, project_qkv
 from edgellm.engine.models.loading import matrix, vector
 
 SWA_PERIOD_DEFAULT = 6  # llama.cpp: hparams.set_swa_pattern(6) for gemma3
@@ -108,8 +108,25 @@ class Gemma3Model(DecoderModel):
         rope_global = b.rope_rows(self.rope_global, s.cos_global, s.sin_global, cfg.rope_neox)
         self.token_embd.get_rows(b.tokens, s.x)
         s.x *= self.embd_scale
+        steps = self.decode_steps(s, self._bind_layer) if b.n_tokens == 1 else None
         for il, layer in enumerate(self.layers):
             rope = rope_local if self.windows[il] else rope_global
+            if steps is not None:  # the same steps as below, bound to the one-token buffers
+                attn_norm, qkv, attend, w_o, post_attn, ffn_norm, gate_up, act, down, post_ffw = steps[il]
+                attn_norm()
+                qkv()
+                if attend is not None and b.groups[0][2] is self.cache:
+                    attend(b.positions)
+                else:
+                    self.attend(il, layer, s, b, rope)
+                w_o()
+                post_attn()
+                ffn_norm()
+                gate_up()
+                act()
+                down()
+                post_ffw()
+                continue
             # attention block: n = norm(x); x += post_norm(W_o · attention(rope(norm(W_q n)), rope(norm(W_k n)), W_v n))
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
@@ -123,3 +140,15 @@ class Gemma3Model(DecoderModel):
             layer.ffn_down.matmul(s.gate, s.xn, sizes)
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
         self.logits_head(s, b)
+
+    def _bind_layer(self, il, layer, s, scratch):
+        """forward_pass's steps of layer il for one token, as callables bound to the buffers s (decode_steps)."""
+        eps = self.config.norm_eps
+        cos, sin = (s.cos_local, s.sin_local) if self.windows[il] else (s.cos_global, s.sin_global)
+        return (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn), bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch),
+                self.bound_attention(il, layer, s, cos, sin),
+                bound_matmul(layer.attn_output, s.attn, s.xn, scratch),
+                ops.bound_add_post_norm(s.x, s.xn, layer.post_attention_norm, eps),
+                ops.bound_rms_norm(s.x, layer.ffn_norm, eps, s.xn), bound_gate_up(layer, s.xn, s.gate, s.up, scratch),
+                ops.bound_gelu_tanh_mul(s.gate, s.up), bound_matmul(layer.ffn_down, s.gate, s.xn, scratch),
+                ops.bound_add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps))

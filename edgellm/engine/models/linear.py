@@ -3,10 +3,12 @@ rounded to 8 bits as llama.cpp does). DequantizedLinear is a float32 double with
 swap in (set LINEAR_CLASS) to take that rounding out of a comparison with the float64 reference.
 """
 
+from functools import partial
+
 import numpy as np
 from edgellm.engine import prefix
 from edgellm.quant import QuantLinear
-from edgellm.quant.linear import QuantGroup
+from edgellm.quant.linear import QuantGroup, StepScratch, run_all
 from edgellm.quant.registry import ROWS_GEMM4, ROWS_TILED8
 
 
@@ -101,6 +103,35 @@ def project_gate_up(layer, x, gate, up, sizes) -> None:
         layer.ffn_up.matmul(x, up, sizes)
     else:
         layer.gate_up_group.matmul(x, (gate, up), sizes)
+
+
+def bound_matmul(matrix, x, out, scratch: StepScratch):
+    """matrix · x into out for one token, as a callable bound to these buffers (QuantLinear.bound); a matrix of
+    another kind is called through its matmul."""
+    bound = getattr(matrix, "bound", None)
+    return bound(x, out, scratch) if bound is not None else partial(matrix.matmul, x, out)
+
+
+def bound_qkv(layer, x, q, k, v, scratch: StepScratch):
+    """project_qkv(layer, x, q, k, v, None) for one token as a callable bound to these buffers."""
+    group = layer.qkv_group
+    if getattr(layer, "attn_qkv", None) is not None:
+        return partial(project_qkv, layer, x, q, k, v, None)
+    if group is None:
+        return run_all(*(bound_matmul(m, x, out, scratch) for m, out in
+                         ((layer.attn_q, q), (layer.attn_k, k), (layer.attn_v, v))))
+    if len(group.layers) == 3:
+        return group.bound(x, (q, k, v), scratch)
+    return run_all(group.bound(x, (q, k), scratch), bound_matmul(layer.attn_v, x, v, scratch))
+
+
+def bound_gate_up(layer, x, gate, up, scratch: StepScratch):
+    """project_gate_up(layer, x, gate, up, None) for one token as a callable bound to these buffers."""
+    if getattr(layer, "ffn_gate", None) is None:
+        return partial(project_gate_up, layer, x, gate, up, None)
+    if layer.gate_up_group is None:
+        return run_all(bound_matmul(layer.ffn_gate, x, gate, scratch), bound_matmul(layer.ffn_up, x, up, scratch))
+    return layer.gate_up_group.bound(x, (gate, up), scratch)
 
 
 def _split_product(fused, x, outs, sizes) -> None:

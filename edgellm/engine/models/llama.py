@@ -8,6 +8,7 @@ then logits = W_out · rmsnorm(x) · output_norm, W_out = token_embd when output
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -16,9 +17,13 @@ from edgellm.errors import ModelError
 from edgellm.engine.models.base import DEFAULT_N_BATCH, Batch, DecoderModel, TokenBuffers
 from edgellm.engine.models.config import ModelConfig
 from edgellm.engine.models.loading import experts, matrix, vector
-from edgellm.engine.models.linear import project_gate_up, project_qkv
+from edgellm.engine.models.linear import bound_gate_up, bound_matmul, bound_qkv, project_gate_up, project_qkv
 from edgellm.engine.models.moe import DENSE, ExpertBuffers, ExpertConfig, expert_ffn, read_expert_keys
 from edgellm.quant.aligned import zeros_aligned
+
+
+def _nothing() -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,23 @@ class LlamaModel(DecoderModel):
         s = self.buffers.for_tokens(b.n_tokens)
         rope = b.rope_rows(self.rope, s.rope_cos, s.rope_sin, cfg.rope_neox)
         self.token_embd.get_rows(b.tokens, s.x)
+        steps = self.decode_steps(s, self._bind_layer) if b.n_tokens == 1 else None
         for il, layer in enumerate(self.layers):
+            if steps is not None:  # the same steps as below, bound to the one-token buffers
+                attn_norm, qkv, attend, w_o, ffn_norm, gate_up, act, down = steps[il]
+                attn_norm()
+                qkv()
+                if attend is not None and b.groups[0][2] is self.cache:
+                    attend(b.positions)
+                else:
+                    self.attend(il, layer, s, b, rope)
+                w_o()
+                ffn_norm()
+                gate_up()
+                act()
+                down()
+                s.x += s.xn
+                continue
             # attention block: n = norm(x); x += W_o · attention(rope(W_q n), rope(W_k n), W_v n)
             ops.rms_norm(s.x, layer.attn_norm, eps, s.xn)
             project_qkv(layer, s.xn, s.q, s.k, s.v, sizes)
@@ -169,6 +190,20 @@ class LlamaModel(DecoderModel):
             self.feed_forward(layer, s, sizes)
             s.x += s.xn
         self.logits_head(s, b)
+
+    def _bind_layer(self, il, layer, s, scratch):
+        """forward_pass's steps of layer il for one token, as callables bound to the buffers s (decode_steps):
+        attention norm, q/k/v, attention on self.cache (None: attend()), W_o, the residual and ffn norm, then the
+        feed-forward as gate/up, activation, down (an experts' feed-forward as one call and two that do nothing)."""
+        eps = self.config.norm_eps
+        head = (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn), bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch),
+                self.bound_attention(il, layer, s, s.rope_cos, s.rope_sin),
+                bound_matmul(layer.attn_output, s.attn, s.xn, scratch),
+                ops.bound_add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn))
+        if self.expert_buffers is not None:
+            return (*head, partial(self.feed_forward, layer, s, None), _nothing, _nothing)
+        return (*head, bound_gate_up(layer, s.xn, s.gate, s.up, scratch), ops.bound_silu_mul(s.gate, s.up),
+                bound_matmul(layer.ffn_down, s.gate, s.xn, scratch))
 
     def feed_forward(self, layer, s, sizes):
         """s.xn <- the feed-forward of s.xn: dense, or the chosen experts' (moe.expert_ffn)."""

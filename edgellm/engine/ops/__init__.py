@@ -27,7 +27,8 @@ from edgellm.quant import threading_layer as _threading_layer  # noqa: F401  (be
 
 from edgellm.engine.ops.exp import EXP_INV_LN2, EXP_LN2_HI, EXP_LN2_LO, EXP_POLY, EXP_SHIFT, fast_exp, fast_exp_array
 from edgellm.engine.ops.norms import (NORM_ADD, NORM_PARALLEL_MIN_ROWS, NORM_PLAIN, NORM_POST, NORM_ROWS_PER_ITEM,
-                                      add_post_norm, add_rms_norm, rms_norm, rms_norm_ref, rms_scale)
+                                      add_post_norm, add_rms_norm, bound_add_post_norm, bound_add_rms_norm,
+                                      bound_rms_norm, rms_norm, rms_norm_ref, rms_scale)
 from edgellm.engine.ops.rope import (YARN_RAMP_MIN_WIDTH, Rope, apply_rope, rope_inv_freq, rope_mscale_ref, rope_ref,
                                      rope_tables, yarn_corr_dims_ref)
 from edgellm.engine.ops.cache_write import NO_SCALES, finish_qkv, kv_store
@@ -36,17 +37,18 @@ from edgellm.engine.ops.attention_vec import KEY_PREFETCH_SLOTS, WEIGH_BLOCK_SLO
 from edgellm.engine.ops.attention_rows import ROWS
 from edgellm.engine.ops.attention_drivers import (ATTENTION_PARALLEL_MIN_WORK, attention, attention_ref,
                                                   attention_rows_supported, attention_scratch, attention_scratch_width,
-                                                  finish_attention_rows, finish_attention_run)
+                                                  bound_decode_attention, finish_attention_rows, finish_attention_run)
 from edgellm.engine.ops.activations import (ACTIVATION_PARALLEL_MIN_ROWS, GELU_COEF_A, SQRT_2_OVER_PI,
-                                            SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, gelu_table, gelu_tanh_mul,
-                                            gelu_tanh_mul_ref, silu_mul, silu_mul_ref, softcap, softcap_ref,
-                                            swiglu_oai, swiglu_oai_ref)
+                                            SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, bound_gelu_tanh_mul, bound_silu_mul,
+                                            gelu_table, gelu_tanh_mul, gelu_tanh_mul_ref, silu_mul, silu_mul_ref,
+                                            softcap, softcap_ref, swiglu_oai, swiglu_oai_ref)
 
 __all__ = ["ACTIVATION_PARALLEL_MIN_ROWS", "ATTENTION_PARALLEL_MIN_WORK", "EXP_INV_LN2", "EXP_LN2_HI", "EXP_LN2_LO",
            "EXP_POLY", "EXP_SHIFT", "GELU_COEF_A", "KEY_PREFETCH_SLOTS", "LANES_BATCH", "LANES_SINGLE", "NORM_ADD",
            "NORM_PARALLEL_MIN_ROWS", "NORM_PLAIN", "NORM_POST", "NORM_ROWS_PER_ITEM", "NO_SCALES", "ROWS",
            "Rope", "SQRT_2_OVER_PI", "WEIGH_BLOCK_SLOTS", "YARN_RAMP_MIN_WIDTH", "add_post_norm", "add_rms_norm",
-           "apply_rope", "attention", "attention_ref", "attention_rows_supported",
+           "apply_rope", "attention", "attention_ref", "attention_rows_supported", "bound_add_post_norm",
+           "bound_add_rms_norm", "bound_decode_attention", "bound_gelu_tanh_mul", "bound_rms_norm", "bound_silu_mul",
            "attention_scratch", "attention_scratch_width", "fast_exp", "fast_exp_array", "finish_qkv",
            "finish_attention_rows", "finish_attention_run", "gelu_table", "gelu_tanh_mul", "gelu_tanh_mul_ref",
            "kv_store", "rms_norm",

@@ -3,6 +3,7 @@ table, gpt-oss's clamped SwiGLU), gate <- act(gate) * up in place as llama.cpp's
 """
 
 import math
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
@@ -38,6 +39,11 @@ def _silu_mul_parallel(gate, up):
 def silu_mul(gate, up):
     """SwiGLU. gate, up: [T, n_ff]; result in gate: (g / (1 + exp(0 - g))) * up, llama.cpp's order."""
     (_silu_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _silu_mul_serial)(gate, up)
+
+
+def bound_silu_mul(gate, up):
+    """silu_mul(gate, up) as a callable, its kernel chosen now: a decode step's on buffers it reuses."""
+    return partial(_silu_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _silu_mul_serial, gate, up)
 
 
 def silu_mul_ref(gate, up):
@@ -137,6 +143,12 @@ def gelu_tanh_mul(gate, up):
     """GeGLU with the tanh approximation of GELU (Gemma). gate, up: [T, n_ff]; result in gate."""
     kernel = _gelu_tanh_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _gelu_tanh_mul
     kernel(gate, up, gelu_table())
+
+
+def bound_gelu_tanh_mul(gate, up):
+    """gelu_tanh_mul(gate, up) as a callable, its kernel chosen now (see bound_silu_mul)."""
+    kernel = _gelu_tanh_mul_parallel if gate.shape[0] >= ACTIVATION_PARALLEL_MIN_ROWS else _gelu_tanh_mul
+    return partial(kernel, gate, up, gelu_table())
 
 
 def gelu_tanh_mul_ref(gate, up):

@@ -14,7 +14,7 @@ from edgellm.engine.ops.attention_heads import HEADS, _attend_heads_vec, heads_s
 from edgellm.engine.ops.attention_rows import ROWS, _attend_rows_vec
 from edgellm.engine.ops.attention_scalar import LANES_BATCH, LANES_SINGLE, _attend
 from edgellm.engine.ops.attention_vec import _attend_vec
-from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows, finish_heads
+from edgellm.engine.ops.cache_write import NO_SCALES, _check_rows, _finish_qkv, finish_heads
 from edgellm.quant.aligned import zeros_aligned
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -347,6 +347,38 @@ def attention(q, k_cache, v_cache, slot_pos, q_positions, window, scale, out, sc
     else:
         kernel = _attention_parallel if parallel else _attention_serial
     kernel(q, k_cache, v_cache, k_scale, v_scale, slot_pos, q_positions, window, scale, out, scratch)
+
+
+def bound_decode_attention(q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox, layer, out, scratch,
+                           q_scale=1.0, scale=1.0):
+    """finish_qkv then attention() of one token (q [1, H, hd], k, v [1, H_kv, hd]) into the cache layer `layer`, as a
+    callable of the token's positions ([1] int32) bound to these buffers: a decode step's, each step the kernels
+    attention() would choose for that position, with its bits. None where attention() takes other than its vector
+    kernels for this cache (int8 values, head_dim not a multiple of LANES_SINGLE) or out is not C-contiguous."""
+    n_tokens, n_heads, head_dim = q.shape
+    capacity, n_kv, window = layer.slot_pos.shape[0], layer.k.shape[0], layer.window
+    if n_tokens != 1 or layer.k.dtype == np.int8 or head_dim % LANES_SINGLE or not out.flags.c_contiguous:
+        return None
+    _check_scratch(scratch, capacity, head_dim)
+    finish = functools.partial(_finish_qkv, q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, cos, sin, neox,
+                               np.float32(q_scale))
+    cache = (layer.k, layer.v, layer.k_scale, layer.v_scale, layer.slot_pos)
+    heads = n_heads > n_kv
+    work = n_heads * head_dim
+
+    def attend(positions):
+        finish(positions, *cache)
+        span = min(capacity, window if window > 0 else int(positions[0]) + 1)
+        parallel = work * span >= ATTENTION_PARALLEL_MIN_WORK
+        if heads:
+            chunk = _heads_chunk(n_heads, n_kv, numba.get_num_threads() if parallel else 1)
+            if chunk > 1:
+                (_attention_heads_parallel_vec if parallel else _attention_heads_serial_vec)(
+                    q, layer.k, layer.v, layer.slot_pos, positions, window, scale, chunk, out, scratch)
+                return
+        (_attention_parallel_vec if parallel else _attention_serial_vec)(
+            q, layer.k, layer.v, layer.k_scale, layer.v_scale, layer.slot_pos, positions, window, scale, out, scratch)
+    return attend
 
 
 def attention_ref(q, k, v, q_positions, k_positions, window, scale, f16_operands=False, cap=0.0, sinks=None):

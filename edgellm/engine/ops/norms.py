@@ -6,6 +6,7 @@ llama.cpp multiplies by the stored weight as is, for every architecture.
 """
 
 import math
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
@@ -108,6 +109,24 @@ def rms_norm(x, weight, eps, out):
     """x, out: [R, d] float32 (may be the same array); weight: [d]. Each row's bits are the same whichever way the
     rows are split (four side by side, or in parallel from NORM_PARALLEL_MIN_ROWS rows on)."""
     _norm(x, weight, eps, out, x, NORM_PLAIN)
+
+
+def bound_rms_norm(x, weight, eps, out):
+    """rms_norm(x, weight, eps, out) as a callable, its kernel chosen now: a decode step's norm on buffers it reuses."""
+    return partial(_norm_parallel if x.shape[0] >= NORM_PARALLEL_MIN_ROWS else _norm_serial, x, weight, eps, out, x,
+                   NORM_PLAIN)
+
+
+def bound_add_rms_norm(x, delta, weight, eps, out):
+    """add_rms_norm(x, delta, weight, eps, out) as a callable (see bound_rms_norm)."""
+    return partial(_norm_parallel if x.shape[0] >= NORM_PARALLEL_MIN_ROWS else _norm_serial, x, weight, eps, out,
+                   delta, NORM_ADD)
+
+
+def bound_add_post_norm(x, delta, post_weight, eps):
+    """add_post_norm(x, delta, post_weight, eps) as a callable (see bound_rms_norm)."""
+    return partial(_norm_parallel if x.shape[0] >= NORM_PARALLEL_MIN_ROWS else _norm_serial, x, post_weight, eps, x,
+                   delta, NORM_POST)
 
 
 def rms_norm_ref(x, weight, eps):
