@@ -72,18 +72,18 @@ def _scratch_for(key) -> _ActivationScratch:
 
 class StepScratch:
     """Activation scratch for products bound to one step's buffers (QuantLinear.bound, QuantGroup.bound), which run
-    one after another on one thread: one token's buffers per input width and kind, owned by the step's products
-    alone (the shared per-thread scratch may be grown, and so replaced, by other calls between two steps)."""
+    one after another on one thread: per input width and kind, buffers for the step's rows, owned by the step's
+    products alone (the shared per-thread scratch may be grown, and so replaced, by other calls between two steps)."""
 
     def __init__(self):
-        self._args = {}
+        self._by_key = {}
 
-    def one_token(self, key) -> tuple:
+    def rows(self, key, n_tokens: int) -> tuple:
         if key is None:  # float weights: no quantized activations
             return ()
-        if key not in self._args:
-            self._args[key] = _ActivationScratch(*key).reserve(1)
-        return self._args[key]
+        if key not in self._by_key:
+            self._by_key[key] = _ActivationScratch(*key)
+        return self._by_key[key].reserve(n_tokens)  # (grown: products bound before keep the buffers they have)
 
 
 _F32 = np.dtype(np.float32)
@@ -171,19 +171,25 @@ class QuantLinear:
         if n_tokens:
             self._run(x, out, sizes)
 
-    def bound(self, x: np.ndarray, out: np.ndarray, scratch: StepScratch):
-        """A callable that does out[0] = W @ x[0] for x [1, n_in] and out [1, n_out] each time it is called, its checks
-        and kernel choice made now: a decode step's product on buffers it reuses (the same kernel and bits as
-        matmul). The arrays must stay these ones; scratch: the step's (StepScratch)."""
-        _check_f32("x", x, (1, self.n_in))
-        _check_f32("out", out, (1, self.n_out), writable=True)
-        act = scratch.one_token(self._scratch_key)
+    def bound(self, x: np.ndarray, out: np.ndarray, scratch: StepScratch, sizes: tuple[int, ...] | None = None):
+        """A callable that does matmul(x, out, sizes) each time it is called, its checks and kernel choice made now: a
+        decode step's product (or a few rows') on buffers it reuses, with matmul's kernel and bits. The arrays must
+        stay these ones; scratch: the step's (StepScratch)."""
+        n_tokens = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
+        _check_f32("x", x, (max(n_tokens, 1), self.n_in))
+        _check_f32("out", out, (n_tokens, self.n_out), writable=True)
+        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
+            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
         if self._kernel3 is not None:
+            if _tile_padding(n_tokens, self.data):  # (a copy padded to a tile: through matmul)
+                return partial(self.matmul, x, out, sizes)
             w = self.data
-            return partial(self._kernel3, w, w, w, self.row_bytes, x, *act, out, _NO_COLUMNS, _NO_COLUMNS)
+            return partial(self._kernel3, w, w, w, self.row_bytes, x, *scratch.rows(self._scratch_key, n_tokens), out,
+                           _NO_COLUMNS, _NO_COLUMNS)
+        act = scratch.rows(self._scratch_key, n_tokens)
         if self.kernels.row_kinds is None:
             return partial(self._kernel, self.data, self.row_bytes, x, *act, out)
-        kinds = self.kernels.row_kinds_of(self.n_out, (1,))
+        kinds = self.kernels.row_kinds_of(self.n_out, sizes or (n_tokens,))
         return partial(self.kernels.row_kinds_kernel(kinds), self.data, self.row_bytes, x, *act, out, kinds)
 
     def _run(self, x: np.ndarray, out: np.ndarray, sizes=(1,)) -> None:
@@ -250,12 +256,17 @@ _PAD_ROWS = {3: 1, 7: 1} if HAS_WIDE_TILES else {7: 1}
 _PAD_TWO_FROM_BYTES = 64 << 20 if HAS_WIDE_TILES else None
 
 
+def _tile_padding(n_tokens: int, weights) -> int:
+    """Copies of the last row _block32_tiles adds to a batch of n_tokens rows through these weights."""
+    if n_tokens == 2 and _PAD_TWO_FROM_BYTES is not None and weights.size >= _PAD_TWO_FROM_BYTES:
+        return 2
+    return _PAD_ROWS.get(n_tokens % 8, 0)
+
+
 def _block32_tiles(kernel, weights, row_bytes, x, outs, scratch_key) -> None:
     """kernel (a matmul3_<fmt>) over x into outs (three, the unused ones _NO_COLUMNS), the tail padded to a tile."""
     n_tokens = x.shape[0]
-    pad = _PAD_ROWS.get(n_tokens % 8, 0)
-    if n_tokens == 2 and _PAD_TWO_FROM_BYTES is not None and weights[0].size >= _PAD_TWO_FROM_BYTES:
-        pad = 2
+    pad = _tile_padding(n_tokens, weights[0])
     if not pad:
         kernel(*weights, row_bytes, x, *_scratch_for(scratch_key).reserve(n_tokens), *outs)
         return
@@ -338,18 +349,23 @@ class QuantGroup:
             outs = (outs[0], outs[1], _NO_COLUMNS)
         _block32_tiles(self._kernel, self._weights, self.layers[0].row_bytes, x, tuple(outs), self._scratch_key)
 
-    def bound(self, x: np.ndarray, outs, scratch: StepScratch):
-        """As QuantLinear.bound, for the group: one token's outs[i][0] = W_i @ x[0] per call."""
+    def bound(self, x: np.ndarray, outs, scratch: StepScratch, sizes: tuple[int, ...] | None = None):
+        """As QuantLinear.bound, for the group: matmul(x, outs, sizes) per call."""
         if not (isinstance(outs, (tuple, list)) and len(outs) == len(self.layers)):
             raise ValueError(f"outs must be a tuple or list of {len(self.layers)} arrays")
         if self._each_layer:
-            return run_all(*(layer.bound(x, out, scratch) for layer, out in zip(self.layers, outs)))
-        _check_f32("x", x, (1, self.n_in))
+            return run_all(*(layer.bound(x, out, scratch, sizes) for layer, out in zip(self.layers, outs)))
+        n_tokens = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
+        _check_f32("x", x, (max(n_tokens, 1), self.n_in))
         for i, (layer, out) in enumerate(zip(self.layers, outs)):
-            _check_f32(f"outs[{i}]", out, (1, layer.n_out), writable=True)
+            _check_f32(f"outs[{i}]", out, (n_tokens, layer.n_out), writable=True)
+        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
+            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        if _tile_padding(n_tokens, self._weights[0]):
+            return partial(self.matmul, x, tuple(outs), sizes)
         outs = (*outs, _NO_COLUMNS) if len(outs) == 2 else tuple(outs)
-        return partial(self._kernel, *self._weights, self.layers[0].row_bytes, x, *scratch.one_token(self._scratch_key),
-                       *outs)
+        return partial(self._kernel, *self._weights, self.layers[0].row_bytes, x,
+                       *scratch.rows(self._scratch_key, n_tokens), *outs)
 
 
 def run_all(*calls):

@@ -246,24 +246,31 @@ def test_every_registered_architecture_against_the_reference(tmp_path, exact_lin
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_decode_steps_bound_to_their_buffers_keep_the_bits(tmp_path, arch):
-    """A one-token step runs its layers' products and norms as callables bound once to the step's buffers
-    (DecoderModel.decode_steps, where the architecture's forward pass uses them): every step's logits equal those of
-    the same steps through each op's own checks and kernel choice (bound_decode off), bit for bit, with the quantized
-    kernels, past a ring wrap of the sliding-window layers."""
+    """A forward of one-row groups (a decode step, a verified draft) runs its layers' products and norms as callables
+    bound once to its buffers (DecoderModel.decode_steps, where the architecture's forward pass uses them): every
+    step's and every verified row's logits equal those of the same forwards through each op's own checks and kernel
+    choice (bound_decode off), bit for bit, with the quantized kernels, past a ring wrap of the sliding-window
+    layers."""
     spec = registry_spec(arch)
     path = write_tiny_from_registry(tmp_path / f"{arch}.gguf", spec)
-    prompt, steps = tokens_for(spec, 9), tokens_for(spec, 40, seed=8)
+    prompt, steps = tokens_for(spec, 9), tokens_for(spec, 30, seed=8)
     with edgellm.engine.gguf.open(path) as f:
-        model = build_model(f, n_ctx=64, n_threads=2)
+        model = build_model(f, n_ctx=64, n_threads=2, n_batch=16)  # rings of window + 15 slots: they wrap
         runs = []
         for bound in (True, False):
             model.bound_decode = bound
             model.reset()
             model.forward(prompt)
-            runs.append(np.stack([model.forward(steps[i:i + 1])[0].copy() for i in range(len(steps))]))
+            rows = [model.forward(steps[i:i + 1])[0].copy() for i in range(len(steps))]
+            for n in (2, 3, 5, 7, 16):  # verified drafts: one-row groups (several sizes padded to a tile or not)
+                start = model.n_past
+                rows += list(model.forward_verify(steps[:n]))
+                model.truncate(start)
+            runs.append(np.stack(rows))
         assert runs[0].tobytes() == runs[1].tobytes()
         if type(model).forward_pass in (LlamaModel.forward_pass, Gemma3Model.forward_pass):
-            assert model._decode_steps is not None and len(model._decode_steps[1]) == model.config.n_layer
+            assert set(model._decode_steps) == {(n, None if n == 1 else (1,) * n) for n in (1, 2, 3, 5, 7, 16)}
+            assert all(len(steps) == model.config.n_layer for _, steps in model._decode_steps.values())
 
 
 @pytest.mark.parametrize("kv_type, parallel", [("f16", False), ("f16", True), ("q8_0", False)])
@@ -285,7 +292,7 @@ def test_bound_decode_attention_keeps_the_bits(tmp_path, kv_type, parallel, monk
             model.forward(prompt)
             runs.append(np.stack([model.forward(steps[i:i + 1])[0].copy() for i in range(len(steps))]))
         assert runs[0].tobytes() == runs[1].tobytes()
-        assert all((st[2] is None) == (kv_type == "q8_0") for st in model._decode_steps[1])
+        assert all((st[2] is None) == (kv_type == "q8_0") for st in model._decode_steps[(1, None)][1])
 
 
 def test_llama_sliding_window_is_honoured(tmp_path, exact_linear):

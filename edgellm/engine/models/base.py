@@ -15,6 +15,9 @@ from edgellm.engine.models.linear import group_projections, row_kind_bits
 from edgellm.quant.linear import StepScratch
 from edgellm.engine.models.loading import fill_absent_qkv_steps, layer_weights, load_tensors
 
+# Rows up to which a forward of one-row groups (a decode step, a verified draft, a batch of sequences) runs its
+# layers as callables bound to its buffers (DecoderModel.decode_steps).
+BOUND_MAX_ROWS = 16
 # Tokens per batch: bounds the activation buffers and the sliding-window rings (llama.cpp's default ubatch).
 DEFAULT_N_BATCH = 512
 # Attention sinks: positions a full context keeps when it shifts (StreamingLLM's 4; llama.cpp's --keep).
@@ -27,19 +30,20 @@ class TokenBuffers:
 
     def __init__(self, n_tokens: int):
         self.n_tokens = n_tokens
-        self._decode_view = None
+        self._small_views = {}  # n <= BOUND_MAX_ROWS -> its view, kept: decode_steps binds to them
 
     def for_tokens(self, n: int):
         if n == self.n_tokens:
             return self
-        if n == 1 and self._decode_view is not None:
-            return self._decode_view
+        view = self._small_views.get(n)
+        if view is not None:
+            return view
         view = object.__new__(type(self))
         for name, value in vars(self).items():
             setattr(view, name, value[:n] if isinstance(value, np.ndarray) else value)
         view.n_tokens = n
-        if n == 1:
-            self._decode_view = view
+        if n <= BOUND_MAX_ROWS:
+            self._small_views[n] = view
         return view
 
 
@@ -128,8 +132,9 @@ class DecoderModel:
     # the batches already run, so a long prompt can be cancelled without leaving a half-written batch behind.
     should_stop = None
     SUPPORTS_MULTI = True  # forward_multi: several sequences per step, each in its own KVCache
-    # A one-token step runs its layers' products and norms as callables bound once to the step's buffers
-    # (decode_steps), not through each op's checks and kernel choice; the profiler turns this off to time each op.
+    # A forward of up to BOUND_MAX_ROWS one-row groups runs its layers' products and norms as callables bound once
+    # to its buffers (decode_steps), not through each op's checks and kernel choice; the profiler turns this off to
+    # time each op.
     bound_decode = True
 
     def __init__(self, config, n_ctx: int, n_threads: int, n_batch: int, kv_type=None):
@@ -144,7 +149,7 @@ class DecoderModel:
         self._all_positions = np.arange(self.n_ctx, dtype=np.int32)
         self._last_logits = np.zeros((1, self.n_vocab), dtype=np.float32)  # [1, n_vocab], reused every call
         self._multi_logits = None  # [n_batch, n_vocab] for forward_multi, made on first use
-        self._decode_steps = None  # (buffers, per-layer callables) of decode_steps, made on first use
+        self._decode_steps = {}  # (rows, sizes) -> (buffers, per-layer callables) of decode_steps
 
     @staticmethod
     def tensor_specs(config) -> list:
@@ -341,23 +346,26 @@ class DecoderModel:
         projections and W_o), then logits_head() fills b.logits_out."""
         raise NotImplementedError
 
-    def decode_steps(self, s, bind_layer):
-        """The layers' one-token callables, bind_layer(il, layer, s, scratch) for each, bound to the buffers s (the
-        one-token view of self.buffers) and kept while s stays the same; None while bound_decode is off."""
-        if not self.bound_decode:
+    def decode_steps(self, s, b: Batch, bind_layer):
+        """The layers' callables for a batch b of one-row groups (a decode step, a verified draft, several sequences),
+        bind_layer(il, layer, s, scratch, b.sizes) for each, bound to the buffers s (self.buffers' view of b's rows)
+        and kept while s stays the same; None for other batches (a prompt's chunk) and while bound_decode is off."""
+        n = b.n_tokens
+        if not self.bound_decode or n > BOUND_MAX_ROWS or (n > 1 and b.sizes != (1,) * n):
             return None
-        kept = self._decode_steps
+        key = (n, b.sizes)
+        kept = self._decode_steps.get(key)
         if kept is None or kept[0] is not s:
             scratch = StepScratch()
-            kept = self._decode_steps = (s, tuple(bind_layer(il, layer, s, scratch)
-                                                  for il, layer in enumerate(self.layers)))
+            kept = self._decode_steps[key] = (s, tuple(bind_layer(il, layer, s, scratch, b.sizes)
+                                                       for il, layer in enumerate(self.layers)))
         return kept[1]
 
     def bound_attention(self, il: int, layer, s, cos, sin):
         """attend()'s work for one token of self.cache at layer il, as a callable of the step's positions bound to the
-        buffers s and the rope rows cos, sin (ops.bound_decode_attention); None where a subclass attends its own way
-        or the cache takes other kernels."""
-        if type(self).attend is not DecoderModel.attend:
+        buffers s and the rope rows cos, sin (ops.bound_decode_attention); None for buffers of several rows, where a
+        subclass attends its own way or where the cache takes other kernels."""
+        if type(self).attend is not DecoderModel.attend or s.n_tokens != 1:
             return None
         cfg, kv = self.config, self.cache.layers[il]
         return ops.bound_decode_attention(s.q_heads, s.k_heads, s.v_heads, layer.attn_q_bias, layer.attn_k_bias,

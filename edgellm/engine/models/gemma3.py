@@ -108,10 +108,10 @@ class Gemma3Model(DecoderModel):
         rope_global = b.rope_rows(self.rope_global, s.cos_global, s.sin_global, cfg.rope_neox)
         self.token_embd.get_rows(b.tokens, s.x)
         s.x *= self.embd_scale
-        steps = self.decode_steps(s, self._bind_layer) if b.n_tokens == 1 else None
+        steps = self.decode_steps(s, b, self._bind_layer)
         for il, layer in enumerate(self.layers):
             rope = rope_local if self.windows[il] else rope_global
-            if steps is not None:  # the same steps as below, bound to the one-token buffers
+            if steps is not None:  # the same steps as below, bound to the buffers
                 attn_norm, qkv, attend, w_o, post_attn, ffn_norm, gate_up, act, down, post_ffw = steps[il]
                 attn_norm()
                 qkv()
@@ -141,14 +141,15 @@ class Gemma3Model(DecoderModel):
             ops.add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps)
         self.logits_head(s, b)
 
-    def _bind_layer(self, il, layer, s, scratch):
-        """forward_pass's steps of layer il for one token, as callables bound to the buffers s (decode_steps)."""
+    def _bind_layer(self, il, layer, s, scratch, sizes):
+        """forward_pass's steps of layer il as callables bound to the buffers s (decode_steps)."""
         eps = self.config.norm_eps
         cos, sin = (s.cos_local, s.sin_local) if self.windows[il] else (s.cos_global, s.sin_global)
-        return (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn), bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch),
-                self.bound_attention(il, layer, s, cos, sin),
-                bound_matmul(layer.attn_output, s.attn, s.xn, scratch),
+        return (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn),
+                bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch, sizes), self.bound_attention(il, layer, s, cos, sin),
+                bound_matmul(layer.attn_output, s.attn, s.xn, scratch, sizes),
                 ops.bound_add_post_norm(s.x, s.xn, layer.post_attention_norm, eps),
-                ops.bound_rms_norm(s.x, layer.ffn_norm, eps, s.xn), bound_gate_up(layer, s.xn, s.gate, s.up, scratch),
-                ops.bound_gelu_tanh_mul(s.gate, s.up), bound_matmul(layer.ffn_down, s.gate, s.xn, scratch),
+                ops.bound_rms_norm(s.x, layer.ffn_norm, eps, s.xn),
+                bound_gate_up(layer, s.xn, s.gate, s.up, scratch, sizes), ops.bound_gelu_tanh_mul(s.gate, s.up),
+                bound_matmul(layer.ffn_down, s.gate, s.xn, scratch, sizes),
                 ops.bound_add_post_norm(s.x, s.xn, layer.post_ffw_norm, eps))

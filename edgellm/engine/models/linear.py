@@ -105,33 +105,34 @@ def project_gate_up(layer, x, gate, up, sizes) -> None:
         layer.gate_up_group.matmul(x, (gate, up), sizes)
 
 
-def bound_matmul(matrix, x, out, scratch: StepScratch):
-    """matrix · x into out for one token, as a callable bound to these buffers (QuantLinear.bound); a matrix of
-    another kind is called through its matmul."""
+def bound_matmul(matrix, x, out, scratch: StepScratch, sizes=None):
+    """matrix.matmul(x, out, sizes) as a callable bound to these buffers (QuantLinear.bound); a matrix of another
+    kind is called through its matmul."""
     bound = getattr(matrix, "bound", None)
-    return bound(x, out, scratch) if bound is not None else partial(matrix.matmul, x, out)
+    return bound(x, out, scratch, sizes) if bound is not None else partial(matrix.matmul, x, out, sizes)
 
 
-def bound_qkv(layer, x, q, k, v, scratch: StepScratch):
-    """project_qkv(layer, x, q, k, v, None) for one token as a callable bound to these buffers."""
+def bound_qkv(layer, x, q, k, v, scratch: StepScratch, sizes=None):
+    """project_qkv(layer, x, q, k, v, sizes) as a callable bound to these buffers."""
     group = layer.qkv_group
     if getattr(layer, "attn_qkv", None) is not None:
-        return partial(project_qkv, layer, x, q, k, v, None)
+        return partial(project_qkv, layer, x, q, k, v, sizes)
     if group is None:
-        return run_all(*(bound_matmul(m, x, out, scratch) for m, out in
+        return run_all(*(bound_matmul(m, x, out, scratch, sizes) for m, out in
                          ((layer.attn_q, q), (layer.attn_k, k), (layer.attn_v, v))))
     if len(group.layers) == 3:
-        return group.bound(x, (q, k, v), scratch)
-    return run_all(group.bound(x, (q, k), scratch), bound_matmul(layer.attn_v, x, v, scratch))
+        return group.bound(x, (q, k, v), scratch, sizes)
+    return run_all(group.bound(x, (q, k), scratch, sizes), bound_matmul(layer.attn_v, x, v, scratch, sizes))
 
 
-def bound_gate_up(layer, x, gate, up, scratch: StepScratch):
-    """project_gate_up(layer, x, gate, up, None) for one token as a callable bound to these buffers."""
+def bound_gate_up(layer, x, gate, up, scratch: StepScratch, sizes=None):
+    """project_gate_up(layer, x, gate, up, sizes) as a callable bound to these buffers."""
     if getattr(layer, "ffn_gate", None) is None:
-        return partial(project_gate_up, layer, x, gate, up, None)
+        return partial(project_gate_up, layer, x, gate, up, sizes)
     if layer.gate_up_group is None:
-        return run_all(bound_matmul(layer.ffn_gate, x, gate, scratch), bound_matmul(layer.ffn_up, x, up, scratch))
-    return layer.gate_up_group.bound(x, (gate, up), scratch)
+        return run_all(bound_matmul(layer.ffn_gate, x, gate, scratch, sizes),
+                       bound_matmul(layer.ffn_up, x, up, scratch, sizes))
+    return layer.gate_up_group.bound(x, (gate, up), scratch, sizes)
 
 
 def _split_product(fused, x, outs, sizes) -> None:

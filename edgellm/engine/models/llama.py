@@ -163,9 +163,9 @@ class LlamaModel(DecoderModel):
         s = self.buffers.for_tokens(b.n_tokens)
         rope = b.rope_rows(self.rope, s.rope_cos, s.rope_sin, cfg.rope_neox)
         self.token_embd.get_rows(b.tokens, s.x)
-        steps = self.decode_steps(s, self._bind_layer) if b.n_tokens == 1 else None
+        steps = self.decode_steps(s, b, self._bind_layer)
         for il, layer in enumerate(self.layers):
-            if steps is not None:  # the same steps as below, bound to the one-token buffers
+            if steps is not None:  # the same steps as below, bound to the buffers
                 attn_norm, qkv, attend, w_o, ffn_norm, gate_up, act, down = steps[il]
                 attn_norm()
                 qkv()
@@ -191,19 +191,20 @@ class LlamaModel(DecoderModel):
             s.x += s.xn
         self.logits_head(s, b)
 
-    def _bind_layer(self, il, layer, s, scratch):
-        """forward_pass's steps of layer il for one token, as callables bound to the buffers s (decode_steps):
-        attention norm, q/k/v, attention on self.cache (None: attend()), W_o, the residual and ffn norm, then the
-        feed-forward as gate/up, activation, down (an experts' feed-forward as one call and two that do nothing)."""
+    def _bind_layer(self, il, layer, s, scratch, sizes):
+        """forward_pass's steps of layer il as callables bound to the buffers s (decode_steps): attention norm, q/k/v,
+        one token's attention on self.cache (None: attend()), W_o, the residual and ffn norm, then the feed-forward as
+        gate/up, activation, down (an experts' feed-forward as one call and two that do nothing)."""
         eps = self.config.norm_eps
-        head = (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn), bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch),
+        head = (ops.bound_rms_norm(s.x, layer.attn_norm, eps, s.xn),
+                bound_qkv(layer, s.xn, s.q, s.k, s.v, scratch, sizes),
                 self.bound_attention(il, layer, s, s.rope_cos, s.rope_sin),
-                bound_matmul(layer.attn_output, s.attn, s.xn, scratch),
+                bound_matmul(layer.attn_output, s.attn, s.xn, scratch, sizes),
                 ops.bound_add_rms_norm(s.x, s.xn, layer.ffn_norm, eps, s.xn))
         if self.expert_buffers is not None:
-            return (*head, partial(self.feed_forward, layer, s, None), _nothing, _nothing)
-        return (*head, bound_gate_up(layer, s.xn, s.gate, s.up, scratch), ops.bound_silu_mul(s.gate, s.up),
-                bound_matmul(layer.ffn_down, s.gate, s.xn, scratch))
+            return (*head, partial(self.feed_forward, layer, s, sizes), _nothing, _nothing)
+        return (*head, bound_gate_up(layer, s.xn, s.gate, s.up, scratch, sizes), ops.bound_silu_mul(s.gate, s.up),
+                bound_matmul(layer.ffn_down, s.gate, s.xn, scratch, sizes))
 
     def feed_forward(self, layer, s, sizes):
         """s.xn <- the feed-forward of s.xn: dense, or the chosen experts' (moe.expert_ffn)."""
