@@ -373,6 +373,14 @@ class DecoderModel:
                                           sin, cfg.rope_neox, kv, s.attn_heads, self.attn_scratch(kv), cfg.q_scale,
                                           cfg.attn_scale)
 
+    def attend_step(self, attend, il: int, layer, s, b: Batch, rope: RopeRows) -> None:
+        """Layer il's attention in a forward with decode_steps: the bound one-token attention `attend` where there is
+        one and the row is self.cache's, else attend()."""
+        if attend is not None and b.groups[0][2] is self.cache:
+            attend(b.positions)
+        else:
+            self.attend(il, layer, s, b, rope)
+
     def logits_head(self, s, b: Batch) -> None:
         """b.logits_out <- output · rmsnorm(last rows of s.x) · output_norm (nothing when it is None). A non-finite
         hidden state (corrupt weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of

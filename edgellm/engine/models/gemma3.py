@@ -115,10 +115,7 @@ class Gemma3Model(DecoderModel):
                 attn_norm, qkv, attend, w_o, post_attn, ffn_norm, gate_up, act, down, post_ffw = steps[il]
                 attn_norm()
                 qkv()
-                if attend is not None and b.groups[0][2] is self.cache:
-                    attend(b.positions)
-                else:
-                    self.attend(il, layer, s, b, rope)
+                self.attend_step(attend, il, layer, s, b, rope)
                 w_o()
                 post_attn()
                 ffn_norm()

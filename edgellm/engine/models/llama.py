@@ -169,10 +169,7 @@ class LlamaModel(DecoderModel):
                 attn_norm, qkv, attend, w_o, ffn_norm, gate_up, act, down = steps[il]
                 attn_norm()
                 qkv()
-                if attend is not None and b.groups[0][2] is self.cache:
-                    attend(b.positions)
-                else:
-                    self.attend(il, layer, s, b, rope)
+                self.attend_step(attend, il, layer, s, b, rope)
                 w_o()
                 ffn_norm()
                 gate_up()
