@@ -9,6 +9,7 @@ step, in a stream's consumer) leaves the model usable, with its next greedy gene
 on its n-th use, so they land mid-layer with the cache half-written.
 """
 import contextlib
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,6 +47,9 @@ class InterruptingWeight:
         self._tick()
         self.inner.matmul(x, out, sizes)
 
+    def bound(self, x, out, scratch, sizes=None):  # a bound step's product (decode_steps) goes through it too
+        return functools.partial(self.matmul, x, out, sizes)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
@@ -62,12 +66,14 @@ def interrupt_at(model, layer, weight, at, exc=KeyboardInterrupt):
     setattr(layer_weights, weight, proxy)
     for name in groups:
         setattr(layer_weights, name, None)
+    model.model.unbind_steps()  # the steps bound before hold the original matrices
     try:
         yield proxy
     finally:
         setattr(layer_weights, weight, original)
         for name, group in groups.items():
             setattr(layer_weights, name, group)
+        model.model.unbind_steps()
 
 
 def run_in_thread(fn, *args, timeout=JOIN_TIMEOUT_S):

@@ -361,6 +361,11 @@ class DecoderModel:
                                                        for il, layer in enumerate(self.layers)))
         return kept[1]
 
+    def unbind_steps(self) -> None:
+        """Forget the kept decode_steps: a layer's weights or buffers replaced after a forward are bound at the next
+        one (the kept callables hold the objects they were bound to)."""
+        self._decode_steps = {}
+
     def bound_attention(self, il: int, layer, s, cos, sin):
         """attend()'s work for one token of self.cache at layer il, as a callable of the step's positions bound to the
         buffers s and the rope rows cos, sin (ops.bound_decode_attention); None for buffers of several rows, where a
