@@ -98,6 +98,11 @@ def _check_f32(name: str, a, shape: tuple[int, ...], writable: bool = False) -> 
         raise ValueError(f"{name} must be writable")
 
 
+def _check_sizes(sizes, n_tokens: int) -> None:
+    if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
+        raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+
+
 class QuantLinear:
     """A (n_out, n_in) weight matrix of any registered format, used without copying its bytes."""
 
@@ -166,8 +171,7 @@ class QuantLinear:
             _check_f32("x", x, (x.shape[0], self.n_in))
             _check_f32("out", out, (x.shape[0], self.n_out), writable=True)
         n_tokens = x.shape[0]
-        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
-            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        _check_sizes(sizes, n_tokens)
         if n_tokens:
             self._run(x, out, sizes)
 
@@ -178,8 +182,7 @@ class QuantLinear:
         n_tokens = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else -1
         _check_f32("x", x, (max(n_tokens, 1), self.n_in))
         _check_f32("out", out, (n_tokens, self.n_out), writable=True)
-        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
-            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        _check_sizes(sizes, n_tokens)
         if self._kernel3 is not None:
             if _tile_padding(n_tokens, self.data):  # (a copy padded to a tile: through matmul)
                 return partial(self.matmul, x, out, sizes)
@@ -337,8 +340,7 @@ class QuantGroup:
             for i, (layer, out) in enumerate(zip(self.layers, outs)):
                 _check_f32(f"outs[{i}]", out, (x.shape[0], layer.n_out), writable=True)
         n_tokens = x.shape[0]
-        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
-            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        _check_sizes(sizes, n_tokens)
         if not n_tokens:
             return
         if self._each_layer:
@@ -359,8 +361,7 @@ class QuantGroup:
         _check_f32("x", x, (max(n_tokens, 1), self.n_in))
         for i, (layer, out) in enumerate(zip(self.layers, outs)):
             _check_f32(f"outs[{i}]", out, (n_tokens, layer.n_out), writable=True)
-        if sizes is not None and (sum(sizes) != n_tokens or min(sizes, default=0) < 1):
-            raise ValueError(f"sizes {sizes} must be positive and add up to the {n_tokens} rows of x")
+        _check_sizes(sizes, n_tokens)
         if _tile_padding(n_tokens, self._weights[0]):
             return partial(self.matmul, x, tuple(outs), sizes)
         outs = (*outs, _NO_COLUMNS) if len(outs) == 2 else tuple(outs)

@@ -109,7 +109,7 @@ def forward_costs(model, ids, rows_max: int, repeats: int = 5) -> dict:
     ids = list(ids)[-(fm.cache.n_ctx - rows_max):]
     model.reset()
     fm.forward(np.asarray(ids, np.int32))
-    start, fed = fm.cache.n_past, np.asarray((list(ids) * rows_max)[:rows_max], np.int32)
+    start, fed = fm.cache.n_past, np.asarray((ids * rows_max)[:rows_max], np.int32)
     costs = {}
     try:
         for rows in range(1, rows_max + 1):
