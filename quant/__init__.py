@@ -7,7 +7,8 @@
                       lane type, the int8 dots per ISA: see simd/__init__.py)
   kernels_dequant.py  Numba block decoders for every format
   activations.py      Numba activation quantization (Q8_0-style, Q8_K-style)
-  dots_block32.py     row dots of the 32-element formats with Q8_0 activations (Q4_0 .. Q8_0)
+  dots_block32.py     the 32-element formats' activation layouts, tile steps and block decoders (Q4_0 .. Q8_0),
+                      from which their row dots and tiles are generated into matmul_block32.py
   iq4_nl.py           IQ4_NL's block decoder, row dots and quantizer (a 16-value non-linear table)
   mxfp4.py            MXFP4's block decoder, row dots and quantizer (E8M0 scale, E2M1 values)
   q4_0_rows8.py       Q4_0 matrices of a multiple of 8 rows in llama.cpp's repacked (q4_0_8x8) arithmetic

@@ -3,8 +3,9 @@ template there and rerun it.
 
 The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block
 of ROW_BLOCK rows x every token (eight-token tiles, a four-token tile or dots, then single tokens two
-rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The
-contract, the dots they call and the activation layouts are in quant.dots_block32.
+rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input; for
+the formats whose tiles are made here (registry tile4), also their row dots and tiles. The contract,
+the dots' schemes and the activation layouts are in quant.dots_block32.
 """
 
 from __future__ import annotations
@@ -14,20 +15,65 @@ from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
 from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE16, TILE_OFFSET,
-                           TILE_UNSIGNED, TOKEN_TILE, _pack_lane_sums, _pack_pairs, _prepare, _row_blocks,
-                           _tile4_pairs, _tile4_sums, _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums,
-                           _tile8_sums_mins, _tile8_zero, _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0,
-                           _tile_quants_q5_1, _tile_quants_q8_0, vec_dot22_q4_0_q8_0, vec_dot22_q4_1_q8_0,
-                           vec_dot22_q5_0_q8_0, vec_dot22_q5_1_q8_0, vec_dot22_q8_0_q8_0, vec_dot2_q4_0_q8_0,
-                           vec_dot2_q4_1_q8_0, vec_dot2_q5_0_q8_0, vec_dot2_q5_1_q8_0, vec_dot2_q8_0_q8_0,
-                           vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_0, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_0,
-                           vec_dot_q8_0_q8_0)
+                           TILE_UNSIGNED, TOKEN_TILE, _block_scale, _pack_lane_sums, _pack_pairs, _prepare,
+                           _quants_q4_0, _quants_q4_1, _quants_q4_1_bcast, _quants_q5_0, _quants_q5_0_unsigned_bcast,
+                           _quants_q5_1, _quants_q5_1_bcast, _quants_q8_0, _row_blocks, _tile4_pairs, _tile4_sums,
+                           _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums, _tile8_sums_mins, _tile8_zero,
+                           _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1,
+                           _tile_quants_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
-from .simd import f32x8_add, f32x8_mul, f32x8_zero, load_f16_splat8, load_f32x8, prefetch
+from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add,
+                   f32x8_fma_i32, f32x8_fma_lanes, f32x8_hsum, f32x8_mul, f32x8_zero, load_f16_pair, load_f16_splat8,
+                   load_f16x2_rows, load_f32, load_f32x2_twice, load_f32x8, load_i8x32, prefetch)
 
 
 # --- Q4_0 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q4_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q4_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
+        o += 18
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_q4_0(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q4_0(w, o2), x), d2 * dx)
+        o += 18
+        o2 += 18
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q4_0(w, o), _quants_q4_0(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_i8x32(q, x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q2, x), d2 * dx)
+        c = f32x8_fma_i32(c, dot_i8x32(q, y), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_i8x32(q2, y), d2 * dy)
+        o += 18
+        o2 += 18
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
 
 
 @njit(cache=True)
@@ -132,6 +178,60 @@ def matmul3_q4_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q4_1 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    acc, mins = f32x8_zero(), np.float32(0)
+    for b in range(nb):
+        isum = dot_u8x32(_quants_q4_1(w, o), load_i8x32(xq, xo + b * 32))
+        d, m = load_f16_pair(w, o, o + 2)
+        acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
+        mins += m * load_f32(xs, xdo + b)
+        o += 20
+    return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot2_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(load_f16x2_rows(w, o, o2), load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q4_1_bcast(w, o), x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q4_1_bcast(w, o2), x), f32x4_lane(s, 2))
+        o += 20
+        o2 += 20
+    return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
+
+
+@njit(cache=True)
+def vec_dot22_q4_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    c, c2, mc = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    yo, yso = xo + 32 * nb, xso + 2 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q4_1_bcast(w, o), _quants_q4_1_bcast(w, o2)
+        dm = load_f16x2_rows(w, o, o2)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(dm, load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(q, x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q2, x), f32x4_lane(s, 2))
+        y = load_i8x32(xq, yo + b * 32)
+        t = f32x4_mul(dm, load_f32x2_twice(xds, yso + 2 * b))
+        mc = f32x4_add(mc, t)
+        c = f32x8_fma_i32(c, dot_u8x32(q, y), f32x4_lane(t, 0))
+        c2 = f32x8_fma_i32(c2, dot_u8x32(q2, y), f32x4_lane(t, 2))
+        o += 20
+        o2 += 20
+    return (f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3), f32x8_hsum(c) + f32x4_lane(mc, 1),
+            f32x8_hsum(c2) + f32x4_lane(mc, 3))
 
 
 @njit(cache=True)
@@ -247,6 +347,52 @@ def matmul3_q4_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 @njit(cache=True)
+def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q5_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
+        o += 22
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o), x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(_quants_q5_0_unsigned_bcast(w, o2), x, lane_sums, lo + 8 * b),
+                           d2 * dx)
+        o += 22
+        o2 += 22
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_q5_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo, ylo = xo + 32 * nb, xdo + nb, lo + 8 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q5_0_unsigned_bcast(w, o), _quants_q5_0_unsigned_bcast(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(q, x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(q2, x, lane_sums, lo + 8 * b), d2 * dx)
+        c = f32x8_fma_i32(c, dot_u8x32_plus(q, y, lane_sums, ylo + 8 * b), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_u8x32_plus(q2, y, lane_sums, ylo + 8 * b), d2 * dy)
+        o += 22
+        o2 += 22
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
+
+
+@njit(cache=True)
 def tile8_q5_0(w, o, nb, xp, xo, xt, so, xl):
     """The quants unsigned (0..31); the tile's lane sums (times -16) take the offset out."""
     acc = _tile8_zero()
@@ -350,6 +496,60 @@ def matmul3_q5_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q5_1 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    acc, mins = f32x8_zero(), np.float32(0)
+    for b in range(nb):
+        isum = dot_u8x32(_quants_q5_1(w, o), load_i8x32(xq, xo + b * 32))
+        d, m = load_f16_pair(w, o, o + 2)
+        acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
+        mins += m * load_f32(xs, xdo + b)
+        o += 24
+    return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot2_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(load_f16x2_rows(w, o, o2), load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_q5_1_bcast(w, o), x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_q5_1_bcast(w, o2), x), f32x4_lane(s, 2))
+        o += 24
+        o2 += 24
+    return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
+
+
+@njit(cache=True)
+def vec_dot22_q5_1_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    c, c2, mc = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    yo, yso = xo + 32 * nb, xso + 2 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q5_1_bcast(w, o), _quants_q5_1_bcast(w, o2)
+        dm = load_f16x2_rows(w, o, o2)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(dm, load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(q, x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q2, x), f32x4_lane(s, 2))
+        y = load_i8x32(xq, yo + b * 32)
+        t = f32x4_mul(dm, load_f32x2_twice(xds, yso + 2 * b))
+        mc = f32x4_add(mc, t)
+        c = f32x8_fma_i32(c, dot_u8x32(q, y), f32x4_lane(t, 0))
+        c2 = f32x8_fma_i32(c2, dot_u8x32(q2, y), f32x4_lane(t, 2))
+        o += 24
+        o2 += 24
+    return (f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3), f32x8_hsum(c) + f32x4_lane(mc, 1),
+            f32x8_hsum(c2) + f32x4_lane(mc, 3))
 
 
 @njit(cache=True)
@@ -462,6 +662,51 @@ def matmul3_q5_1(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 # --- Q8_0 ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def vec_dot_q8_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_q8_0(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
+        o += 34
+    return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot2_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_q8_0(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_q8_0(w, o2), x), d2 * dx)
+        o += 34
+        o2 += 34
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_q8_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_q8_0(w, o), _quants_q8_0(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_i8x32(q, x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q2, x), d2 * dx)
+        c = f32x8_fma_i32(c, dot_i8x32(q, y), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_i8x32(q2, y), d2 * dy)
+        o += 34
+        o2 += 34
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
 
 
 @njit(cache=True)

@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 from .dots_block32 import _quantize_tokens as _quantize_tokens_q8_0
-from .dots_block32 import vec_dot_q8_0_q8_0
+from .matmul_block32 import vec_dot_q8_0_q8_0
 from .kernels_kquant import _quantize_tokens
 from .matmul_kgroups import vec_dot_q5_k_q8_k
 from .matmul_kquant import vec_dot_q4_k_q8_k, vec_dot_q6_k_q8_k

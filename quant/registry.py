@@ -14,13 +14,18 @@ A record's fields:
   dequantize_block "module:function" of the Numba block decoder `f(w, o, out, p)`, expanded by
                    tools/gen_kernels.py into quant.dequantize_rows.dequantize_rows_<fmt>
   dots             for Q8_0 activations: the module holding vec_dot_<fmt>_q8_0 and vec_dot2_ (and where tile4 is
-                   False, vec_dot4_ and tile8_<fmt>), expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>
-  tile4            for Q8_0 activations, whether the format's tiles, tile8_<fmt> and the four-token tile4_<fmt>, are
-                   generated (tools/gen_kernels.py's TILE) from quant.dots_block32's steps and its _tile_quants_<fmt>
-                   (a block of an f16 scale, an f16 min for the formats with mins, then the quants); otherwise its
-                   module's tile8_<fmt> and four-token dots (vec_dot4_<fmt>_q8_0) serve
+                   False, vec_dot4_ and tile8_<fmt>), expanded into quant.matmul_block32.matmul_<fmt> / matmul3_<fmt>;
+                   matmul_block32 itself where tile4 is True
+  tile4            for Q8_0 activations, whether the format's dots (vec_dot_, vec_dot2_, vec_dot22_<fmt>_q8_0, one
+                   template per driver) and tiles (tile8_<fmt>, the four-token tile4_<fmt>) are generated
+                   (tools/gen_kernels.py) into quant.matmul_block32 from quant.dots_block32's steps and the format's
+                   decoders there (_quants_<fmt>, for two rows _quants_<fmt>_bcast with mins or
+                   _quants_<fmt>_unsigned_bcast with lane sums, _tile_quants_<fmt>), for a block of an f16 scale, an
+                   f16 min for the formats with mins, then the quants; otherwise its module's tile8_<fmt> and
+                   four-token dots (vec_dot4_<fmt>_q8_0) serve
   driver           for Q8_0 activations, how the single-token dots take the activations' sums (DRIVER_*)
-  tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`)
+  tile_offset      for Q8_0 activations, what the eight-token tiles add to the quants (an int, or a name in `dots`,
+                   in quant.dots_block32 where tile4 is True)
   matmul           for the other activations, the module holding matmul_<fmt>
   kgroups          for the K-quants built from kernels_kquant's groups: (the name of its _scales_ function,
                    whether its quants are signed), expanded into quant.matmul_kgroups; None for the hand-written
@@ -52,7 +57,7 @@ from .formats import FORMATS, BlockFormat, format_by_name
 
 FLOAT, Q8_0, Q8_K = "float", "q8_0", "q8_k"  # activation kinds
 
-# How a Q8_0-activation format's single-token dots take the activations (see quant.dots_block32):
+# How a Q8_0-activation format's single-token dots take the activations (tools/gen_kernels.py's DOTS):
 DRIVER_PLAIN = "plain"          # the quants and d only
 DRIVER_MINS = "mins"            # also s = d*sum(q) (formats with a min: w = d*q + m), as (d, s) pairs for two rows
 DRIVER_LANE_SUMS = "lane_sums"  # unsigned quants in the two-row dot, the offset taken out through lane sums
@@ -183,7 +188,7 @@ def _float(name: str) -> FormatKernels:
                          row_kinds=ROWS_PAIRS)
 
 
-def _block32(name: str, driver: str, tile_offset, dots: str = "dots_block32", block: str = "kernels_dequant",
+def _block32(name: str, driver: str, tile_offset, dots: str = "matmul_block32", block: str = "kernels_dequant",
              quantizer: str | None = "quantize_kernels", reference_quantize: bool = True,
              cuda: bool = True, rows8: str | None = None, tile4: bool = True) -> FormatKernels:
     low = name.lower()

@@ -69,7 +69,7 @@ TILES = [
 
 def dump(out: Path):
     import numpy as np
-    from edgellm.quant import dots_block32, matmul_block32, matmul_kquant, simd
+    from edgellm.quant import matmul_block32, matmul_kquant, simd
     out.mkdir(parents=True, exist_ok=True)
     nb = 8
     w = np.zeros(nb * 256 * 2, np.uint8)
@@ -94,7 +94,7 @@ def dump(out: Path):
         calls[tile] = (w, 0, nb, xp, 0, xt, 0, 8 * nb if tile == "tile8_q4_1" else xp)
     print(f"dotprod {simd.HAS_DOTPROD} i8mm {simd.HAS_I8MM}")
     for name, args in calls.items():
-        fn = getattr(dots_block32, name, None) or getattr(matmul_kquant, name, None) or getattr(matmul_block32, name)
+        fn = getattr(matmul_kquant, name, None) or getattr(matmul_block32, name)
         fn(*args)
         (out / f"{name}.s").write_text(fn.inspect_asm(fn.signatures[0]))
     rows8 = _rows8_wrapper()

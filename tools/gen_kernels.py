@@ -10,7 +10,9 @@ and requires no difference. Run after changing a template or the registry:
 
 Generated:
   quant/dequantize_rows.py  dequantize_rows_<fmt>(w, row_bytes, rows, out), every format
-  quant/matmul_block32.py   matmul_<fmt>, matmul3_<fmt>, the formats with Q8_0 activations
+  quant/matmul_block32.py   matmul_<fmt>, matmul3_<fmt>, the formats with Q8_0 activations; for those with tile4,
+                            their dots vec_dot_, vec_dot2_, vec_dot22_<fmt>_q8_0 (one template per driver kind)
+                            and tiles tile4_, tile8_, tile16_<fmt>
   quant/quantize_blocks.py  quantize_blocks_<fmt>(x, out), the formats with a Numba block quantizer
   quant/matmul_kgroups.py   vec_dot_<fmt>_q8_k, matmul_<fmt>, the K-quants whose super-blocks decode through
                             kernels_kquant's _group_<fmt> / _scales_<fmt> (registry field `kgroups`)
@@ -117,6 +119,181 @@ PAIRS_STEP = """
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)"""
+
+# The row dots of a format with tile4 (its block: an f16 scale, an f16 min for the formats with mins, then the
+# quants), one template per driver kind, from the format's decoders in quant.dots_block32: _quants_<fmt> (signed,
+# or for the formats with mins 0..2^bits - 1), and for the two-row dots _quants_<fmt>_bcast (mins) or
+# _quants_<fmt>_unsigned_bcast (lane sums), the quants loaded by broadcast (simd.load_nibbles_lo_hi_bcast).
+#   vec_dot_<fmt>_q8_0    one row x one token: llama.cpp's vec_dot_<fmt>_q8_0 scheme, one FMA per block into 8
+#                         float lanes, the lanes summed at the end
+#   vec_dot2_<fmt>_q8_0   two rows x one token (decode), each row's chain exactly vec_dot's
+#   vec_dot22_<fmt>_q8_0  two rows x two tokens (a batch's tokens after its tiles), the second token's activations,
+#                         scales (and pairs or lane sums) right after the first's: each block's quants decoded once
+#                         for both tokens; returns (row o, row o2) of the first token, then of the second
+# The one-row dot of the formats without mins: signed quants, d_w * d_x per block.
+DOT_SIGNED = '''
+
+@njit(cache=True)
+def vec_dot_${fmt}_q8_0(w, o, nb, xq, xo, xd, xdo):
+    acc = f32x8_zero()
+    for b in range(nb):
+        isum = dot_i8x32(_quants_$fmt(w, o), load_i8x32(xq, xo + b * 32))
+        acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
+        o += $block_bytes
+    return f32x8_hsum(acc)
+'''
+
+DOTS_PLAIN = Template(DOT_SIGNED + '''
+
+@njit(cache=True)
+def vec_dot2_${fmt}_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_i8x32(_quants_$fmt(w, o), x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(_quants_$fmt(w, o2), x), d2 * dx)
+        o += $block_bytes
+        o2 += $block_bytes
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_${fmt}_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_$fmt(w, o), _quants_$fmt(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_i8x32(q, x), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_i8x32(q2, x), d2 * dx)
+        c = f32x8_fma_i32(c, dot_i8x32(q, y), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_i8x32(q2, y), d2 * dy)
+        o += $block_bytes
+        o2 += $block_bytes
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
+''')
+
+# w = d*q + m, so w.x = d*dx*(q.xq) + m*(dx*sum(xq)) = d*dx*(q.xq) + m*s_x. The two-row dots take the token's d_x and
+# s_x of block b as xds[xso + 2b], xds[xso + 2b + 1] (dots_block32._pack_pairs): each block's two (d, m) pairs are
+# converted, scaled and their mins summed as one F32x4 (lanes d*dx, m*sx, d2*dx, m2*sx), the scalar products and
+# sums of vec_dot, one instruction each for both rows. (The one-row dot loads d and m as a pair, not by load_f16:
+# see dots_block32._block_scale.)
+DOTS_MINS = Template('''
+
+@njit(cache=True)
+def vec_dot_${fmt}_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    acc, mins = f32x8_zero(), np.float32(0)
+    for b in range(nb):
+        isum = dot_u8x32(_quants_$fmt(w, o), load_i8x32(xq, xo + b * 32))
+        d, m = load_f16_pair(w, o, o + 2)
+        acc = f32x8_fma_i32(acc, isum, d * load_f32(xd, xdo + b))
+        mins += m * load_f32(xs, xdo + b)
+        o += $block_bytes
+    return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot2_${fmt}_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(load_f16x2_rows(w, o, o2), load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(_quants_${fmt}_bcast(w, o), x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(_quants_${fmt}_bcast(w, o2), x), f32x4_lane(s, 2))
+        o += $block_bytes
+        o2 += $block_bytes
+    return f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3)
+
+
+@njit(cache=True)
+def vec_dot22_${fmt}_q8_0(w, o, o2, nb, xq, xo, xds, xso):
+    a, a2, m = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    c, c2, mc = f32x8_zero(), f32x8_zero(), f32x4_zero()
+    yo, yso = xo + 32 * nb, xso + 2 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_${fmt}_bcast(w, o), _quants_${fmt}_bcast(w, o2)
+        dm = load_f16x2_rows(w, o, o2)
+        x = load_i8x32(xq, xo + b * 32)
+        s = f32x4_mul(dm, load_f32x2_twice(xds, xso + 2 * b))
+        m = f32x4_add(m, s)
+        a = f32x8_fma_i32(a, dot_u8x32(q, x), f32x4_lane(s, 0))
+        a2 = f32x8_fma_i32(a2, dot_u8x32(q2, x), f32x4_lane(s, 2))
+        y = load_i8x32(xq, yo + b * 32)
+        t = f32x4_mul(dm, load_f32x2_twice(xds, yso + 2 * b))
+        mc = f32x4_add(mc, t)
+        c = f32x8_fma_i32(c, dot_u8x32(q, y), f32x4_lane(t, 0))
+        c2 = f32x8_fma_i32(c2, dot_u8x32(q2, y), f32x4_lane(t, 2))
+        o += $block_bytes
+        o2 += $block_bytes
+    return (f32x8_hsum(a) + f32x4_lane(m, 1), f32x8_hsum(a2) + f32x4_lane(m, 3), f32x8_hsum(c) + f32x4_lane(mc, 1),
+            f32x8_hsum(c2) + f32x4_lane(mc, 3))
+''')
+
+# The two-row dots keep the quants unsigned (0..2 offset - 1): each block's lanes start from lane_sums[lo + 8b ...],
+# the token's -offset x (sum of each lane's four activations) (dots_block32._pack_lane_sums; simd.dot_u8x32_plus),
+# the exact integers dot_i8x32(q - offset, x) gives, without the sign flip and the subtraction per row.
+DOTS_LANE_SUMS = Template(DOT_SIGNED + '''
+
+@njit(cache=True)
+def vec_dot2_${fmt}_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    a, a2 = f32x8_zero(), f32x8_zero()
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        d, d2 = load_f16_pair(w, o, o2)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(_quants_${fmt}_unsigned_bcast(w, o), x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(_quants_${fmt}_unsigned_bcast(w, o2), x, lane_sums, lo + 8 * b),
+                           d2 * dx)
+        o += $block_bytes
+        o2 += $block_bytes
+    return f32x8_hsum(a), f32x8_hsum(a2)
+
+
+@njit(cache=True)
+def vec_dot22_${fmt}_q8_0(w, o, o2, nb, xq, xo, xd, xdo, lane_sums, lo):
+    a, a2, c, c2 = f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()
+    yo, ydo, ylo = xo + 32 * nb, xdo + nb, lo + 8 * nb
+    for b in range(nb):
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o2 + PREFETCH_BYTES)
+        q, q2 = _quants_${fmt}_unsigned_bcast(w, o), _quants_${fmt}_unsigned_bcast(w, o2)
+        d, d2 = load_f16_pair(w, o, o2)
+        x, dx = load_i8x32(xq, xo + b * 32), load_f32(xd, xdo + b)
+        y, dy = load_i8x32(xq, yo + b * 32), load_f32(xd, ydo + b)
+        a = f32x8_fma_i32(a, dot_u8x32_plus(q, x, lane_sums, lo + 8 * b), d * dx)
+        a2 = f32x8_fma_i32(a2, dot_u8x32_plus(q2, x, lane_sums, lo + 8 * b), d2 * dx)
+        c = f32x8_fma_i32(c, dot_u8x32_plus(q, y, lane_sums, ylo + 8 * b), d * dy)
+        c2 = f32x8_fma_i32(c2, dot_u8x32_plus(q2, y, lane_sums, ylo + 8 * b), d2 * dy)
+        o += $block_bytes
+        o2 += $block_bytes
+    return f32x8_hsum(a), f32x8_hsum(a2), f32x8_hsum(c), f32x8_hsum(c2)
+''')
+
+# Per driver kind: the template, and what it takes from dots_block32 (besides PREFETCH_BYTES) and from simd.
+DOTS = {
+    registry.DRIVER_PLAIN: (DOTS_PLAIN, ["_quants_{fmt}", "_block_scale"],
+                            ["dot_i8x32", "f32x8_fma_i32", "f32x8_fma_lanes", "load_f16_pair"]),
+    registry.DRIVER_MINS: (DOTS_MINS, ["_quants_{fmt}", "_quants_{fmt}_bcast"],
+                           ["dot_u8x32", "f32x4_add", "f32x4_lane", "f32x4_mul", "f32x4_zero", "f32x8_fma_i32",
+                            "load_f16_pair", "load_f16x2_rows", "load_f32x2_twice"]),
+    registry.DRIVER_LANE_SUMS: (DOTS_LANE_SUMS, ["_quants_{fmt}", "_quants_{fmt}_unsigned_bcast", "_block_scale"],
+                                ["dot_i8x32", "dot_u8x32_plus", "f32x8_fma_i32", "f32x8_fma_lanes", "load_f16_pair"]),
+}
+DOTS_SIMD = ["f32x8_hsum", "f32x8_zero", "load_f32", "load_i8x32", "prefetch"]
+
 
 # The tiles of a format whose block is one f16 scale (and for the formats with mins, an f16 min after it) and
 # quants that dots_block32._tile_quants_<fmt> decodes: the same loop for eight tokens (four pairs) and four (two),
@@ -270,9 +447,10 @@ def matmul_block32() -> str:
     body = []
     for r in registry.records(registry.Q8_0):
         fmt = r.suffix
-        imports.setdefault(r.dots, []).extend([f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0"])
-        if r.tile4:  # its tiles made here
-            imports[r.dots].append(f"vec_dot22_{fmt}_q8_0")
+        if r.tile4:  # its dots and tiles made here
+            dots, from_dots, from_simd = DOTS[r.driver]
+            imports["dots_block32"] += [name.format(fmt=fmt) for name in from_dots]
+            imports["simd"] = imports.get("simd", []) + from_simd + DOTS_SIMD
             imports["dots_block32"] += [f"_tile_quants_{fmt}", "PREFETCH_BYTES", "TILE16", "_tile8_zero",
                                         "_tile8_pairs", "_tile4_zero", "_tile4_pairs"]
             imports["dots_block32"] += (["_tile8_sums_mins", "_tile4_sums_mins"] if r.driver == registry.DRIVER_MINS
@@ -281,9 +459,10 @@ def matmul_block32() -> str:
             imports["simd"] = imports.get("simd", []) + ["load_f16_splat8", "prefetch"] + (
                 ["f32x8_add", "f32x8_mul", "f32x8_zero", "load_f32x8"] if r.driver == registry.DRIVER_MINS else [])
         else:
-            imports[r.dots] += [f"vec_dot4_{fmt}_q8_0", f"tile8_{fmt}"]
+            imports.setdefault(r.dots, []).extend([f"vec_dot_{fmt}_q8_0", f"vec_dot2_{fmt}_q8_0",
+                                                   f"vec_dot4_{fmt}_q8_0", f"tile8_{fmt}"])
         if isinstance(r.tile_offset, str):
-            imports[r.dots].append(r.tile_offset)
+            imports["dots_block32" if r.tile4 else r.dots].append(r.tile_offset)
         four, step = FOUR_STEPS[r.tile4]
         args = dict(DRIVER_ARGS[r.driver], fmt=fmt, offset=r.tile_offset, four=four,
                     eight="sixteen- and eight-token tiles" if r.tile4 else "eight-token tiles",
@@ -301,11 +480,13 @@ def matmul_block32() -> str:
         else:
             template = MATMUL
         body.append(f"\n\n# --- {r.name} " + "-" * (110 - len(r.name)) + "\n")
-        body.append((tiles(r) if r.tile4 else "") + ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
+        made = dots.substitute(fmt=fmt, block_bytes=r.format.type_size) + tiles(r) if r.tile4 else ""
+        body.append(made + ROW_BLOCK_HEAD.substitute(args) + template.substitute(args))
     doc = ("The matmul drivers of the formats with Q8_0-style activations (32-element blocks): per format, a block\n"
            "of ROW_BLOCK rows x every token (eight-token tiles, a four-token tile or dots, then single tokens two\n"
-           "rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input. The\n"
-           "contract, the dots they call and the activation layouts are in quant.dots_block32.")
+           "rows at a time), matmul_<fmt> over one matrix and matmul3_<fmt> over two or three on one input; for\n"
+           "the formats whose tiles are made here (registry tile4), also their row dots and tiles. The contract,\n"
+           "the dots' schemes and the activation layouts are in quant.dots_block32.")
     head = ("import numpy as np\nfrom numba import njit, prange\n"
             "from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)\n\n")
     return _module(doc, head + _imports(imports) + "".join(body))
