@@ -208,6 +208,11 @@ def _row_blocks(out):
 # stream's latency added to the tiles' compute. The distance that does best differs by CPU: Intel's AVX-512 cores
 # want it long, AMD's (Zen 3 and Zen 4 measured) and the rest short (docs/kernels.md has the measurements).
 PREFETCH_BYTES = 3072 if HAS_WIDE_TILES and not cpu_name().startswith("znver") else 1024
+# On AMD's cores (Zen 4 measured), though, rows of ONE_ROW_FROM_BYTES or more stream faster one at a time through
+# vec_dot, which leaves the prefetching to the hardware (the same bits: each row of vec_dot2 is vec_dot's). Decode
+# products from memory, 2 threads: 1024 x 2048 Q4_1 103 -> 64 us, 4096 x 640 Q8_0 120 -> 86 us; 360-byte rows
+# stay in pairs (3072 x 576 Q4_1 36 us, against 42 one at a time). docs/kernels.md has the table.
+ONE_ROW_FROM_BYTES = 400 if cpu_name().startswith("znver") else 1 << 62
 
 
 @njit(cache=True)

@@ -14,13 +14,13 @@ import numpy as np
 from numba import njit, prange
 from . import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
 
-from .dots_block32 import (PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE16, TILE_OFFSET,
-                           TILE_UNSIGNED, TOKEN_TILE, _block_scale, _pack_lane_sums, _pack_pairs, _prepare,
-                           _quants_q4_0, _quants_q4_1, _quants_q4_1_bcast, _quants_q5_0, _quants_q5_0_unsigned_bcast,
-                           _quants_q5_1, _quants_q5_1_bcast, _quants_q8_0, _row_blocks, _tile4_pairs, _tile4_sums,
-                           _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums, _tile8_sums_mins, _tile8_zero,
-                           _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0, _tile_quants_q5_1,
-                           _tile_quants_q8_0)
+from .dots_block32 import (ONE_ROW_FROM_BYTES, PREFETCH_BYTES, Q8_0_TILE_KIND, Q8_0_TILE_OFFSET, ROW_BLOCK, TILE16,
+                           TILE_OFFSET, TILE_UNSIGNED, TOKEN_TILE, _block_scale, _pack_lane_sums, _pack_pairs,
+                           _prepare, _quants_q4_0, _quants_q4_1, _quants_q4_1_bcast, _quants_q5_0,
+                           _quants_q5_0_unsigned_bcast, _quants_q5_1, _quants_q5_1_bcast, _quants_q8_0, _row_blocks,
+                           _tile4_pairs, _tile4_sums, _tile4_sums_mins, _tile4_zero, _tile8_pairs, _tile8_sums,
+                           _tile8_sums_mins, _tile8_zero, _tile_quants_q4_0, _tile_quants_q4_1, _tile_quants_q5_0,
+                           _tile_quants_q5_1, _tile_quants_q8_0)
 from .iq4_nl import TILE_OFFSET_IQ4_NL, tile8_iq4_nl, vec_dot2_iq4_nl_q8_0, vec_dot4_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0
 from .mxfp4 import TILE_OFFSET_MXFP4, tile8_mxfp4, vec_dot2_mxfp4_q8_0, vec_dot4_mxfp4_q8_0, vec_dot_mxfp4_q8_0
 from .simd import (dot_i8x32, dot_u8x32, dot_u8x32_plus, f32x4_add, f32x4_lane, f32x4_mul, f32x4_zero, f32x8_add,
@@ -145,13 +145,16 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n2, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n2):
             out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -309,13 +312,16 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n2, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n2):
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -461,13 +467,16 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n2, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n2):
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -627,13 +636,16 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n2, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n2):
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -780,13 +792,16 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q8_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n2, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n2):
             out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -830,13 +845,16 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_iq4_nl_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n4, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_iq4_nl_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_iq4_nl_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n4):
             out[t, r] = vec_dot_iq4_nl_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -880,13 +898,16 @@ def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_mxfp4_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range(n4, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, n4):
             out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 

@@ -16,7 +16,6 @@ import background
 from edgellm import quant
 from edgellm.quant import reference, simd
 from edgellm.quant.activations import quantize_act_q8_0, quantize_act_q8_k
-from edgellm.quant import dots_block32 as k
 from edgellm.quant.formats import FORMATS
 from edgellm.quant.kernels_float import round_activations
 from edgellm.quant.registry import DRIVER_MINS, FLOAT, Q8_0, Q8_K, kernels_for, records
@@ -418,12 +417,15 @@ assert WANT_AVX2 or platform.machine().lower() not in ("x86_64", "amd64") or not
 rng = np.random.default_rng(0)
 for name in FORMATS:
     fmt = quant.format_by_name(name)
-    raw = random_matrix_bytes(fmt, 12, 512, rng)
-    layer = quant.QuantLinear(raw, name, (12, 512))
-    x = rng.standard_normal((13, 512)).astype(np.float32)  # an 8-token tile, a 4-token tile and a single token
+    raw = random_matrix_bytes(fmt, 12, WIDTH, rng)
+    layer = quant.QuantLinear(raw, name, (12, WIDTH))
+    x = rng.standard_normal((13, WIDTH)).astype(np.float32)  # an 8-token tile, a 4-token tile and a single token
     out = np.empty((13, 12), np.float32)
     layer.matmul(x, out)
     np.save(f"{OUT}/{name}.npy", out)
+    one = np.empty((1, 12), np.float32)  # a decode step: a single token's rows
+    layer.matmul(x[:1], one)
+    np.save(f"{OUT}/{name}_one.npy", one)
 for name in BATCH_FORMATS:  # batches long enough for the wide K-quant matmuls where this CPU runs them
     fmt = quant.format_by_name(name)
     layer = quant.QuantLinear(random_matrix_bytes(fmt, 40, 512, rng), name, (40, 512))
@@ -435,6 +437,10 @@ for name in BATCH_FORMATS:  # batches long enough for the wide K-quant matmuls w
 
 
 PORTABLE_FORMATS = tuple(Q8_0_ACT_FORMATS) + ("Q6_K", "F16")
+# Rows of every 32-element format at least dots_block32.ONE_ROW_FROM_BYTES long (Q4_0: 432 bytes), which a Zen
+# build decodes one row at a time and other builds two at a time: the znver3 child checks the first where this host
+# runs the second, and this Zen host the second against the haswell child.
+PORTABLE_WIDTH = 768
 BATCH_FORMATS = ("Q4_K", "Q6_K")
 
 
@@ -444,6 +450,7 @@ OTHER_CPUS = {
     # AArch64 has FMA on both sides (plain NEON against sdot here), x86-64's generic build has none
     "generic": ("generic", "+neon" if platform.machine().lower() in ("aarch64", "arm64") else "", False, False, True),
     "haswell": ("haswell", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, False, simd.HAS_AVX2),
+    "znver3": ("znver3", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2", True, False, simd.HAS_AVX2),
     "alderlake": ("alderlake", "+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2,+bmi,+bmi2,+avxvnni", True, True,
                   simd.host._host_has("avxvnni")),
 }
@@ -455,7 +462,7 @@ def _other_cpu_job(name):
     out = background.temp_dir(f"kernels-{name}")
     env = background.child_env(NUMBA_CPU_NAME=cpu_name, NUMBA_CPU_FEATURES=cpu_features, NUMBA_CACHE_DIR=out / "cache")
     code = (f"OUT = {str(out)!r}\nWANT_AVX2 = {want_avx2}\nWANT_VNNI = {want_vnni}\n"
-            f"FORMATS = {PORTABLE_FORMATS}\nBATCH_FORMATS = {BATCH_FORMATS}\n" + PORTABLE_CHECK)
+            f"FORMATS = {PORTABLE_FORMATS}\nBATCH_FORMATS = {BATCH_FORMATS}\nWIDTH = {PORTABLE_WIDTH}\n" + PORTABLE_CHECK)
     return background.Job(f"kernels-{name}", [sys.executable, "-c", code], env=env), out
 
 
@@ -470,19 +477,24 @@ def _kernels_for_cpu_match(name, exact):
     done = background.result(job)
     assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(0)
-    runs = [(name, 12, 13, f"{name}.npy") for name in PORTABLE_FORMATS]
-    runs += [(name, 40, 37, f"{name}_batch.npy") for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
-    for fmt_name, n_out, n_tokens, saved in runs:
+    runs = [(name, 12, 13, PORTABLE_WIDTH, f"{name}.npy") for name in PORTABLE_FORMATS]
+    runs += [(name, 40, 37, 512, f"{name}_batch.npy") for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
+    for fmt_name, n_out, n_tokens, width, saved in runs:
         fmt = quant.format_by_name(fmt_name)
-        layer = quant.QuantLinear(random_matrix_bytes(fmt, n_out, 512, rng), fmt_name, (n_out, 512))
-        x = rng.standard_normal((n_tokens, 512)).astype(np.float32)
+        layer = quant.QuantLinear(random_matrix_bytes(fmt, n_out, width, rng), fmt_name, (n_out, width))
+        x = rng.standard_normal((n_tokens, width)).astype(np.float32)
         out = np.empty((n_tokens, n_out), np.float32)
         layer.matmul(x, out)
-        theirs = np.load(out_dir / saved)
-        if exact:
-            np.testing.assert_array_equal(theirs, out)
-        else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
-            np.testing.assert_allclose(theirs, out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+        compared = [(np.load(out_dir / saved), out)]
+        if n_tokens == 13:
+            one = np.empty((1, n_out), np.float32)
+            layer.matmul(x[:1], one)
+            compared.append((np.load(out_dir / saved.replace(".npy", "_one.npy")), one))
+        for theirs, ours in compared:
+            if exact:
+                np.testing.assert_array_equal(theirs, ours)
+            else:  # the same integers; only FMA contraction (absent on generic x86-64) may move the last float bits
+                np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5 * np.abs(ours).max())
 
 
 @pytest.mark.parametrize("cpu", ["generic"])
@@ -501,6 +513,17 @@ def test_avx2_without_vnni_gives_the_same_bits(cpu):
     """On AVX2 CPUs without AVX-VNNI (Haswell to Ice Lake clients, Zen 1-3) the dots are vpmaddubsw + vpmaddwd
     instead of vpdpbusd, and the wide K-quant matmuls take 8 tokens a vector, not 16: the same integer lanes, so
     the same bits. Compiled for such a CPU in a subprocess."""
+    _kernels_for_cpu_match(cpu, exact=True)
+
+
+@pytest.mark.skipif(not OTHER_CPUS["znver3"][-1], reason="needs an AVX2 host")
+@pytest.mark.parametrize("cpu", ["znver3"])
+@pytest.mark.background(jobs=_other_cpu_jobs)
+def test_zen_rows_one_at_a_time_give_the_same_bits(cpu):
+    """An AMD Zen build decodes a token's long rows one at a time (vec_dot, dots_block32.ONE_ROW_FROM_BYTES) where
+    other builds go two rows at a time (vec_dot2): the same sums in the same order, so the same bits, for a single
+    token and for a batch's last one. Compiled for Zen 3 (AVX2) in a subprocess; its counterpart is the haswell
+    child (two at a time) on a Zen host."""
     _kernels_for_cpu_match(cpu, exact=True)
 
 

@@ -101,13 +101,16 @@ $rows_doc
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step$pairs_step
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     for t in range($singles_from, n_tokens):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)
-    if (r1 - r0) % 2:
+        for r in range(r2, r1):
+            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
+    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
         r = r1 - 1
-        for t in range(n4, n_tokens):
+        for t in range(n4, $singles_from):
             out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
 ''')
 
@@ -442,8 +445,8 @@ def matmul3_$fmt(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 
 
 def matmul_block32() -> str:
-    imports = {"dots_block32": ["ROW_BLOCK", "TOKEN_TILE", "_pack_lane_sums", "_pack_pairs", "_prepare",
-                                "_row_blocks"]}
+    imports = {"dots_block32": ["ONE_ROW_FROM_BYTES", "ROW_BLOCK", "TOKEN_TILE", "_pack_lane_sums", "_pack_pairs",
+                                "_prepare", "_row_blocks"]}
     body = []
     for r in registry.records(registry.Q8_0):
         fmt = r.suffix
