@@ -152,7 +152,7 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
             out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
+    if (r1 - r0) % 2:
         r = r1 - 1
         for t in range(n4, n2):
             out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
@@ -319,7 +319,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         for r in range(r2, r1):
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
+    if (r1 - r0) % 2:
         r = r1 - 1
         for t in range(n4, n2):
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
@@ -474,7 +474,7 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
         for r in range(r2, r1):
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
+    if (r1 - r0) % 2:
         r = r1 - 1
         for t in range(n4, n2):
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
@@ -643,7 +643,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         for r in range(r2, r1):
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
+    if (r1 - r0) % 2:
         r = r1 - 1
         for t in range(n4, n2):
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
@@ -799,7 +799,7 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
             out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
+    if (r1 - r0) % 2:
         r = r1 - 1
         for t in range(n4, n2):
             out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
@@ -852,10 +852,6 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
             out[t, r] = vec_dot_iq4_nl_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
-        r = r1 - 1
-        for t in range(n4, n4):
-            out[t, r] = vec_dot_iq4_nl_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
 @njit(parallel=True, cache=True)
@@ -904,10 +900,6 @@ def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
             out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
-        r = r1 - 1
-        for t in range(n4, n4):
             out[t, r] = vec_dot_mxfp4_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 

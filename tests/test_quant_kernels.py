@@ -477,16 +477,17 @@ def _kernels_for_cpu_match(name, exact):
     done = background.result(job)
     assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(0)
-    runs = [(name, 12, 13, PORTABLE_WIDTH, f"{name}.npy") for name in PORTABLE_FORMATS]
-    runs += [(name, 40, 37, 512, f"{name}_batch.npy") for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
-    for fmt_name, n_out, n_tokens, width, saved in runs:
+    # (format, rows, tokens, width, the child's file, whether the child also saved a single token's product)
+    runs = [(name, 12, 13, PORTABLE_WIDTH, f"{name}.npy", True) for name in PORTABLE_FORMATS]
+    runs += [(name, 40, 37, 512, f"{name}_batch.npy", False) for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
+    for fmt_name, n_out, n_tokens, width, saved, single in runs:
         fmt = quant.format_by_name(fmt_name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, n_out, width, rng), fmt_name, (n_out, width))
         x = rng.standard_normal((n_tokens, width)).astype(np.float32)
         out = np.empty((n_tokens, n_out), np.float32)
         layer.matmul(x, out)
         compared = [(np.load(out_dir / saved), out)]
-        if n_tokens == 13:
+        if single:
             one = np.empty((1, n_out), np.float32)
             layer.matmul(x[:1], one)
             compared.append((np.load(out_dir / saved.replace(".npy", "_one.npy")), one))

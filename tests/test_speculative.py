@@ -152,10 +152,15 @@ def test_greedy_lookup_gives_plain_greedy_output(tiny, prompt):
     assert tiny.timings.draft_tokens == c.draft_tokens and tiny.timings.accepted_tokens == c.accepted_tokens
 
 
-def test_lookup_drafts_are_accepted_on_repeating_text(tiny, monkeypatch):
-    # a verification costs what a plain step does, so drafting does not hang on this host's timings of the tiny model
+def _verification_costs_a_plain_step(monkeypatch):
+    """Every forward costed alike (ForwardCosts): drafts as long as the find and the room allow, whatever this host's
+    timings of the tiny model."""
     monkeypatch.setattr(ForwardCosts, "plain_s", lambda self, n_seqs: 1e-3)
     monkeypatch.setattr(ForwardCosts, "forward_s", lambda self, n_seqs, rows: 1e-3)
+
+
+def test_lookup_drafts_are_accepted_on_repeating_text(tiny, monkeypatch):
+    _verification_costs_a_plain_step(monkeypatch)  # so drafting does not hang on this host's timings
     c = tiny.complete(REPEATING, max_tokens=80, ignore_eos=True, speculative="lookup")
     assert c.accepted_tokens > 0 and c.draft_tokens >= c.accepted_tokens
     # whatever was drafted, each token came from the target: cache bookkeeping matches what it holds
@@ -365,9 +370,7 @@ def test_no_draft_runs_past_max_tokens(monkeypatch):
         return d
 
     monkeypatch.setattr(Speculator, "draft", draft)
-    # a verification costs what a plain step does: every draft is as long as the find and the room allow
-    monkeypatch.setattr(ForwardCosts, "plain_s", lambda self, n_seqs: 1e-3)
-    monkeypatch.setattr(ForwardCosts, "forward_s", lambda self, n_seqs, rows: 1e-3)
+    _verification_costs_a_plain_step(monkeypatch)
     for max_tokens in (9, 20, 33):
         sizes.clear()
         c = m.complete(prompt, max_tokens=max_tokens, ignore_eos=True, speculative="lookup")

@@ -107,11 +107,7 @@ $rows_doc
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
-    if (r1 - r0) % 2:  # the two-token dots' tokens: an odd last row
-        r = r1 - 1
-        for t in range(n4, $singles_from):
-            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
+            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)$pairs_tail
 ''')
 
 # The single tokens after the tiles, two at a time through the two-token dots where the format has them (the tile4
@@ -122,6 +118,12 @@ PAIRS_STEP = """
         for r in range(r0, r1 - 1, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)"""
+# An odd last row of the two-token dots' tokens (after the single tokens' loop).
+PAIRS_TAIL = """
+    if (r1 - r0) % 2:
+        r = r1 - 1
+        for t in range(n4, n2):
+            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)"""
 
 # The row dots of a format with tile4 (its block: an f16 scale, an f16 min for the formats with mins, then the
 # quants), one template per driver kind, from the format's decoders in quant.dots_block32: _quants_<fmt> (signed,
@@ -473,6 +475,7 @@ def matmul_block32() -> str:
         args["four_step"] = Template(step).substitute(args)
         args["sixteen"] = Template(SIXTEEN_STEP).substitute(args) if r.tile4 else ""
         args["pairs_step"] = Template(PAIRS_STEP).substitute(args) if r.tile4 else ""
+        args["pairs_tail"] = Template(PAIRS_TAIL).substitute(args) if r.tile4 else ""
         args["singles_from"] = "n2" if r.tile4 else "n4"
         singles = ("single tokens, two tokens and two rows at a time" if r.tile4
                    else "single tokens two rows at a time")
