@@ -10,7 +10,9 @@ Q8_0), one template per driver kind (its DOTS, where the schemes are described):
                              8 float lanes, the lanes summed at the end)
   vec_dot2_<fmt>_q8_0(...)   two rows x one token (decode); the formats with mins take the token's scales and sums in
                              pairs (_pack_pairs), Q5_0 its lane sums (_pack_lane_sums)
-  vec_dot22_<fmt>_q8_0(...)  two rows x two tokens (a batch's tokens after its tiles, two at a time): vec_dot2's
+  vec_dot12_<fmt>_q8_0(...)  one row x two tokens (a batch's tokens after its tiles, two at a time, where rows go
+                             one at a time): vec_dot's sums, each block's quants decoded once for both tokens
+  vec_dot22_<fmt>_q8_0(...)  two rows x two tokens (the same tokens where rows go two at a time): vec_dot2's
                              sums, each block's quants decoded once for both tokens
   tile8_<fmt>(...)           one row x eight tokens, from activations repacked in pairs (_pack_tiles8)
   tile4_<fmt>(...)           one row x four tokens, the same tile with two pairs (_pack_tiles4)
@@ -211,8 +213,11 @@ PREFETCH_BYTES = 3072 if HAS_WIDE_TILES and not cpu_name().startswith("znver") e
 # On AMD's cores (Zen 4 measured), though, rows of ONE_ROW_FROM_BYTES or more stream faster one at a time through
 # vec_dot, which leaves the prefetching to the hardware (the same bits: each row of vec_dot2 is vec_dot's). Decode
 # products from memory, 2 threads: 1024 x 2048 Q4_1 103 -> 64 us, 4096 x 640 Q8_0 120 -> 86 us; 360-byte rows
-# stay in pairs (3072 x 576 Q4_1 36 us, against 42 one at a time). docs/kernels.md has the table.
-ONE_ROW_FROM_BYTES = 400 if cpu_name().startswith("znver") else 1 << 62
+# stay in pairs (3072 x 576 Q4_1 36 us, against 42 one at a time). docs/kernels.md has the table. A pair of tokens
+# takes those rows one at a time too (vec_dot12): SmolLM2's output matrix, 49152 x 576 Q8_0 at 2 threads, 1.11 ->
+# 0.76-0.90 ms for two tokens, about one token's time.
+ROWS_ONE_AT_A_TIME = cpu_name().startswith("znver")
+ONE_ROW_FROM_BYTES = 400 if ROWS_ONE_AT_A_TIME else 1 << 62
 
 
 @njit(cache=True)

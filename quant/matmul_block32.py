@@ -42,6 +42,18 @@ def vec_dot_q4_0_q8_0(w, o, nb, xq, xo, xd, xdo):
 
 
 @njit(cache=True)
+def vec_dot12_q4_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    a, c = f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_q4_0(w, o)
+        a = f32x8_fma_lanes(a, dot_i8x32(q, load_i8x32(xq, xo + b * 32)), _block_scale(w, o, xd, xdo + b))
+        c = f32x8_fma_lanes(c, dot_i8x32(q, load_i8x32(xq, yo + b * 32)), _block_scale(w, o, xd, ydo + b))
+        o += 18
+    return f32x8_hsum(a), f32x8_hsum(c)
+
+
+@njit(cache=True)
 def vec_dot2_q4_0_q8_0(w, o, o2, nb, xq, xo, xd, xdo):
     a, a2 = f32x8_zero(), f32x8_zero()
     for b in range(nb):
@@ -124,8 +136,8 @@ def _rows16_q4_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 
 @njit(cache=True)
 def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens, two tokens and two rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then pairs
+    of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -140,21 +152,21 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
             out[t, r] = vec_dot_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -193,6 +205,21 @@ def vec_dot_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
         mins += m * load_f32(xs, xdo + b)
         o += 20
     return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot12_q4_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    a, c, ma, mc = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_q4_1(w, o)
+        d, m = load_f16_pair(w, o, o + 2)
+        a = f32x8_fma_i32(a, dot_u8x32(q, load_i8x32(xq, xo + b * 32)), d * load_f32(xd, xdo + b))
+        ma += m * load_f32(xs, xdo + b)
+        c = f32x8_fma_i32(c, dot_u8x32(q, load_i8x32(xq, yo + b * 32)), d * load_f32(xd, ydo + b))
+        mc += m * load_f32(xs, ydo + b)
+        o += 20
+    return f32x8_hsum(a) + ma, f32x8_hsum(c) + mc
 
 
 @njit(cache=True)
@@ -291,8 +318,8 @@ def _rows16_q4_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 
 @njit(cache=True)
 def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens, two tokens and two rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then pairs
+    of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -307,21 +334,21 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q4_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
             out[t, r] = vec_dot_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -360,6 +387,18 @@ def vec_dot_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
         acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += 22
     return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot12_q5_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    a, c = f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_q5_0(w, o)
+        a = f32x8_fma_lanes(a, dot_i8x32(q, load_i8x32(xq, xo + b * 32)), _block_scale(w, o, xd, xdo + b))
+        c = f32x8_fma_lanes(c, dot_i8x32(q, load_i8x32(xq, yo + b * 32)), _block_scale(w, o, xd, ydo + b))
+        o += 22
+    return f32x8_hsum(a), f32x8_hsum(c)
 
 
 @njit(cache=True)
@@ -446,8 +485,8 @@ def _rows16_q5_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 
 @njit(cache=True)
 def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_sums, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens, two tokens and two rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then pairs
+    of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -462,21 +501,21 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb, lane_sums, 8 * nb * (t - n4))
         for r in range(r2, r1):
-            out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
             out[t, r] = vec_dot_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -517,6 +556,21 @@ def vec_dot_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
         mins += m * load_f32(xs, xdo + b)
         o += 24
     return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot12_q5_1_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    a, c, ma, mc = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_q5_1(w, o)
+        d, m = load_f16_pair(w, o, o + 2)
+        a = f32x8_fma_i32(a, dot_u8x32(q, load_i8x32(xq, xo + b * 32)), d * load_f32(xd, xdo + b))
+        ma += m * load_f32(xs, xdo + b)
+        c = f32x8_fma_i32(c, dot_u8x32(q, load_i8x32(xq, yo + b * 32)), d * load_f32(xd, ydo + b))
+        mc += m * load_f32(xs, ydo + b)
+        o += 24
+    return f32x8_hsum(a) + ma, f32x8_hsum(c) + mc
 
 
 @njit(cache=True)
@@ -615,8 +669,8 @@ def _rows16_q5_1(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 
 @njit(cache=True)
 def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens, two tokens and two rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then pairs
+    of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -631,21 +685,21 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q5_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xt, pairs + 2 * (t - n4) * nb)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
             out[t, r] = vec_dot_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
 
 
@@ -684,6 +738,18 @@ def vec_dot_q8_0_q8_0(w, o, nb, xq, xo, xd, xdo):
         acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += 34
     return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot12_q8_0_q8_0(w, o, nb, xq, xo, xd, xdo):
+    a, c = f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_q8_0(w, o)
+        a = f32x8_fma_lanes(a, dot_i8x32(q, load_i8x32(xq, xo + b * 32)), _block_scale(w, o, xd, xdo + b))
+        c = f32x8_fma_lanes(c, dot_i8x32(q, load_i8x32(xq, yo + b * 32)), _block_scale(w, o, xd, ydo + b))
+        o += 34
+    return f32x8_hsum(a), f32x8_hsum(c)
 
 
 @njit(cache=True)
@@ -771,8 +837,8 @@ def _rows16_q8_0(w, row_bytes, r0, r1, t, nb, n_in, xp, xt, last, out):
 
 @njit(cache=True)
 def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
-    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then single
-    tokens, two tokens and two rows at a time."""
+    """Rows [16 rb, 16 rb + 16) of out = W x: sixteen- and eight-token tiles, then a four-token tile, then pairs
+    of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -787,21 +853,21 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q8_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_q8_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, xd, t * nb)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
             out[t, r] = vec_dot_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
 
 
@@ -833,7 +899,7 @@ def matmul3_q8_0(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 @njit(cache=True)
 def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token dots, then single tokens two
-    rows at a time."""
+    rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -846,6 +912,8 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_iq4_nl_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
     r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n4, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_iq4_nl_q8_0(
@@ -882,7 +950,7 @@ def matmul3_iq4_nl(w0, w1, w2, row_bytes, x, xq, xd, xs, out0, out1, out2):
 @njit(cache=True)
 def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
     """Rows [16 rb, 16 rb + 16) of out = W x: eight-token tiles, then four-token dots, then single tokens two
-    rows at a time."""
+    rows at a time (long rows on AMD one at a time)."""
     n_tokens, n_out = out.shape
     n_in = nb * 32
     r0, r1 = rb * ROW_BLOCK, min(n_out, rb * ROW_BLOCK + ROW_BLOCK)
@@ -895,6 +963,8 @@ def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_mxfp4_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
     r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range(n4, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(

@@ -423,9 +423,10 @@ for name in FORMATS:
     out = np.empty((13, 12), np.float32)
     layer.matmul(x, out)
     np.save(f"{OUT}/{name}.npy", out)
-    one = np.empty((1, 12), np.float32)  # a decode step: a single token's rows
-    layer.matmul(x[:1], one)
-    np.save(f"{OUT}/{name}_one.npy", one)
+    for few, n in (("one", 1), ("three", 3)):  # a decode step's single token; a pair and a single (a short draft)
+        part = np.empty((n, 12), np.float32)
+        layer.matmul(x[:n], part)
+        np.save(f"{OUT}/{name}_{few}.npy", part)
 for name in BATCH_FORMATS:  # batches long enough for the wide K-quant matmuls where this CPU runs them
     fmt = quant.format_by_name(name)
     layer = quant.QuantLinear(random_matrix_bytes(fmt, 40, 512, rng), name, (40, 512))
@@ -477,20 +478,21 @@ def _kernels_for_cpu_match(name, exact):
     done = background.result(job)
     assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(0)
-    # (format, rows, tokens, width, the child's file, whether the child also saved a single token's product)
+    # (format, rows, tokens, width, the child's file, whether the child also saved the products of its first one and
+    # three tokens)
     runs = [(name, 12, 13, PORTABLE_WIDTH, f"{name}.npy", True) for name in PORTABLE_FORMATS]
     runs += [(name, 40, 37, 512, f"{name}_batch.npy", False) for name in BATCH_FORMATS]  # PORTABLE_CHECK's order
-    for fmt_name, n_out, n_tokens, width, saved, single in runs:
+    for fmt_name, n_out, n_tokens, width, saved, few_tokens in runs:
         fmt = quant.format_by_name(fmt_name)
         layer = quant.QuantLinear(random_matrix_bytes(fmt, n_out, width, rng), fmt_name, (n_out, width))
         x = rng.standard_normal((n_tokens, width)).astype(np.float32)
         out = np.empty((n_tokens, n_out), np.float32)
         layer.matmul(x, out)
         compared = [(np.load(out_dir / saved), out)]
-        if single:
-            one = np.empty((1, n_out), np.float32)
-            layer.matmul(x[:1], one)
-            compared.append((np.load(out_dir / saved.replace(".npy", "_one.npy")), one))
+        for few, n in (("one", 1), ("three", 3)) if few_tokens else ():
+            part = np.empty((n, n_out), np.float32)
+            layer.matmul(x[:n], part)
+            compared.append((np.load(out_dir / saved.replace(".npy", f"_{few}.npy")), part))
         for theirs, ours in compared:
             if exact:
                 np.testing.assert_array_equal(theirs, ours)
@@ -521,10 +523,10 @@ def test_avx2_without_vnni_gives_the_same_bits(cpu):
 @pytest.mark.parametrize("cpu", ["znver3"])
 @pytest.mark.background(jobs=_other_cpu_jobs)
 def test_zen_rows_one_at_a_time_give_the_same_bits(cpu):
-    """An AMD Zen build decodes a token's long rows one at a time (vec_dot, dots_block32.ONE_ROW_FROM_BYTES) where
-    other builds go two rows at a time (vec_dot2): the same sums in the same order, so the same bits, for a single
-    token and for a batch's last one. Compiled for Zen 3 (AVX2) in a subprocess; its counterpart is the haswell
-    child (two at a time) on a Zen host."""
+    """An AMD Zen build decodes a token's long rows one at a time (vec_dot, dots_block32.ONE_ROW_FROM_BYTES; a pair
+    of tokens' through vec_dot12) where other builds go two rows at a time (vec_dot2, vec_dot22): the same sums in
+    the same order, so the same bits, for a single token and for a pair and a single. Compiled for
+    Zen 3 (AVX2) in a subprocess; its counterpart is the haswell child (two at a time) on a Zen host."""
     _kernels_for_cpu_match(cpu, exact=True)
 
 

@@ -100,30 +100,29 @@ $rows_doc
     for t in range($eight_from, n8, 8):
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
-             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step$pairs_step
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+             out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time$pairs_step
+    if n4:  # a last token after the tiles reads its rows from the caches: two at a time
+        r2 = r1 - (r1 - r0) % 2
     for t in range($singles_from, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(
                 w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)
         for r in range(r2, r1):
-            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)$pairs_tail
+            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)
 ''')
 
 # The single tokens after the tiles, two at a time through the two-token dots where the format has them (the tile4
-# records): each block's quants decoded once for both tokens; an odd last token through the one-token dots.
+# records): each block's quants decoded once for both tokens, rows [r0, r2) two at a time, the rest (the long rows on
+# AMD, an odd last row) one at a time; an odd last token through the one-token dots.
 PAIRS_STEP = """
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
-        for r in range(r0, r1 - 1, 2):
+        for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1], out[t + 1, r], out[t + 1, r + 1] = vec_dot22_${fmt}_q8_0(
-                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)"""
-# An odd last row of the two-token dots' tokens (after the single tokens' loop).
-PAIRS_TAIL = """
-    if (r1 - r0) % 2:
-        r = r1 - 1
-        for t in range(n4, n2):
-            out[t, r] = vec_dot_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)"""
+                w, r * row_bytes, (r + 1) * row_bytes, nb, xq, t * n_in, $dot2_act)
+        for r in range(r2, r1):
+            out[t, r], out[t + 1, r] = vec_dot12_${fmt}_q8_0(w, r * row_bytes, nb, xq, t * n_in, $dot_act)"""
 
 # The row dots of a format with tile4 (its block: an f16 scale, an f16 min for the formats with mins, then the
 # quants), one template per driver kind, from the format's decoders in quant.dots_block32: _quants_<fmt> (signed,
@@ -132,6 +131,8 @@ PAIRS_TAIL = """
 #   vec_dot_<fmt>_q8_0    one row x one token: llama.cpp's vec_dot_<fmt>_q8_0 scheme, one FMA per block into 8
 #                         float lanes, the lanes summed at the end
 #   vec_dot2_<fmt>_q8_0   two rows x one token (decode), each row's chain exactly vec_dot's
+#   vec_dot12_<fmt>_q8_0  one row x two tokens (the pairs' long rows on AMD, an odd last row), each token's chain
+#                         exactly vec_dot's, each block's quants decoded once for both
 #   vec_dot22_<fmt>_q8_0  two rows x two tokens (a batch's tokens after its tiles), the second token's activations,
 #                         scales (and pairs or lane sums) right after the first's: each block's quants decoded once
 #                         for both tokens; returns (row o, row o2) of the first token, then of the second
@@ -146,6 +147,18 @@ def vec_dot_${fmt}_q8_0(w, o, nb, xq, xo, xd, xdo):
         acc = f32x8_fma_lanes(acc, isum, _block_scale(w, o, xd, xdo + b))
         o += $block_bytes
     return f32x8_hsum(acc)
+
+
+@njit(cache=True)
+def vec_dot12_${fmt}_q8_0(w, o, nb, xq, xo, xd, xdo):
+    a, c = f32x8_zero(), f32x8_zero()
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_$fmt(w, o)
+        a = f32x8_fma_lanes(a, dot_i8x32(q, load_i8x32(xq, xo + b * 32)), _block_scale(w, o, xd, xdo + b))
+        c = f32x8_fma_lanes(c, dot_i8x32(q, load_i8x32(xq, yo + b * 32)), _block_scale(w, o, xd, ydo + b))
+        o += $block_bytes
+    return f32x8_hsum(a), f32x8_hsum(c)
 '''
 
 DOTS_PLAIN = Template(DOT_SIGNED + '''
@@ -202,6 +215,21 @@ def vec_dot_${fmt}_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
         mins += m * load_f32(xs, xdo + b)
         o += $block_bytes
     return f32x8_hsum(acc) + mins
+
+
+@njit(cache=True)
+def vec_dot12_${fmt}_q8_0(w, o, nb, xq, xo, xd, xs, xdo):
+    a, c, ma, mc = f32x8_zero(), f32x8_zero(), np.float32(0), np.float32(0)
+    yo, ydo = xo + 32 * nb, xdo + nb
+    for b in range(nb):
+        q = _quants_$fmt(w, o)
+        d, m = load_f16_pair(w, o, o + 2)
+        a = f32x8_fma_i32(a, dot_u8x32(q, load_i8x32(xq, xo + b * 32)), d * load_f32(xd, xdo + b))
+        ma += m * load_f32(xs, xdo + b)
+        c = f32x8_fma_i32(c, dot_u8x32(q, load_i8x32(xq, yo + b * 32)), d * load_f32(xd, ydo + b))
+        mc += m * load_f32(xs, ydo + b)
+        o += $block_bytes
+    return f32x8_hsum(a) + ma, f32x8_hsum(c) + mc
 
 
 @njit(cache=True)
@@ -475,10 +503,9 @@ def matmul_block32() -> str:
         args["four_step"] = Template(step).substitute(args)
         args["sixteen"] = Template(SIXTEEN_STEP).substitute(args) if r.tile4 else ""
         args["pairs_step"] = Template(PAIRS_STEP).substitute(args) if r.tile4 else ""
-        args["pairs_tail"] = Template(PAIRS_TAIL).substitute(args) if r.tile4 else ""
         args["singles_from"] = "n2" if r.tile4 else "n4"
-        singles = ("single tokens, two tokens and two rows at a time" if r.tile4
-                   else "single tokens two rows at a time")
+        singles = ("pairs of tokens, then single tokens, two rows at a time (long rows on AMD one at a time)" if r.tile4
+                   else "single tokens two rows at a time (long rows on AMD one at a time)")
         args["rows_doc"] = textwrap.fill(f"Rows [16 rb, 16 rb + 16) of out = W x: {args['eight']}, then {four}, then "
                                          f'{singles}."""', 113, initial_indent='    """', subsequent_indent="    ")
         if r.driver == registry.DRIVER_PLAIN:  # nothing to set up: no line at all
