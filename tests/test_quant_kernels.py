@@ -525,8 +525,8 @@ def test_avx2_without_vnni_gives_the_same_bits(cpu):
 def test_zen_rows_one_at_a_time_give_the_same_bits(cpu):
     """An AMD Zen build decodes a token's long rows one at a time (vec_dot, dots_block32.ONE_ROW_FROM_BYTES; a pair
     of tokens' through vec_dot12) where other builds go two rows at a time (vec_dot2, vec_dot22): the same sums in
-    the same order, so the same bits, for a single token and for a pair and a single. Compiled for
-    Zen 3 (AVX2) in a subprocess; its counterpart is the haswell child (two at a time) on a Zen host."""
+    the same order, so the same bits, for a single token and for a pair and a single. Compiled for Zen 3 (AVX2) in
+    a subprocess; its counterpart is the haswell child (two at a time) on a Zen host."""
     _kernels_for_cpu_match(cpu, exact=True)
 
 
