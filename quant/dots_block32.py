@@ -41,7 +41,7 @@ from . import threading_layer as _threading_layer  # noqa: F401  (before any par
 
 from .activations import PARALLEL_QUANTIZE_TOKENS, quantize_act_q8_0
 
-from .simd import (HAS_WIDE_TILES, IS_AARCH64, TILE_START, cpu_name, dot_i8x32, dot_u8x32, dot_u8x32_plus,
+from .simd import (HAS_WIDE_TILES, IS_AARCH64, IS_ZEN, TILE_START, dot_i8x32, dot_u8x32, dot_u8x32_plus,
                    f32x16_halves, f32x16_pair_scales, f32x16_tile_step, f32x16_tile_sums8, f32x16_zero, f32x8_add,
                    f32x8_fma_lanes, f32x8_hsum_split, f32x8_lane, f32x8_mul, f32x8_pair_splats, f32x8_splat,
                    f32x8_zero, i8x32_add, i8x32_dup_hi, i8x32_dup_lo, i8x32_or, i8x32_sub, i8x32_xor,
@@ -209,15 +209,14 @@ def _row_blocks(out):
 # the same way: a small batch (batched decoding, T = 4..16) streams each weight once, and without the hint the
 # stream's latency added to the tiles' compute. The distance that does best differs by CPU: Intel's AVX-512 cores
 # want it long, AMD's (Zen 3 and Zen 4 measured) and the rest short (docs/kernels.md has the measurements).
-PREFETCH_BYTES = 3072 if HAS_WIDE_TILES and not cpu_name().startswith("znver") else 1024
+PREFETCH_BYTES = 3072 if HAS_WIDE_TILES and not IS_ZEN else 1024
 # On AMD's cores (Zen 4 measured), though, rows of ONE_ROW_FROM_BYTES or more stream faster one at a time through
 # vec_dot, which leaves the prefetching to the hardware (the same bits: each row of vec_dot2 is vec_dot's). Decode
 # products from memory, 2 threads: 1024 x 2048 Q4_1 103 -> 64 us, 4096 x 640 Q8_0 120 -> 86 us; 360-byte rows
 # stay in pairs (3072 x 576 Q4_1 36 us, against 42 one at a time). docs/kernels.md has the table. A pair of tokens
 # takes those rows one at a time too (vec_dot12): SmolLM2's output matrix, 49152 x 576 Q8_0 at 2 threads, 1.11 ->
 # 0.76-0.90 ms for two tokens, about one token's time.
-ROWS_ONE_AT_A_TIME = cpu_name().startswith("znver")
-ONE_ROW_FROM_BYTES = 400 if ROWS_ONE_AT_A_TIME else 1 << 62
+ONE_ROW_FROM_BYTES = 400 if IS_ZEN else 1 << 62
 
 
 @njit(cache=True)

@@ -22,11 +22,10 @@ from functools import partial
 import numpy as np
 
 from .aligned import empty_aligned
-from .dots_block32 import ROWS_ONE_AT_A_TIME
 from .formats import format_by_name
 from .reference import as_checked_bytes, check_shape
 from .registry import FLOAT, Q8_0, kernels_for
-from .simd import HAS_WIDE_TILES
+from .simd import HAS_WIDE_TILES, IS_ZEN
 
 
 class _ActivationScratch:
@@ -259,7 +258,7 @@ _PAD_ROWS = {3: 1, 7: 1} if HAS_WIDE_TILES else {7: 1}
 # the weights into the caches (10 rows through Gemma-3's output: 20.7-22.9 ms as 8 + 2, 24.3-25.1 ms padded). Where
 # long rows go one at a time (AMD), a pair streams in about one token's time and is not padded (Gemma-3's output
 # at 2 threads, Zen 4: 6.0 ms as a pair, 6.9 padded).
-_PAD_TWO_FROM_BYTES = 64 << 20 if HAS_WIDE_TILES and not ROWS_ONE_AT_A_TIME else None
+_PAD_TWO_FROM_BYTES = 64 << 20 if HAS_WIDE_TILES and not IS_ZEN else None
 
 
 def _tile_padding(n_tokens: int, weights) -> int:

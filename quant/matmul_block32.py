@@ -152,7 +152,8 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
         for r in range(r0, r2, 2):
@@ -161,7 +162,7 @@ def _row_block_q4_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r2, r1):
             out[t, r], out[t + 1, r] = vec_dot12_q4_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_0_q8_0(
@@ -334,7 +335,8 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q4_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
         for r in range(r0, r2, 2):
@@ -343,7 +345,7 @@ def _row_block_q4_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r2, r1):
             out[t, r], out[t + 1, r] = vec_dot12_q4_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q4_1_q8_0(
@@ -501,7 +503,8 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
         for r in range(r0, r2, 2):
@@ -510,7 +513,7 @@ def _row_block_q5_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, lane_s
         for r in range(r2, r1):
             out[t, r], out[t + 1, r] = vec_dot12_q5_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_0_q8_0(
@@ -685,7 +688,8 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q5_1(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, 2 * n8 * nb + 4 * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
         for r in range(r0, r2, 2):
@@ -694,7 +698,7 @@ def _row_block_q5_1(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, pairs,
         for r in range(r2, r1):
             out[t, r], out[t + 1, r] = vec_dot12_q5_1_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, xs, t * nb)
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q5_1_q8_0(
@@ -853,7 +857,8 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r0, r1):
             out[n8, r], out[n8 + 1, r], out[n8 + 2, r], out[n8 + 3, r] = tile4_q8_0(
                 w, r * row_bytes, nb, xp, n8 * n_in, xt, 2 * n8 * nb, xl)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     n2 = n_tokens - (n_tokens - n4) % 2
     for t in range(n4, n2, 2):
         for r in range(r0, r2, 2):
@@ -862,7 +867,7 @@ def _row_block_q8_0(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for r in range(r2, r1):
             out[t, r], out[t + 1, r] = vec_dot12_q8_0_q8_0(w, r * row_bytes, nb, xq, t * n_in, xd, t * nb)
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n2, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_q8_0_q8_0(
@@ -911,9 +916,10 @@ def _row_block_iq4_nl(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out)
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_iq4_nl_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n4, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_iq4_nl_q8_0(
@@ -962,9 +968,10 @@ def _row_block_mxfp4(w, row_bytes, rb, nb, n8, n4, xq, xd, xs, xp, xt, xl, out):
         for t in range(n8, n4, TOKEN_TILE):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = vec_dot4_mxfp4_q8_0(
                 w, r * row_bytes, nb, xq, t * n_in, n_in, xd, t * nb)
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range(n4, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_mxfp4_q8_0(

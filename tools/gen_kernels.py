@@ -101,9 +101,10 @@ $rows_doc
         for r in range(r0, r1):
             (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r], out[t + 6, r],
              out[t + 7, r]) = tile8_$fmt(w, r * row_bytes, nb, xp, t * n_in, xt, t * nb, $tile_last)$four_step
-    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else r1 - (r1 - r0) % 2  # rows [r0, r2) two at a time$pairs_step
+    even = r1 - (r1 - r0) % 2
+    r2 = r0 if row_bytes >= ONE_ROW_FROM_BYTES else even  # rows [r0, r2) two at a time$pairs_step
     if n4:  # a last token after the tiles reads its rows from the caches: two at a time
-        r2 = r1 - (r1 - r0) % 2
+        r2 = even
     for t in range($singles_from, n_tokens):
         for r in range(r0, r2, 2):
             out[t, r], out[t, r + 1] = vec_dot2_${fmt}_q8_0(

@@ -34,7 +34,8 @@ Kernels import every name from this package; the modules above are where each on
 """
 
 from .. import threading_layer as _threading_layer  # noqa: F401  (before any parallel kernel)
-from .host import HAS_AVX2, HAS_DOTPROD, HAS_I8MM, HAS_VNNI, HAS_WIDE_TILES, IS_AARCH64, NATIVE_F16, cpu_name
+from .host import (HAS_AVX2, HAS_DOTPROD, HAS_I8MM, HAS_VNNI, HAS_WIDE_TILES, IS_AARCH64, IS_ZEN, NATIVE_F16,
+                   cpu_name)
 from .vector_ir import F32x4, F32x8, F32x16, I8x32, I8x64, I32x8
 from .loads import (f16_bits_to_f32, f32_bits, load_bf16, load_f16, load_f16_pair, load_f16_portable, load_f32,
                     load_i32, load_i8, load_u32, load_u8, prefetch)
@@ -58,7 +59,7 @@ from .f32_lanes import (absmax_f32x32, f32x4_add, f32x4_lane, f32x4_mul, f32x4_z
 from .scalar_float import f32_from_bits, f32_shl23_add, f32_to_f16, f32_to_f16_portable, fma32, round_f16
 
 __all__ = ["F32x16", "F32x4", "F32x8", "HAS_AVX2", "HAS_DOTPROD", "HAS_I8MM", "HAS_VNNI", "HAS_WIDE_TILES", "I32x8",
-           "I8x32", "I8x64", "IS_AARCH64", "LANES", "NATIVE_F16", "TILE_START", "TILE_VECTORS", "absmax_f32x32",
+           "I8x32", "I8x64", "IS_AARCH64", "IS_ZEN", "LANES", "NATIVE_F16", "TILE_START", "TILE_VECTORS", "absmax_f32x32",
            "cpu_name", "dot4_u8x32_byte_scales", "dot_i8x32", "dot_i8x32_2scales", "dot_u8x32", "dot_u8x32_2scales",
            "dot_u8x32_plus", "dot_u8x32_scale_pair", "f16_bits_to_f32", "f32_bits", "f32_from_bits", "f32_shl23_add",
            "f32_to_f16", "f32_to_f16_portable", "f32x16_fma", "f32x16_halves", "f32x16_pair_scales",

@@ -102,3 +102,6 @@ HAS_I8MM = HAS_DOTPROD and _arm_has("i8mm")
 
 # 512-bit tile steps (simd.tiles_avx512) where the CPU also has AVX-512 with VNNI (docs/kernels.md has the gain).
 HAS_WIDE_TILES = HAS_VNNI and all(_host_has(f) for f in ("avx512f", "avx512bw", "avx512vnni"))
+# AMD's Zen cores, by the name Numba compiles for: they stream weights best with short prefetch hints and long rows
+# one at a time (quant.dots_block32, quant.linear; docs/kernels.md).
+IS_ZEN = cpu_name().startswith("znver")
