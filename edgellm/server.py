@@ -398,7 +398,7 @@ class Endpoints:
         self.limits = limits
         self.metrics = metrics or ServerMetrics()
         self.metrics.watch(queue_depth=lambda: self.slot.waiting, slots_busy=lambda: self.slot.in_use,
-                           slots_total=lambda: self.slot.n_slots)
+                           slots_total=lambda: self.slot.n_slots, decode_stats=lambda: scheduler.stats)
         self.created = int(time.time())
 
     async def health(self, request):

@@ -42,6 +42,7 @@ def test_small_abuse_run(llm, capsys):
     assert 0 < s["generated_tokens"] <= 3 * MAX_TOKENS and s["tokens_per_s"] > 0
     assert 0 < s["ttft_p50_s"] <= s["ttft_p99_s"] <= s["latency_p99_s"]
     assert s["rss_before_mb"] > 0 and s["rss_after_mb"] > 0
+    assert 0 < s["client_cpu_cores"] < os.cpu_count() + 1  # the client's own process time over the load's wall
 
 
 def test_errors_are_counted(llm, capsys):
@@ -61,13 +62,33 @@ def test_bench_server_speedups_pair_each_round_with_its_own_base(capsys):
     a ratio of medians, which a host whose speed drifts between rounds would skew), with its range beside it."""
     import bench_server
 
-    def r(tps, ttft=0.1, errors=0):
-        return {"tokens_per_s": tps, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "errors": errors}
-    rows = [("e", 1, 0, r(100.0)), ("e", 8, 0, r(300.0)), ("e", 1, 1, r(50.0)), ("e", 8, 1, r(160.0, errors=1)),
-            ("e", 1, 2, r(200.0)), ("e", 8, 2, r(620.0, 0.3))]
+    def r(tps, ttft=0.1, errors=0, cpu=0.1):
+        return {"tokens_per_s": tps, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "errors": errors,
+                "client_cpu_cores": cpu}
+    def steps(batch, ms):  # an edgellm row's step figures (another server's rows have none)
+        return {"mean_batch": batch, "step_ms": ms}
+    rows = [("e", 1, 0, r(100.0)), ("e", 8, 0, {**r(300.0, cpu=0.3), **steps(7.5, 15.0)}), ("e", 1, 1, r(50.0)),
+            ("e", 8, 1, {**r(160.0, errors=1, cpu=0.2), **steps(7.7, 17.0)}), ("e", 1, 2, r(200.0)),
+            ("e", 8, 2, {**r(620.0, 0.3, cpu=0.4), **steps(7.6, 16.0)})]
     bench_server.print_table(rows, 1, 3)
     lines = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in capsys.readouterr().out.splitlines()
              if line.startswith("| e |")}
     eight = [c.strip() for c in lines[("e", "8")].split("|")[1:-1]]
-    assert eight == ["e", "8", "300.0", "3.10x", "3.00-3.20x", "0.1", "0.2", "1"]  # ratios 3.0, 3.2, 3.1
+    assert eight == ["e", "8", "300.0", "3.10x", "3.00-3.20x", "0.1", "0.2", "0.3", "7.6", "16.0", "1"]  # ratios 3.0,
+    # 3.2, 3.1 and each column's median
+    assert [c.strip() for c in lines[("e", "1")].split("|")[-4:-2]] == ["-", "-"]
     assert [c.strip() for c in lines[("e", "1")].split("|")[3:6]] == ["100.0", "1.00x", "1.00-1.00x"]
+
+
+def test_bench_server_reads_the_step_counters_of_a_running_server(llm):
+    import bench_server
+    with BackgroundServer(create_app(llm)) as srv:
+        before = bench_server.step_counters(srv.base_url)
+        assert before == (0.0, 0.0, 0.0)
+        loadtest.main(["--url", srv.base_url, "--json", "--max-tokens", str(MAX_TOKENS), "--clients", "1",
+                       "--requests", "1", "--kind", "completion"])
+        after = bench_server.step_counters(srv.base_url)
+    assert after[0] == after[1] == MAX_TOKENS - 1 and after[2] > 0  # one sequence: every token fed but the last
+    assert bench_server.step_figures(before, after)["mean_batch"] == 1.0
+    assert bench_server.step_figures((10.0, 40.0, 0.5), (20.0, 115.0, 0.65)) == {"mean_batch": 7.5, "step_ms": 15.0}
+    assert bench_server.step_figures(None, after) == {} and bench_server.step_counters("http://127.0.0.1:9") is None

@@ -60,10 +60,31 @@ def test_metrics_count_requests_tokens_and_times_per_server(llm):
             m[("edgellm_prompt_cache_lookups_total", (("result", "miss"),))] == 2
         assert (m[("edgellm_queue_depth", ())], m[("edgellm_slots_busy", ())], m[("edgellm_slots", ())]) == (0, 0, 2)
         assert m[("edgellm_requests_in_flight", ())] == 1  # this scrape
+        # one request at a time: each decode step advanced one sequence, fed every token but each request's last
+        # (the first came from the prompt's logits)
+        steps = m[("edgellm_decode_steps_total", ())]
+        assert steps == r.usage.completion_tokens - 1 + usage.completion_tokens - 1
+        assert m[("edgellm_decode_sequences_total", ())] == steps
+        assert m[("edgellm_decode_seconds_total", ())] > 0
         # the other server's registry saw none of it
         o = scrape(other)
         assert o[("edgellm_generated_tokens_total", ())] == 0
         assert o[("edgellm_time_to_first_token_seconds_count", ())] == 0
+
+
+def test_decode_steps_count_the_sequences_batched_together(llm):
+    with serve(llm, parallel=2) as srv:
+        c = client_of(srv)
+        first = c.completions.create(model="m", prompt="Once upon a time", max_tokens=48, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})
+        next(iter(first))  # generating: the second joins it in the decode steps
+        second = c.completions.create(model="m", prompt="The sea was", max_tokens=48, temperature=0, stream=True,
+                                      extra_body={"ignore_eos": True})
+        list(second), list(first)
+        m = scrape(srv)
+        steps, sequences = m[("edgellm_decode_steps_total", ())], m[("edgellm_decode_sequences_total", ())]
+        assert sequences == 2 * 47  # each fed all its tokens but the last
+        assert steps < sequences <= 2 * steps
 
 
 def test_prompt_cache_hits_are_counted(llm):

@@ -7,8 +7,11 @@ the prompt cache and without.
         [--llama-server PATH] [--loadtest tools/loadtest.py] [--nice 10] [--returning 2000]
 
 The load itself is tools/loadtest.py (the official openai async client): aggregate generated tokens/s over the
-wall time, p50/p99 time to first token, errors. The speed-up is each row's tokens/s over the 1-client row's; with
---rounds N the client counts run N times in turn, and each speed-up is the median of its rounds' own ratios.
+wall time, p50/p99 time to first token, errors, and the CPU the client itself used (cores, over the wall time: on
+a machine it shares with the server, that much is taken from the server); for edgellm also, from its /metrics
+around each run, the mean batch (sequences a decode step) and a step's forward time. The speed-up is each row's
+tokens/s over the 1-client row's; with --rounds N the client counts run N times in turn, and each speed-up is the
+median of its rounds' own ratios.
 """
 from __future__ import annotations
 
@@ -88,6 +91,29 @@ def llama_server(exe, path, port, nice, n_ctx, threads, parallel):
                    "--threads", str(threads), "--threads-batch", str(threads), "--cont-batching"], port, nice)
 
 
+STEP_COUNTERS = ("edgellm_decode_steps_total", "edgellm_decode_sequences_total", "edgellm_decode_seconds_total")
+
+
+def step_counters(url):
+    """edgellm's decode step counters from /metrics (steps, sequences, seconds), or None from another server."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = dict(line.split()[:2] for line in text.splitlines() if line.startswith(STEP_COUNTERS))
+    return tuple(float(values[name]) for name in STEP_COUNTERS) if len(values) == len(STEP_COUNTERS) else None
+
+
+def step_figures(before, after) -> dict:
+    """The steps run between two step_counters readings: their mean batch (sequences a step) and a forward's ms."""
+    if before is None or after is None or after[0] <= before[0]:
+        return {}
+    steps = after[0] - before[0]
+    return {"mean_batch": round((after[1] - before[1]) / steps, 2),
+            "step_ms": round((after[2] - before[2]) * 1e3 / steps, 2)}
+
+
 def load(loadtest, url, clients, requests, max_tokens):
     out = subprocess.run([sys.executable, loadtest, "--url", url, "--clients", str(clients), "--requests",
                           str(requests), "--max-tokens", str(max_tokens), "--json"],
@@ -128,8 +154,8 @@ def print_table(rows, base_clients: int, rounds: int) -> None:
     speed-up of each round over that round's base count) and the speed-ups' range; errors summed."""
     several = rounds > 1
     print("\n| engine | clients | tokens/s | vs 1 client | " + ("range | " if several else "")
-          + "TTFT p50 s | TTFT p99 s | errors |")
-    print("| --- | --- | --- | --- | " + ("--- | " if several else "") + "--- | --- | --- |")
+          + "TTFT p50 s | TTFT p99 s | client CPU | batch | forward ms a step | errors |")
+    print("| --- | --- | --- | --- | " + ("--- | " if several else "") + "--- | --- | --- | --- | --- | --- |")
     for engine, n in dict.fromkeys((e, m) for e, m, _, _ in rows):
         mine = [(i, r) for e, m, i, r in rows if e == engine and m == n]
         base = {i: r["tokens_per_s"] for e, m, i, r in rows if e == engine and m == base_clients}
@@ -138,10 +164,12 @@ def print_table(rows, base_clients: int, rounds: int) -> None:
         spread = (f"{min(ratios):.2f}-{max(ratios):.2f}x | " if ratios else "- | ") if several else ""
 
         def median(key):
-            values = [r[key] for _, r in mine if r[key] is not None]
+            values = [r[key] for _, r in mine if r.get(key) is not None]
             return round(statistics.median(values), 4) if values else None
+        steps = " | ".join("-" if median(k) is None else str(median(k)) for k in ("mean_batch", "step_ms"))
         print(f"| {engine} | {n} | {median('tokens_per_s'):.1f} | {speedup} | {spread}{median('ttft_p50_s')} | "
-              f"{median('ttft_p99_s')} | {sum(r['errors'] for _, r in mine)} |")
+              f"{median('ttft_p99_s')} | {median('client_cpu_cores')} | {steps} | "
+              f"{sum(r['errors'] for _, r in mine)} |")
 
 
 def main(argv=None) -> int:
@@ -190,7 +218,9 @@ def main(argv=None) -> int:
         for i in range(args.rounds):
             for n in clients:
                 for engine, srv in servers:
+                    before = step_counters(srv.url)
                     r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
+                    r.update(step_figures(before, step_counters(srv.url)))
                     rows.append((engine, n, i, r))
                     print(json.dumps({"engine": engine, "clients": n, "round": i, **r}), flush=True)
     print_table(rows, min(clients), args.rounds)

@@ -47,6 +47,7 @@ class Outcome:
 class Report:
     outcomes: list = field(default_factory=list)
     wall_s: float = 0.0
+    cpu_s: float = 0.0        # this client's own CPU time over the load (process time, all its threads)
     rss_before: int | None = None
     rss_after: int | None = None
     after: dict | None = None  # --check-after's findings
@@ -62,6 +63,8 @@ class Report:
                "errors": sum(errors.values()), "error_kinds": errors,
                "by_kind": {k: sum(o.kind == k for o in self.outcomes) for k in sorted({o.kind for o in self.outcomes})},
                "generated_tokens": tokens, "wall_s": round(self.wall_s, 3),
+               # on a machine it shares with the server, the client's CPU is taken from the server's
+               "client_cpu_cores": round(self.cpu_s / self.wall_s, 3) if self.wall_s > 0 else 0.0,
                "tokens_per_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 else 0.0,
                "ttft_p50_s": percentile([o.ttft_s for o in normal if o.ttft_s is not None], 0.50),
                "ttft_p99_s": percentile([o.ttft_s for o in normal if o.ttft_s is not None], 0.99),
@@ -176,9 +179,9 @@ async def run(args) -> Report:
         async with gate:
             return await one_request(client, args, role, random.Random(seed))
 
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     report.outcomes = await asyncio.gather(*(limited(role, rng.random()) for role in roles(args, rng)))
-    report.wall_s = time.monotonic() - t0
+    report.wall_s, report.cpu_s = time.monotonic() - t0, time.process_time() - c0
     if args.pid or args.check_after:
         await asyncio.sleep(args.settle_s)  # let the server finish what the abandoned requests left
     if args.pid:
@@ -215,6 +218,7 @@ def format_summary(s: dict) -> str:
     lines = [f"requests {s['requests']}: ok {s['ok']}, errors {s['errors']} {s['error_kinds'] or ''}",
              f"kinds: {s['by_kind']}",
              f"generated {s['generated_tokens']} tokens in {s['wall_s']} s: {s['tokens_per_s']} tokens/s aggregate",
+             f"this client used {s['client_cpu_cores']} CPU cores meanwhile",
              f"TTFT p50 {s['ttft_p50_s']} s, p99 {s['ttft_p99_s']} s; "
              f"latency p50 {s['latency_p50_s']} s, p99 {s['latency_p99_s']} s"]
     if "rss_before_mb" in s:

@@ -244,8 +244,8 @@ class Scheduler:
         self._closed = False
         self.stats = {"requests": 0, "finished": 0, "cancelled": 0, "stalled": 0, "failed": 0,
                       "prompt_tokens": 0, "prefilled_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                      "decode_steps": 0, "prefill_chunks": 0, "mixed_steps": 0, "draft_tokens": 0,
-                      "accepted_tokens": 0, "shared_tokens": 0}
+                      "decode_steps": 0, "decode_sequences": 0, "decode_s": 0.0, "prefill_chunks": 0, "mixed_steps": 0,
+                      "draft_tokens": 0, "accepted_tokens": 0, "shared_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="edgellm-scheduler", daemon=True)
         self._thread.start()
 
@@ -646,6 +646,8 @@ class Scheduler:
             return
         step_s = time.perf_counter() - t0
         self.stats["decode_steps"] += 1
+        self.stats["decode_sequences"] += len(stepped)
+        self.stats["decode_s"] += step_s
         if chunk is not None:
             self.stats["mixed_steps"] += 1
             self._chunk_done(chunk, rows[len(stepped)])

@@ -2,7 +2,8 @@
 servers in one process, as in tests, keep apart counts).
 
 The endpoints and the model's scheduler report through the hooks here: `generation(...)` once per finished
-request, `prompt_cache(...)` per lookup, and `watch(...)` for the queue and slot gauges, read at scrape time.
+request, `prompt_cache(...)` per lookup, and `watch(...)` for the queue and slot gauges and the scheduler's decode
+step counters, read at scrape time.
 `RequestCounter` is ASGI middleware counting every answered request by endpoint and status.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 # seconds: from a few ms (a cached prompt) to minutes (a long prompt on a slow CPU)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,12 +48,15 @@ class ServerMetrics:
                                       "second after its first", buckets=RATE_BUCKETS, registry=r)
 
     # -- hooks ---------------------------------------------------------------------------------------------------
-    def watch(self, queue_depth=None, slots_busy=None, slots_total=None) -> None:
-        """Callables read at each scrape, so the gauges are never stale."""
+    def watch(self, queue_depth=None, slots_busy=None, slots_total=None, decode_stats=None) -> None:
+        """Callables read at each scrape, so the gauges are never stale. decode_stats: () -> the scheduler's stats
+        dict, for the decode step counters (_DecodeSteps)."""
         for gauge, fn in ((self.queue_depth, queue_depth), (self.slots_busy, slots_busy),
                           (self.slots_total, slots_total)):
             if fn is not None:
                 gauge.set_function(fn)
+        if decode_stats is not None:
+            self.registry.register(_DecodeSteps(decode_stats))
 
     def generation(self, prompt_tokens: int, generated_tokens: int, ttft_s: float | None = None,
                    duration_s: float | None = None, decode_s: float | None = None, draft_tokens: int = 0,
@@ -80,6 +85,24 @@ class ServerMetrics:
 
     def endpoint(self, path: str) -> str:
         return path if path in self.known_paths else "other"  # unknown paths would make labels unbounded
+
+
+class _DecodeSteps:
+    """The scheduler's batched forward passes as counters (llama-server's n_decode_total and busy slots per decode):
+    sequences over steps is the mean batch, seconds over steps a step's time."""
+
+    FIELDS = (("edgellm_decode_steps", "decode_steps", "forward passes that advanced generating sequences"),
+              ("edgellm_decode_sequences", "decode_sequences", "sequences those forward passes advanced (over the "
+               "steps: the mean batch)"),
+              ("edgellm_decode_seconds", "decode_s", "seconds spent in those forward passes"))
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        stats = self.stats()
+        for name, key, doc in self.FIELDS:
+            yield CounterMetricFamily(name, doc, value=stats[key])
 
 
 class RequestCounter:
