@@ -29,6 +29,8 @@ import urllib.request
 
 import openai
 
+from loadtest import metric_samples  # (tools/ is this script's directory)
+
 LLAMA_PYTHON = "/work/llama-venv/bin/python"
 STARTUP_S = 600  # a first start compiles the kernels
 
@@ -101,8 +103,8 @@ def step_counters(url):
             text = r.read().decode()
     except OSError:
         return None
-    values = dict(line.split()[:2] for line in text.splitlines() if line.startswith(STEP_COUNTERS))
-    return tuple(float(values[name]) for name in STEP_COUNTERS) if len(values) == len(STEP_COUNTERS) else None
+    values = metric_samples(text, STEP_COUNTERS)
+    return tuple(values[name] for name in STEP_COUNTERS) if len(values) == len(STEP_COUNTERS) else None
 
 
 def step_figures(before, after) -> dict:

@@ -205,13 +205,22 @@ async def check_after(client, args) -> dict:
     try:
         text = httpx.get(args.url.rstrip("/") + "/metrics", timeout=30,
                          headers={"Authorization": f"Bearer {args.api_key}"}).text
-        for line in text.splitlines():
-            for gauge in ("edgellm_slots_busy", "edgellm_queue_depth", "edgellm_requests_in_flight"):
-                if line.startswith(gauge + " "):
-                    after[gauge.removeprefix("edgellm_")] = float(line.split()[1])
+        gauges = ("edgellm_slots_busy", "edgellm_queue_depth", "edgellm_requests_in_flight")
+        for name, value in metric_samples(text, gauges).items():
+            after[name.removeprefix("edgellm_")] = value
     except httpx.HTTPError:
         pass
     return after
+
+
+def metric_samples(text: str, names) -> dict:
+    """{name: value} of the unlabelled samples of these names on a Prometheus text page (names it lacks left out)."""
+    wanted, found = set(names), {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name in wanted:
+            found[name] = float(rest.split()[0])
+    return found
 
 
 def format_summary(s: dict) -> str:
