@@ -521,8 +521,8 @@ class Model:
                 if logits is None or self._cancel_requested.is_set():
                     seq.stop_reason = "cancelled"
                     break
-                check_finite(logits, f"after {len(seq.history)} tokens")
-                event = seq.step(logits)
+                scanned = check_finite(logits, f"after {len(seq.history)} tokens")
+                event = seq.step(logits, scanned=scanned)
                 if event is None:
                     break
                 yield event
@@ -535,8 +535,8 @@ class Model:
                     # the target's row after each drafted token, in order, while the drafts are accepted
                     accepted, logits = 0, draft.rows[-1]
                     for row, choice in zip(draft.rows, draft.choices):
-                        check_finite(row, f"after {len(seq.history)} tokens")
-                        event = seq.step(row, choice)
+                        scanned = check_finite(row, f"after {len(seq.history)} tokens")
+                        event = seq.step(row, choice, scanned)
                         if event is None:
                             break
                         yield event

@@ -97,8 +97,9 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
                     seq.stop_reason, seq.done = "cancelled", True
                     event = None
                 else:
-                    check_finite(pending[slot], f"of batch sequence {seq.index} after {len(seq.history)} tokens")
-                    event = seq.step(pending[slot])
+                    scanned = check_finite(pending[slot],
+                                           f"of batch sequence {seq.index} after {len(seq.history)} tokens")
+                    event = seq.step(pending[slot], scanned=scanned)
                 if event is not None and event[0]:
                     yield seq.index, event[0]
                 if seq.done:

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from edgellm.errors import NumericalError, SamplingError
+from edgellm.generation import logit_scan
 from edgellm.generation.results import Completion, TokenInfo, top_logprobs_entry
 from edgellm.generation.sampling import Sampler, token_logprobs
 from edgellm.generation.textstream import TextStream
@@ -25,16 +26,34 @@ def max_new_tokens(requested, n_ctx: int, n_prompt: int, context_shift: bool) ->
     return requested if context_shift else min(requested, limit)
 
 
-def check_finite(logits: np.ndarray, where: str) -> None:
-    """NumericalError when a row of logits holds NaN or Inf, before anything is sampled from it."""
-    # one reduction over a bool array: small beside a decode step, even for a 262,144-token vocabulary
-    if np.isfinite(logits).all():
-        return
+def _scannable(row) -> bool:
+    return row.ndim == 1 and row.dtype == np.float32 and row.flags.c_contiguous
+
+
+def check_finite(logits: np.ndarray, where: str, found=None):
+    """NumericalError when a row of logits holds NaN or Inf, before anything is sampled from it. Returns what
+    the compiled pass found (SequenceState.step's `scanned`), or None where numpy checked. found: take_row's
+    scan of this row, so that it is not read again."""
+    if found is not None or _scannable(logits):
+        n_bad, top_id, keys = logit_scan.scan(logits) if found is None else found  # one pass, no temporaries
+        if n_bad == 0:
+            return int(top_id), keys
+    elif np.isfinite(logits).all():
+        return None
     n_nan = int(np.isnan(logits).sum())
     n_inf = int(np.isinf(logits).sum())
     raise NumericalError(f"the model's logits {where} hold {n_nan} NaN and {n_inf} Inf of {logits.size} values: "
                          "a weight of this file is corrupt or overflows float32 (e.g. huge quantization "
                          "scales); nothing was sampled")
+
+
+def take_row(row: np.ndarray):
+    """(a copy of a row of logits, its scan for check_finite's `found`, or None) in one pass over the row: the
+    engine reuses its logits buffer, so a row sampled after the next forward is copied out first."""
+    if not _scannable(row):
+        return np.array(row, copy=True), None
+    copy = np.empty_like(row)
+    return copy, logit_scan.scan(row, copy)
 
 
 def logit_bias_arrays(opts, n_vocab: int):
@@ -68,10 +87,11 @@ class SequenceState:
             from edgellm.generation.constrain import SequenceConstraint  # (imported only where one is asked for)
             self.constraint = SequenceConstraint(opts.constraint, model.tokenizer, model.n_vocab)
 
-    def step(self, logits: np.ndarray, draft=None):
+    def step(self, logits: np.ndarray, draft=None, scanned=None):
         """The next token from this row of logits: (text piece, TokenInfo), or None at end-of-generation.
         draft: (token, q_ids, q_probs) a drafter proposed here (edgellm.generation.speculative): the token is
-        chosen by the rejection rule (Sampler.sample_draft), equal to the draft exactly when it is accepted."""
+        chosen by the rejection rule (Sampler.sample_draft), equal to the draft exactly when it is accepted.
+        scanned: check_finite's result for this row, which the sampler reuses while the scores are the row."""
         opts, tok = self.opts, self.model.tokenizer
         ts = time.perf_counter()
         scores = logits
@@ -83,10 +103,11 @@ class SequenceState:
                                 dtype=np.float32)
         if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
             scores = self.constraint.mask(scores, self.max_tokens - len(self.generated))
+        scanned = scanned if scores is logits else None
         if draft is None:
-            token = self.sampler.sample(scores, self.history)
+            token = self.sampler.sample(scores, self.history, scanned)
         else:
-            token = self.sampler.sample_draft(scores, self.history, *draft)
+            token = self.sampler.sample_draft(scores, self.history, *draft, scanned=scanned)
         if self.constraint is not None:  # near max_tokens, a token that leaves no room to complete is replaced
             token = self.constraint.vet(token, self.max_tokens - len(self.generated))
         self.sample_s += time.perf_counter() - ts

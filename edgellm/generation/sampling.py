@@ -22,6 +22,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from edgellm.errors import SamplingError
+from edgellm.generation import logit_scan
 
 MIN_KEEP = 1  # llama-cpp-python passes min_keep = max(1, n_probs) with n_probs = 0
 
@@ -107,9 +108,21 @@ def _check_seed(seed) -> int | None:
 
 def as_logits(logits) -> np.ndarray:
     """The logits as a 1-D float32 array, refusing NaN and +Inf (-Inf is allowed: it is how a token is banned)."""
+    return _checked(logits)[0]
+
+
+def _checked(logits, scanned=None) -> tuple[np.ndarray, tuple | None]:
+    """as_logits, with (np.argmax, chunk maxima) of the row when a compiled pass found every value finite (this
+    one, or `scanned`: decoding.check_finite's of the same row), else None."""
     x = np.asarray(logits, dtype=np.float32)
     if x.ndim != 1 or x.size == 0:
         raise SamplingError(f"logits must be a non-empty 1-D array of n_vocab values, got shape {x.shape}")
+    if scanned is not None:
+        return x, scanned
+    if x.flags.c_contiguous:
+        n_bad, top_id, keys = logit_scan.scan(x)
+        if n_bad == 0:
+            return x, (int(top_id), keys)
     # one reduction finds both problems: max() is NaN if any entry is NaN, +inf if any is +inf
     top = x.max()
     if np.isnan(top):
@@ -119,7 +132,7 @@ def as_logits(logits) -> np.ndarray:
                             "the forward pass overflowed")
     if top == -np.inf:
         raise SamplingError("every logit is -Inf: no token can be sampled")
-    return x
+    return x, None
 
 
 class Candidates(NamedTuple):
@@ -300,15 +313,19 @@ class Sampler:
             self.seed = _check_seed(seed)
         self._rng = np.random.default_rng(self.seed)
 
-    def candidates(self, logits, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-        """The distribution the draw uses: surviving token ids and their probabilities (after temperature)."""
+    def candidates(self, logits, history: Sequence[int] = (), scanned=None) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution the draw uses: surviving token ids and their probabilities (after temperature).
+        scanned: decoding.check_finite's result for this very row, so that it is not read again."""
         params = self.params
-        x = apply_penalties(as_logits(logits), history, params)
+        raw, scanned = _checked(logits, scanned)
+        x = apply_penalties(raw, history, params)
+        same = scanned is not None and x is raw  # penalties change nothing (the usual case): the scan holds
         if params.greedy:
-            return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
+            return np.array([scanned[0] if same else int(np.argmax(x))], dtype=np.int64), np.ones(1)
         if 0 < params.top_k < x.size:
-            # the usual path: skip building the full-vocabulary id array
-            top = top_k_indices(x, params.top_k)
+            # the usual path: skip building the full-vocabulary id array; compiled where the row is contiguous
+            top = (logit_scan.top_k(x, params.top_k, scanned[1] if same else None) if x.flags.c_contiguous
+                   else top_k_indices(x, params.top_k))
             cand = Candidates(top, x[top], True)
         else:
             cand = top_k_filter(Candidates.full(x), params.top_k)
@@ -318,8 +335,8 @@ class Sampler:
         scaled = cand.logits.astype(np.float64) / params.temperature
         return cand.ids, _softmax64(scaled)
 
-    def sample(self, logits, history: Sequence[int] = ()) -> int:
-        ids, probs = self.candidates(logits, history)
+    def sample(self, logits, history: Sequence[int] = (), scanned=None) -> int:
+        ids, probs = self.candidates(logits, history, scanned)
         if ids.size == 1:
             return int(ids[0])
         # first token whose running mass exceeds u: a zero-probability token is never chosen
@@ -328,13 +345,14 @@ class Sampler:
         return int(ids[min(i, ids.size - 1)])
 
 
-    def sample_draft(self, logits, history: Sequence[int], token: int, q_ids=None, q_probs=None) -> int:
+    def sample_draft(self, logits, history: Sequence[int], token: int, q_ids=None, q_probs=None,
+                     scanned=None) -> int:
         """The next token when a drafter proposed `token`, drawn from q (q_ids, q_probs; None: a point mass, as
         prompt lookup and greedy drafts are): speculative sampling's rejection rule, whose output is distributed
         as sample()'s. Keep `token` with probability min(1, p(token) / q(token)); else draw from the residual
         max(p - q, 0), normalised, which never holds `token`. Greedy (one candidate) it keeps `token` exactly
         when it is the argmax, and draws nothing from the random stream."""
-        ids, probs = self.candidates(logits, history)
+        ids, probs = self.candidates(logits, history, scanned)
         if ids.size == 1:
             return int(ids[0])
         is_token = ids == token

@@ -48,7 +48,7 @@ import numpy as np
 
 from edgellm.engine import prefix, validate
 from edgellm.errors import EdgeLLMError, SamplingError, ServerClosing
-from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
+from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens, take_row
 from edgellm.generation.results import Completion
 from edgellm.generation.sampling import Sampler
 from edgellm.generation import cost_store, speculative as speculative_mod
@@ -136,6 +136,7 @@ class _Slot:
         self.seq: SequenceState | None = None
         self.batches: list = []      # prompt chunks still to run
         self.logits = None           # the row to sample the next token from
+        self.found = None            # what take_row's scan found in it
         self.pending = None          # or: a token sampled but not yet fed (a draft's rejection gave it)
         self.spec = None             # the request's Speculator (speculative decoding), or None
         self.drafter = None          # a draft model's DraftModel on this slot's own draft cache
@@ -510,7 +511,7 @@ class Scheduler:
         slot.kinds += prefix.kinds_of([(b0, b1)], self.row_kinds).tolist()  # as this chunk ran
         self._note_shifts(slot)
         if not slot.batches:
-            slot.logits = np.array(logits, copy=True)
+            slot.logits, slot.found = take_row(logits)
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
 
@@ -559,7 +560,7 @@ class Scheduler:
             slot.paused_since = None
             progressed = True
             if slot.pending is None:
-                if not self._sample(slot, slot.logits):
+                if not self._sample(slot, slot.logits, found=slot.found):
                     continue
             fed, choices, draft_s = [slot.pending if slot.pending is not None else seq.generated[-1]], [], 0.0
             slot.pending = None
@@ -605,13 +606,14 @@ class Scheduler:
                 stepped[j][2] = proposed[1]
         stepped[drafting[0][0]][3] = time.perf_counter() - t0
 
-    def _sample(self, slot, row, choice=None, finish: bool = True) -> bool:
-        """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given);
-        False when the sequence ended (failed, or done: then finished unless finish is False)."""
+    def _sample(self, slot, row, choice=None, finish: bool = True, found=None) -> bool:
+        """One token of slot's sequence from this row of logits (checked by the choice of a draft, when given;
+        found: take_row's scan of the row); False when the sequence ended (failed, or done: then finished unless
+        finish is False)."""
         request, seq = slot.request, slot.seq
         try:
-            check_finite(row, f"after {len(seq.history)} tokens")
-            event = seq.step(row, choice)
+            scanned = check_finite(row, f"after {len(seq.history)} tokens", found)
+            event = seq.step(row, choice, scanned)
         except EdgeLLMError as e:
             self._fail(slot, e)
             return False
@@ -665,7 +667,7 @@ class Scheduler:
             slot.tokens += fed
             slot.kinds += [self.decode_kind] * len(fed)
             if not choices:
-                slot.logits = np.array(own[0], copy=True)  # the engine reuses its logits buffer
+                slot.logits, slot.found = take_row(own[0])  # the engine reuses its logits buffer
                 self._note_shifts(slot)
                 continue
             accepted, seq, spec = 0, slot.seq, slot.spec  # (the walk may end the request and free the slot)
@@ -692,7 +694,7 @@ class Scheduler:
             if rejected:
                 slot.logits, slot.pending = None, slot.seq.generated[-1]  # the target's own token, fed next step
             else:
-                slot.logits = np.array(own[-1], copy=True)
+                slot.logits, slot.found = take_row(own[-1])
 
     @staticmethod
     def _check_time(request, seq) -> None:
@@ -735,6 +737,6 @@ class Scheduler:
 
     def _free(self, slot) -> None:
         slot.batches = []  # cut mid-prompt: the whole chunks that ran stay in the cache, and in slot.tokens
-        slot.request = slot.seq = slot.logits = slot.pending = slot.spec = None
+        slot.request = slot.seq = slot.logits = slot.found = slot.pending = slot.spec = None
         slot.paused_since = None
         slot.last_used = time.monotonic()
