@@ -196,6 +196,11 @@ def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
     return cand[order]
 
 
+def _top_k(x: np.ndarray, k: int, keys=None) -> np.ndarray:
+    """top_k_indices(x, k) for a checked row (no NaN), compiled where the row is contiguous; keys: its scan's."""
+    return logit_scan.top_k(x, k, keys) if x.flags.c_contiguous else top_k_indices(x, k)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Chain stages
 # ---------------------------------------------------------------------------------------------------------------
@@ -323,9 +328,7 @@ class Sampler:
         if params.greedy:
             return np.array([scanned[0] if same else int(np.argmax(x))], dtype=np.int64), np.ones(1)
         if 0 < params.top_k < x.size:
-            # the usual path: skip building the full-vocabulary id array; compiled where the row is contiguous
-            top = (logit_scan.top_k(x, params.top_k, scanned[1] if same else None) if x.flags.c_contiguous
-                   else top_k_indices(x, params.top_k))
+            top = _top_k(x, params.top_k, scanned[1] if same else None)  # no full-vocabulary id array
             cand = Candidates(top, x[top], True)
         else:
             cand = top_k_filter(Candidates.full(x), params.top_k)
@@ -414,6 +417,6 @@ def token_logprobs(logits, token_id: int, top_n: int = 0) -> TokenLogprobs:
     if not 0 <= token_id < x.size:
         raise SamplingError(f"token id {token_id} is outside the vocabulary [0, {x.size})")
     lse = _log_sum_exp(x)
-    top = top_k_indices(x, int(top_n)) if top_n > 0 else np.empty(0, dtype=np.int64)
+    top = _top_k(x, int(top_n)) if top_n > 0 else np.empty(0, dtype=np.int64)
     return TokenLogprobs(int(token_id), float(x[token_id]) - lse, [int(i) for i in top],
                          [float(x[i]) - lse for i in top])
