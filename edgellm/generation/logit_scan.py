@@ -66,13 +66,36 @@ def _value_of(x, keys, key):
 def _kth_largest(keys, k):
     """The k-th largest of keys (0 < k <= keys.size), by a running set of the k largest: on a row's chunk maxima
     few replace one, which makes it cheaper than numba's np.partition there."""
-    best = keys[:k].copy()
-    low = best.argmin()
+    best = np.empty(k, np.int32)
+    for c in range(k):
+        best[c] = keys[c]
+    low = _argmin(best)
     for c in range(k, keys.shape[0]):
         if keys[c] > best[low]:
             best[low] = keys[c]
-            low = best.argmin()
+            low = _argmin(best)
     return best[low]
+
+
+# Loops rather than array methods (.max(), .argmin(), .copy()): a cached kernel that calls one makes Numba load its
+# whole array-math registry when the kernel is loaded (quant.cache_load's light path, tests/test_warmup.py).
+
+
+@njit(cache=True, nogil=True)
+def _argmin(v):
+    low = 0
+    for i in range(1, v.shape[0]):
+        if v[i] < v[low]:
+            low = i
+    return low
+
+
+@njit(cache=True, nogil=True)
+def _max(v):
+    top = v[0]
+    for i in range(1, v.shape[0]):
+        top = max(top, v[i])
+    return top
 
 
 @njit(cache=True, nogil=True)
@@ -95,7 +118,7 @@ def _scan(x, copy):
     bad = _chunk_maxima(x.view(np.int32), keys, copy)
     if n == 0:
         return bad, -1, keys
-    top_key = keys.max()
+    top_key = _max(keys)
     top = _value_of(x, keys, top_key)
     low = _low_key(top, top_key)
     for c in range(keys.shape[0]):  # the first value equal to the largest, as np.argmax
