@@ -16,7 +16,7 @@ import numpy as np
 
 from edgellm.engine import validate
 from edgellm.errors import Cancelled, PromptError, SamplingError
-from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
+from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens, take_row
 from edgellm.generation.options import MODEL_DEFAULT, parse_options
 
 # Model -> ((n_seq, seq_ctx), its KV pool): the caches of the last batch shape, kept between calls of that shape
@@ -69,6 +69,7 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
         free = list(range(n_parallel))[::-1]
         active = {}   # slot -> SequenceState
         pending = {}  # slot -> logits row to sample from next
+        found = {}    # slot -> take_row's scan of a prompt's row (copied out of the engine's buffer)
         while queue or active:
             while free and queue:  # a free slot takes the next queued prompt: prefilled alone in its cache
                 index, slot = queue.popleft(), free.pop()
@@ -83,7 +84,8 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
                     seq.stop_reason, seq.done = "cancelled", True
                 if not seq.done:  # (max_tokens 0 is done at once)
                     try:
-                        pending[slot] = fm.forward(np.asarray(ids, dtype=np.int32), cache=cache)[-1].copy()
+                        pending[slot], found[slot] = take_row(fm.forward(np.asarray(ids, dtype=np.int32),
+                                                                         cache=cache)[-1])
                         active[slot] = seq
                         continue
                     except Cancelled:  # cancel() during this prompt: whole batches ran, the cache is dropped
@@ -97,8 +99,8 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
                     seq.stop_reason, seq.done = "cancelled", True
                     event = None
                 else:
-                    scanned = check_finite(pending[slot],
-                                           f"of batch sequence {seq.index} after {len(seq.history)} tokens")
+                    scanned = check_finite(pending[slot], f"of batch sequence {seq.index} after "
+                                           f"{len(seq.history)} tokens", found.pop(slot, None))
                     event = seq.step(pending[slot], scanned=scanned)
                 if event is not None and event[0]:
                     yield seq.index, event[0]
@@ -112,6 +114,7 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
                 else:
                     step_slots.append(slot)
             pending.clear()
+            found.clear()
             if step_slots:
                 tokens = [active[slot].generated[-1] for slot in step_slots]
                 logits = fm.forward_multi(tokens, [pool.caches[slot] for slot in step_slots])
