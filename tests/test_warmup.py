@@ -1,5 +1,5 @@
-"""`edgellm warmup` on each real model into an empty Numba cache, then a fresh process that must compile nothing:
-every kernel comes from the cache through quant.cache_load's light path (no registry refresh: a cached kernel that
+"""`edgellm warmup` on each real model into an empty Numba cache, then a fresh process that must compile nothing,
+the server's scheduler included: every kernel comes from the cache through quant.cache_load's light path (no registry refresh: a cached kernel that
 used an array method such as .any() would pull Numba's array-math registry in at load), and its logits are still
 llama.cpp's. And the README's first command, `edgellm run`, into an empty cache: what it shows while compiling,
 and a timing line that leaves compilation out."""
@@ -28,6 +28,16 @@ path, ref = sys.argv[1], sys.argv[2]
 with count_compiles() as compiled:
     m = edgellm.load(path, n_threads=2, n_ctx=512)
     exercise(m)
+    # what a server's first requests run: the scheduler, a chat prompt in chunks, greedy and sampled
+    from edgellm.generation.options import parse_options
+    from edgellm.generation.scheduler import Scheduler
+    scheduler = Scheduler(m, 2)
+    ids = m.chat_prompt_ids([{"role": "user", "content": "Hi there"}])
+    served = [scheduler.submit(ids, parse_options("t", {"temperature": t, "max_tokens": 4, "seed": 1}, {}))
+              for t in (0, 0.8)]
+    for request in served:
+        list(request.events())
+    scheduler.close()
     npz = np.load(ref)
     m.model.reset()
     logits = m.model.forward(npz["p0_ids"], all_logits=True)

@@ -75,6 +75,7 @@ def exercise(m, paths=PATHS) -> None:
     if "prompt" in paths:
         m.generate(WARMUP_TEXT, max_tokens=WARMUP_TOKENS)                  # prompt kernels, then greedy decode
     if "sampling" in paths:
-        m.generate("Hello", max_tokens=3, temperature=0.8, top_k=40, top_p=0.95, seed=0)
+        # a prompt of a few tokens: attention over so short a span runs its serial kernels (as a server's chunks can)
+        m.generate("Hello, how are you today?", max_tokens=3, temperature=0.8, top_k=40, top_p=0.95, seed=0)
     if "batch" in paths:
         m.generate_batch([WARMUP_TEXT, "Hello"], max_tokens=3)             # pooled batched decode
