@@ -100,10 +100,9 @@ def step_counters(url):
     """edgellm's decode step counters from /metrics (steps, sequences, seconds), or None from another server."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-            text = r.read().decode()
-    except OSError:
+            values = metric_samples(r.read().decode(), STEP_COUNTERS)
+    except (OSError, ValueError):  # no /metrics, or not Prometheus's text
         return None
-    values = metric_samples(text, STEP_COUNTERS)
     return tuple(values[name] for name in STEP_COUNTERS) if len(values) == len(STEP_COUNTERS) else None
 
 

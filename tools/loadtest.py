@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 QUESTION = "Write a short story about a lighthouse keeper."  # chats
 OPENING = "Once upon a time, in a lighthouse by the sea, there lived"  # completions: a text to continue
@@ -208,19 +209,17 @@ async def check_after(client, args) -> dict:
         gauges = ("edgellm_slots_busy", "edgellm_queue_depth", "edgellm_requests_in_flight")
         for name, value in metric_samples(text, gauges).items():
             after[name.removeprefix("edgellm_")] = value
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # no /metrics, or not Prometheus's text: another server
         pass
     return after
 
 
 def metric_samples(text: str, names) -> dict:
-    """{name: value} of the unlabelled samples of these names on a Prometheus text page (names it lacks left out)."""
-    wanted, found = set(names), {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(" ")
-        if name in wanted:
-            found[name] = float(rest.split()[0])
-    return found
+    """{name: value} of the unlabelled samples of these names on a Prometheus text page (names it lacks left out),
+    read by prometheus-client's own parser; ValueError when the page is not in that format."""
+    wanted = set(names)
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name in wanted and not s.labels}
 
 
 def format_summary(s: dict) -> str:
