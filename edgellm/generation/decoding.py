@@ -26,15 +26,11 @@ def max_new_tokens(requested, n_ctx: int, n_prompt: int, context_shift: bool) ->
     return requested if context_shift else min(requested, limit)
 
 
-def _scannable(row) -> bool:
-    return row.ndim == 1 and row.dtype == np.float32 and row.flags.c_contiguous
-
-
 def check_finite(logits: np.ndarray, where: str, found=None):
     """NumericalError when a row of logits holds NaN or Inf, before anything is sampled from it. Returns what
     the compiled pass found (SequenceState.step's `scanned`), or None where numpy checked. found: take_row's
     scan of this row, so that it is not read again."""
-    if found is not None or _scannable(logits):
+    if found is not None or logit_scan.readable(logits):
         n_bad, top_id, keys = logit_scan.scan(logits) if found is None else found  # one pass, no temporaries
         if n_bad == 0:
             return int(top_id), keys
@@ -50,7 +46,7 @@ def check_finite(logits: np.ndarray, where: str, found=None):
 def take_row(row: np.ndarray):
     """(a copy of a row of logits, its scan for check_finite's `found`, or None) in one pass over the row: the
     engine reuses its logits buffer, so a row sampled after the next forward is copied out first."""
-    if not _scannable(row):
+    if not logit_scan.readable(row):
         return np.array(row, copy=True), None
     copy = np.empty_like(row)
     return copy, logit_scan.scan(row, copy)

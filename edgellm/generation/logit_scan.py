@@ -104,6 +104,11 @@ def _low_key(value, key):
     return _KEY_MINUS_ZERO if value == 0 else key
 
 
+def readable(x) -> bool:
+    """Whether these passes can read x: a 1-D C-contiguous float32 array (others take numpy's path)."""
+    return x.ndim == 1 and x.dtype == np.float32 and x.flags.c_contiguous
+
+
 def scan(x, copy=None):
     """(how many values of x are NaN or +-Inf, np.argmax(x), the chunk maxima top_k can reuse) for a 1-D
     C-contiguous float32 x; the index and maxima hold only when the count is zero. copy: an array like x that

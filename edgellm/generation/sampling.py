@@ -119,7 +119,7 @@ def _checked(logits, scanned=None) -> tuple[np.ndarray, tuple | None]:
         raise SamplingError(f"logits must be a non-empty 1-D array of n_vocab values, got shape {x.shape}")
     if scanned is not None:
         return x, scanned
-    if x.flags.c_contiguous:
+    if logit_scan.readable(x):
         n_bad, top_id, keys = logit_scan.scan(x)
         if n_bad == 0:
             return x, (int(top_id), keys)
@@ -197,8 +197,8 @@ def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def _top_k(x: np.ndarray, k: int, keys=None) -> np.ndarray:
-    """top_k_indices(x, k) for a checked row (no NaN), compiled where the row is contiguous; keys: its scan's."""
-    return logit_scan.top_k(x, k, keys) if x.flags.c_contiguous else top_k_indices(x, k)
+    """top_k_indices(x, k) for a checked row (no NaN), compiled where logit_scan can read it; keys: its scan's."""
+    return logit_scan.top_k(x, k, keys) if logit_scan.readable(x) else top_k_indices(x, k)
 
 
 # ---------------------------------------------------------------------------------------------------------------
