@@ -54,10 +54,11 @@ def _chunk_maxima(bits, keys, copy):
 @njit(cache=True, nogil=True)
 def _value_of(x, keys, key):
     """The float whose key is `key`, found in the first chunk whose maximum it is."""
+    bits = x.view(np.int32)
     for c in range(keys.shape[0]):
         if keys[c] == key:
             for i in range(c * CHUNK, min(x.shape[0], c * CHUNK + CHUNK)):
-                if _key(x.view(np.int32)[i]) == key:
+                if _key(bits[i]) == key:
                     return x[i]
     return np.float32(np.nan)
 
