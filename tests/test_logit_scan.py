@@ -6,7 +6,7 @@ import pytest
 from edgellm.errors import NumericalError, SamplingError
 from edgellm.generation import logit_scan
 from edgellm.generation.decoding import check_finite, take_row
-from edgellm.generation.sampling import Sampler, SamplingParams, as_logits, top_k_indices
+from edgellm.generation.sampling import Sampler, SamplingParams, as_logits, token_logprobs, top_k_indices
 
 SIZES = [1, 5, 63, 64, 65, 1000, 49152, 262144, 262147]  # below, at and around a chunk; both real vocabularies
 
@@ -133,3 +133,12 @@ def test_take_row_copies_and_scans_in_one_pass():
     strided = buffer[:, 5]  # a column: the numpy path, no scan
     copy, found = take_row(strided)
     assert found is None and copy.flags.c_contiguous and copy.tolist() == strided.tolist()
+
+
+def test_logprobs_take_the_handed_on_scan_with_the_same_answer():
+    row = _row(262144, 6)
+    row[[10, 20_000]] = row.max()  # a tie among the alternatives
+    scanned = check_finite(row, "here")
+    for token in (10, 123, int(np.argmin(row))):
+        assert token_logprobs(row, token, 5, scanned) == token_logprobs(row, token, 5) == \
+            token_logprobs(np.repeat(row, 2)[::2], token, 5)  # compiled with the scan, compiled alone, numpy

@@ -99,11 +99,11 @@ class SequenceState:
                                 dtype=np.float32)
         if self.constraint is not None:  # before the sampler chain: it only ever sees allowed tokens
             scores = self.constraint.mask(scores, self.max_tokens - len(self.generated))
-        scanned = scanned if scores is logits else None
+        held = scanned if scores is logits else None  # the scan describes the row, not scores made from it
         if draft is None:
-            token = self.sampler.sample(scores, self.history, scanned)
+            token = self.sampler.sample(scores, self.history, held)
         else:
-            token = self.sampler.sample_draft(scores, self.history, *draft, scanned=scanned)
+            token = self.sampler.sample_draft(scores, self.history, *draft, scanned=held)
         if self.constraint is not None:  # near max_tokens, a token that leaves no room to complete is replaced
             token = self.constraint.vet(token, self.max_tokens - len(self.generated))
         self.sample_s += time.perf_counter() - ts
@@ -114,7 +114,7 @@ class SequenceState:
         info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), self.text.decoded_chars)
         if opts.logprobs is not None:
             # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
-            lp = token_logprobs(logits, token, opts.logprobs)
+            lp = token_logprobs(logits, token, opts.logprobs, scanned)
             info.logprob = lp.logprob
             info.top_logprobs = top_logprobs_entry(
                 info.text, lp.logprob, [(tok.token_to_bytes(int(i)).decode("utf-8", errors="ignore"), v)

@@ -409,14 +409,15 @@ class TokenLogprobs(NamedTuple):
     top_logprobs: list[float]
 
 
-def token_logprobs(logits, token_id: int, top_n: int = 0) -> TokenLogprobs:
-    """The chosen token's log-probability and the top_n alternatives', without a full log-softmax array."""
-    x = as_logits(logits)
+def token_logprobs(logits, token_id: int, top_n: int = 0, scanned=None) -> TokenLogprobs:
+    """The chosen token's log-probability and the top_n alternatives', without a full log-softmax array.
+    scanned: decoding.check_finite's result for this very row, so that it is not read again."""
+    x, scanned = _checked(logits, scanned)
     if isinstance(top_n, bool) or not isinstance(top_n, numbers.Integral) or top_n < 0:
         raise SamplingError(f"top_n (logprobs) must be an integer >= 0, got {top_n!r}")
     if not 0 <= token_id < x.size:
         raise SamplingError(f"token id {token_id} is outside the vocabulary [0, {x.size})")
     lse = _log_sum_exp(x)
-    top = _top_k(x, int(top_n)) if top_n > 0 else np.empty(0, dtype=np.int64)
+    top = _top_k(x, int(top_n), scanned[1] if scanned else None) if top_n > 0 else np.empty(0, dtype=np.int64)
     return TokenLogprobs(int(token_id), float(x[token_id]) - lse, [int(i) for i in top],
                          [float(x[i]) - lse for i in top])
