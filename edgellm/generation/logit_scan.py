@@ -138,16 +138,9 @@ def _scan(x, copy):
 def top_k(x, k, keys=None):
     """The indices of the k largest values of x (1-D float32, C-contiguous, no NaN), largest first, equal values
     by lower index: sampling.top_k_indices's answer. keys: scan(x)'s chunk maxima, when x was scanned."""
-    cand = _top_k_candidates(x, k, _chunk_keys(x) if keys is None else keys)
+    cand = _top_k_candidates(x, k, scan(x)[2] if keys is None else keys)
     order = np.argsort(-x[cand], kind="stable")  # equal values keep ascending index order
     return cand[order[:k]]
-
-
-@njit(cache=True, nogil=True)
-def _chunk_keys(x):
-    keys = np.empty(x.shape[0] // CHUNK + 1, np.int32)
-    _chunk_maxima(x.view(np.int32), keys, None)
-    return keys
 
 
 @njit(cache=True, nogil=True)
