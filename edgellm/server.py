@@ -42,6 +42,7 @@ from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.results import Completion
 from edgellm.generation.scheduler import DEFAULT_BUFFER_EVENTS, DEFAULT_STALL_TIMEOUT_S, Scheduler
 from edgellm.generation.speculative import DRAFT_LIMIT
+from edgellm.serving.choices import check_choices, choice_kwargs, merged_response, reindexed, stream_usage
 from edgellm.serving.errors import HTTPError, busy, error_from_exception, server_error
 from edgellm.serving.guard import LoadingGate, RequestGuard, resolve_api_key
 from edgellm.serving.limits import RequestLimits, check_logprobs, fit_max_tokens
@@ -77,10 +78,16 @@ def _is_stop(v):
     return isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
 
 
+def _is_token_ids(v):
+    return isinstance(v, list) and len(v) > 0 and all(_is_int(t) for t in v)
+
+
+def _is_prompt_batch(v):
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(p, str) or _is_token_ids(p) for p in v)
+
+
 def _is_prompt(v):
-    return isinstance(v, str) or (isinstance(v, list) and len(v) > 0 and (
-        all(_is_int(t) for t in v) or (len(v) == 1 and (isinstance(v[0], str) or (
-            isinstance(v[0], list) and all(_is_int(t) for t in v[0]))))))
+    return isinstance(v, str) or _is_token_ids(v) or _is_prompt_batch(v)
 
 
 NUMBER = (_is_number, "a number")
@@ -103,7 +110,7 @@ SAMPLING_FIELDS = {
     # llama-server's per-request speculative decoding (flat keys with a dot): most / fewest tokens drafted per step
     "speculative.n_max": INTEGER, "speculative.n_min": INTEGER,
 }
-COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string or a list of token ids"),
+COMPLETION_FIELDS = {**SAMPLING_FIELDS, "prompt": (_is_prompt, "a string, a list of token ids, or a list of those"),
                      "logprobs": INTEGER, "echo": BOOLEAN, "best_of": INTEGER, "suffix": STRING}
 CHAT_FIELDS = {**SAMPLING_FIELDS, "messages": (lambda v: isinstance(v, list), "a list of messages"),
                "max_completion_tokens": INTEGER, "logprobs": BOOLEAN, "top_logprobs": INTEGER,
@@ -150,9 +157,6 @@ def check_fields(body: dict, fields: dict, required: tuple) -> None:
         is_valid, expected = fields[name]
         if not is_valid(value):
             raise HTTPError(400, f"'{name}' must be {expected}, got {json.dumps(value)[:80]}", param=name)
-    for name in ("n", "best_of"):
-        if body.get(name) not in (None, 1):
-            raise HTTPError(400, f"'{name}' must be 1: one choice per request", param=name)
 
 
 def speculation_kwargs(kwargs: dict, scheduler: Scheduler) -> None:
@@ -267,8 +271,8 @@ class ModelSlot:
         finally:
             self._waiting_here -= 1
 
-    def check_queue(self):
-        if self.waiting >= self.max_queue:
+    def check_queue(self, requests: int = 1):
+        if self.waiting + requests > self.max_queue:
             raise busy(f"the server is busy ({self.waiting} requests waiting); retry later")
 
     def close(self) -> None:
@@ -468,11 +472,9 @@ class Endpoints:
         check_fields(body, COMPLETION_FIELDS, ("prompt",))
         kwargs = generation_kwargs(body, COMPLETION_FIELDS)
         prompt = kwargs.pop("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
-            prompt = prompt[0]  # a batch of one
-        ids_of = partial(self.llm.prompt_ids, prompt)
-        return await self._generate(request, body, COMPLETION_FIELDS, ids_of,
-                                    lambda llm, **kw: llm.create_completion(prompt, **kw), kwargs, "prompt")
+        batch = prompt if _is_prompt_batch(prompt) else [prompt]  # a list of prompts: a choice each (times n)
+        prompts = [(partial(self.llm.prompt_ids, p), partial(_create_completion, p)) for p in batch]
+        return await self._generate(request, body, COMPLETION_FIELDS, prompts, kwargs, "prompt")
 
     async def chat_completions(self, request):
         body = await read_json(request, self.max_request_bytes)
@@ -483,11 +485,13 @@ class Endpoints:
 
         def ids_of():  # the prompt as the call will render it (tools included), checked before a slot is taken
             return ChatPlan(self.llm, messages, **plan_args).ids
-        return await self._generate(request, body, CHAT_FIELDS, ids_of,
-                                    lambda llm, **kw: llm.create_chat_completion(messages, **kw), kwargs, "messages")
+        return await self._generate(request, body, CHAT_FIELDS, [(ids_of, partial(_create_chat, messages))], kwargs,
+                                    "messages")
 
-    async def _generate(self, request, body, fields, ids_of, create, kwargs, prompt_param):
+    async def _generate(self, request, body, fields, prompts, kwargs, prompt_param):
+        """prompts: (ids_of, create) per prompt; each makes n choices, each a request on the scheduler."""
         watch = Stopwatch()
+        n = check_choices(body.get("n"), body.get("best_of"), len(prompts))
         kwargs["model"] = self.model_name
         wants_shift = kwargs.pop("context_shift", False)
         speculation_kwargs(kwargs, self.scheduler)
@@ -505,23 +509,31 @@ class Endpoints:
                 raise HTTPError(400, "echo with logprobs is not supported", param="echo")
             if kwargs.get("top_logprobs") is not None and not kwargs.get("logprobs"):
                 raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-            n_prompt = len(await asyncio.to_thread(ids_of))
+            n_prompts = [len(await asyncio.to_thread(ids_of)) for ids_of, _ in prompts]
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
         may_shift = bool(wants_shift) and bool(getattr(self.llm.model, "context_shift", False))
-        kwargs["max_tokens"] = fit_max_tokens(n_prompt, kwargs.get("max_tokens"), self.llm.n_ctx, self.limits,
-                                              may_shift, prompt_param)
-        self.slot.check_queue()
-        llm = ScheduledModel(self.llm, self.scheduler)
-        # the scheduler checks it after each of this request's tokens, counted from its admission; a request cut by
-        # it ends with finish_reason "length", as llama-server's t_max_predict_ms
-        llm.time_limit_s = self.limits.request_timeout_s
+        parts = []  # (create, its arguments) per choice, prompt-major
+        for (_, create), n_prompt in zip(prompts, n_prompts):
+            fitted = {**kwargs, "max_tokens": fit_max_tokens(n_prompt, kwargs.get("max_tokens"), self.llm.n_ctx,
+                                                             self.limits, may_shift, prompt_param)}
+            parts += [(create, kw) for kw in choice_kwargs(fitted, n)]
+        if 0 < self.slot.max_queue < len(parts):  # (never room for it: not a 503 to retry)
+            raise HTTPError(400, f"this request asks for {len(parts)} choices; this server queues at most "
+                                 f"{self.slot.max_queue} requests", param="n", code="invalid_value")
+        self.slot.check_queue(len(parts))
+        llms = [ScheduledModel(self.llm, self.scheduler) for _ in parts]
+        for llm in llms:
+            # the scheduler checks it after each of this request's tokens, counted from its admission; a request
+            # cut by it ends with finish_reason "length", as llama-server's t_max_predict_ms
+            llm.time_limit_s = self.limits.request_timeout_s
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = self._metered(self._sse(llm, create, kwargs, include_usage, fields), llm, watch)
-            return EventStream(events, llm.cancel, self.stall_timeout_s)
-        response = await self._whole(request, llm, create, kwargs, fields)
-        self._record(llm, watch, first_token_s=None)
+            events = self._metered(self._sse(llms, parts, include_usage, fields, n), llms, watch)
+            return EventStream(events, partial(_cancel_all, llms), self.stall_timeout_s)
+        response = await self._whole(request, llms, parts, fields, n)
+        for llm in llms:
+            self._record(llm, watch, first_token_s=None)
         return response
 
     def _record(self, llm, watch: Stopwatch, first_token_s):
@@ -539,7 +551,7 @@ class Endpoints:
                                 accepted_tokens=done.accepted_tokens)
         self.metrics.prompt_cache(served.reused > 0, served.reused)
 
-    async def _metered(self, events, llm, watch: Stopwatch):
+    async def _metered(self, events, llms, watch: Stopwatch):
         """A stream's events, timed for the metrics; an unexpected fault becomes an OpenAI error event."""
         finished = False
         try:
@@ -555,43 +567,107 @@ class Endpoints:
         finally:
             await events.aclose()
         if finished:
-            self._record(llm, watch, None if watch.first is None else watch.first - watch.start)
+            for llm in llms:
+                self._record(llm, watch, None if watch.first is None else watch.first - watch.start)
 
-    async def _whole(self, request, llm, create, kwargs, fields):
+    async def _whole(self, request, llms, parts, fields, n):
         gone = threading.Event()
-        watcher = asyncio.create_task(_watch_disconnect(request, gone, llm.cancel))
+        watcher = asyncio.create_task(_watch_disconnect(request, gone, partial(_cancel_all, llms)))
+        runs = [asyncio.ensure_future(self.slot.run(partial(create, llm, **kw)))
+                for llm, (create, kw) in zip(llms, parts)]
         try:
-            result = await self.slot.run(partial(create, llm, **kwargs))
+            await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [run.exception() for run in runs if run.done() and run.exception() is not None]
+            if failed:
+                _cancel_all(llms)  # the other choices end at the scheduler's next turn
+                await asyncio.wait(runs)
+                for run in runs:
+                    run.exception()  # (retrieved: the first failure answers)
+                raise failed[0]
+            results = [run.result() for run in runs]
         except (EdgeLLMError, TypeError, ValueError) as e:
             raise _error_from_exception(e, fields) from None
         finally:
             watcher.cancel()
-        return JSONResponse(result)
+        return JSONResponse(results[0] if len(results) == 1 else merged_response(results, n))
 
-    async def _sse(self, llm, create, kwargs, include_usage, fields):
-        pump = last = None
+    async def _sse(self, llms, parts, include_usage, fields, n):
+        pumps, first = [], None
         try:
             try:
-                pump = self.slot.pump(await self.slot.run(partial(create, llm, stream=True, **kwargs)))
-                while True:
-                    chunk = await pump.next()
-                    if chunk is None:
-                        break
-                    last = chunk
+                streams = await asyncio.gather(*(self.slot.run(partial(create, llm, stream=True, **kw))
+                                                 for llm, (create, kw) in zip(llms, parts)), return_exceptions=True)
+                failed = [s for s in streams if isinstance(s, BaseException)]
+                if failed:
+                    for stream in streams:
+                        if not isinstance(stream, BaseException):
+                            stream.close()
+                    raise failed[0]
+                for stream in streams:
+                    pumps.append(self.slot.pump(stream))
+                async for index, chunk in _merged(pumps):
+                    first = first or chunk
+                    if len(pumps) > 1:
+                        chunk = reindexed(chunk, index, first)
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
             except (EdgeLLMError, TypeError, ValueError) as e:
                 yield f"data: {json.dumps({'error': _error_from_exception(e, fields).body()})}\n\n"
                 return
             if include_usage:
-                done = llm.last_completion
-                usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                         "total_tokens": done.prompt_tokens + done.completion_tokens}
-                yield f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n"
+                usage = stream_usage([llm.last_completion for llm in llms], n)
+                yield f"data: {json.dumps({**(first or {}), 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            llm.cancel()  # (nothing happens to a finished request)
-            if pump is not None:
+            _cancel_all(llms)  # (nothing happens to a finished request)
+            for pump in pumps:
                 pump.close()
+
+
+def _create_completion(prompt, llm, **kwargs):
+    return llm.create_completion(prompt, **kwargs)
+
+
+def _create_chat(messages, llm, **kwargs):
+    return llm.create_chat_completion(messages, **kwargs)
+
+
+def _cancel_all(llms) -> None:
+    for llm in llms:
+        llm.cancel()
+
+
+async def _merged(pumps):
+    """(choice index, chunk) from each pump as they come, until every pump has ended. One pump is read directly;
+    several are read by a task each into a queue of one place per pump, so a slow reader still holds them back."""
+    if len(pumps) == 1:
+        while (chunk := await pumps[0].next()) is not None:
+            yield 0, chunk
+        return
+    chunks = asyncio.Queue(maxsize=len(pumps))
+
+    async def feed(index, pump):
+        try:
+            while (chunk := await pump.next()) is not None:
+                await chunks.put((index, chunk, None))
+        except Exception as e:  # (a cancellation, when the stream ends early, is not caught: the task ends)
+            await chunks.put((index, None, e))
+            return
+        await chunks.put((index, None, None))
+
+    feeders = [asyncio.create_task(feed(i, pump)) for i, pump in enumerate(pumps)]
+    try:
+        running = len(pumps)
+        while running:
+            index, chunk, error = await chunks.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                running -= 1
+            else:
+                yield index, chunk
+    finally:
+        for task in feeders:
+            task.cancel()
 
 
 async def _watch_disconnect(request: Request, flag: threading.Event, on_disconnect=None):

@@ -112,6 +112,78 @@ def test_chat_logprobs(client):
     assert [c.token for c in content] == ["hello", " world"] and all(len(c.top_logprobs) == 2 for c in content)
 
 
+SAMPLED = dict(model="fake", prompt="hello world", max_tokens=12, temperature=1.5, top_p=1.0,
+               extra_body={"top_k": 0, "min_p": 0.0, "ignore_eos": True})
+
+
+def test_n_choices_are_the_seeds_replies(client):
+    """Choice i of a seeded request is the reply of the same request with n = 1 and seed + i; the prompt's tokens
+    count once, every choice's generated tokens count."""
+    r = client.completions.create(n=3, seed=11, **SAMPLED)
+    alone = [client.completions.create(seed=11 + i, **SAMPLED) for i in range(3)]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
+    assert len({c.text for c in r.choices}) > 1
+    assert r.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone) == 36
+
+
+def test_n_choices_streamed(client):
+    whole = client.chat.completions.create(model="fake", messages=MESSAGES, n=3, seed=5, temperature=1.5,
+                                           max_tokens=6, extra_body={"ignore_eos": True})
+    chunks = list(client.chat.completions.create(model="fake", messages=MESSAGES, n=3, seed=5, temperature=1.5,
+                                                  max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True}))
+    texts, roles, finished = {}, {}, {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        roles[choice.index] = roles.get(choice.index) or choice.delta.role
+        if choice.finish_reason:
+            finished[choice.index] = choice.finish_reason
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert roles == {i: "assistant" for i in range(3)} and finished == {i: "length" for i in range(3)}
+    assert len({chunk.id for chunk in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 18 == whole.usage.completion_tokens
+
+
+def test_a_list_of_prompts_gets_a_choice_each(client, llm):
+    ids = llm.prompt_ids("hello")
+    r = client.completions.create(model="fake", prompt=["hello", CHAT_PROMPT, ids], temperature=0, max_tokens=16, n=2)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [" world STOP hello"] * 2 + ["hello world"] * 2 + [" world STOP hello"] * 2
+    each = [client.completions.create(model="fake", prompt=p, temperature=0, max_tokens=16).usage
+            for p in ("hello", CHAT_PROMPT, ids)]
+    assert r.usage.prompt_tokens == sum(u.prompt_tokens for u in each)
+    assert r.usage.completion_tokens == 2 * sum(u.completion_tokens for u in each)
+    stream = client.completions.create(model="fake", prompt=["hello", CHAT_PROMPT], temperature=0, max_tokens=16,
+                                       stream=True)
+    texts = {}
+    for chunk in stream:
+        texts[chunk.choices[0].index] = texts.get(chunk.choices[0].index, "") + chunk.choices[0].text
+    assert texts == {0: " world STOP hello", 1: "hello world"}
+
+
+def test_a_client_leaving_frees_every_choice(client, llm):
+    llm.model.on_forward = lambda tokens: time.sleep(SLOW_TOKEN_S)
+    try:
+        stream = client.completions.create(model="fake", prompt="hello world", max_tokens=400, stream=True, n=3,
+                                           extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 5:
+                break
+        stream.close()
+        time.sleep(10 * SLOW_TOKEN_S)  # the scheduler's next turns drop them
+        fed = llm.model.tokens_fed
+        time.sleep(20 * SLOW_TOKEN_S)
+        still_fed = llm.model.tokens_fed - fed
+        r = client.completions.create(model="fake", prompt="hello", temperature=0, max_tokens=4)
+    finally:
+        llm.model.on_forward = None
+    assert still_fed == 0  # none of the three abandoned choices goes on generating
+    assert r.choices[0].text == " world STOP hello"
+
+
 def test_wrong_or_missing_key(server):
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
@@ -126,13 +198,16 @@ def test_wrong_or_missing_key(server):
     ({"temperature": "hot"}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 2, "best_of": 3}, "best_of"),
+    ({"prompt": ["hello"] * 9, "n": 2}, "prompt"),
     ({"extra_body": {"bogus_field": 1}}, "bogus_field"),
     ({"stop": [3]}, "stop"),
 ])
 def test_invalid_body_names_the_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="fake", prompt="hello", **kwargs)
+        client.completions.create(model="fake", **{"prompt": "hello", **kwargs})
     assert info.value.body["param"] == param and param in info.value.body["message"]
 
 
