@@ -72,6 +72,20 @@ def test_metrics_count_requests_tokens_and_times_per_server(llm):
         assert o[("edgellm_time_to_first_token_seconds_count", ())] == 0
 
 
+def test_n_choices_share_one_prefill_and_are_each_counted(llm):
+    prompt = "The history of bread begins with flat loaves baked on hot stones. " * 8 + "In one line:"
+    with serve(llm, parallel=3) as srv:
+        r = client_of(srv).completions.create(model="m", prompt=prompt, max_tokens=4, n=3, temperature=0.8, seed=3)
+        m = scrape(srv)
+    n_prompt = r.usage.prompt_tokens
+    assert n_prompt > 100 and r.usage.completion_tokens == 12 and len(r.choices) == 3
+    assert m[("edgellm_prompt_tokens_total", ())] == 3 * n_prompt  # the metrics count each sequence's prompt
+    assert m[("edgellm_generated_tokens_total", ())] == 12
+    assert m[("edgellm_time_to_first_token_seconds_count", ())] == 3
+    # the second and third choices copied the first's prefill (all but the rows whose kernels differ at the end)
+    assert m[("edgellm_prompt_cache_tokens_total", ())] >= 2 * (n_prompt - 8)
+
+
 def test_decode_steps_count_the_sequences_batched_together(llm):
     with serve(llm, parallel=2) as srv:
         c = client_of(srv)
