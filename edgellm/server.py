@@ -592,20 +592,23 @@ class Endpoints:
         return JSONResponse(results[0] if len(results) == 1 else merged_response(results, n))
 
     async def _sse(self, llms, parts, include_usage, fields, n):
-        pumps, first = [], None
+        pumps, merged, first = [], None, None
         try:
             try:
                 streams = await asyncio.gather(*(self.slot.run(partial(create, llm, stream=True, **kw))
                                                  for llm, (create, kw) in zip(llms, parts)), return_exceptions=True)
+                made = [s for s in streams if not isinstance(s, BaseException)]
                 failed = [s for s in streams if isinstance(s, BaseException)]
+                try:
+                    while made and not failed:
+                        pumps.append(self.slot.pump(made.pop(0)))  # (a refused pump closes its stream)
+                finally:
+                    for stream in made:  # not pumped: another choice failed to start, or a pump was refused
+                        stream.close()
                 if failed:
-                    for stream in streams:
-                        if not isinstance(stream, BaseException):
-                            stream.close()
                     raise failed[0]
-                for stream in streams:
-                    pumps.append(self.slot.pump(stream))
-                async for index, chunk in _merged(pumps):
+                merged = _merged(pumps)
+                async for index, chunk in merged:
                     first = first or chunk
                     if len(pumps) > 1:
                         chunk = reindexed(chunk, index, first)
@@ -613,12 +616,17 @@ class Endpoints:
             except (EdgeLLMError, TypeError, ValueError) as e:
                 yield f"data: {json.dumps({'error': _error_from_exception(e, fields).body()})}\n\n"
                 return
+            except HTTPError as e:  # (every request thread taken: the headers are sent, so the 503 goes in the stream)
+                yield f"data: {json.dumps({'error': e.body()})}\n\n"
+                return
             if include_usage:
                 usage = stream_usage([llm.last_completion for llm in llms], n)
                 yield f"data: {json.dumps({**(first or {}), 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             _cancel_all(llms)  # (nothing happens to a finished request)
+            if merged is not None:
+                await merged.aclose()
             for pump in pumps:
                 pump.close()
 

@@ -183,6 +183,24 @@ def test_a_client_leaving_frees_every_choice(client, llm):
     assert still_fed == 0  # none of the three abandoned choices goes on generating
     assert r.choices[0].text == " world STOP hello"
 
+def test_choices_that_cannot_all_start_end_cleanly(llm):
+    """Every request thread taken: a streamed request whose third choice cannot start gets an error event, and its
+    other choices are closed and freed."""
+    app = create_app(llm, api_key=API_KEY, model_name="fake")
+    slot = app.state.endpoints.slot
+    slot.worker = threading.BoundedSemaphore(2)  # two of the three choices' calls get a thread
+    with BackgroundServer(app) as srv:
+        c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        with pytest.raises(openai.APIError, match="busy"):
+            list(c.completions.create(model="fake", prompt="hello world", max_tokens=50, n=3, stream=True))
+        deadline = time.monotonic() + 10
+        while (slot.in_use or slot.worker._value != 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slot.in_use == 0 and slot.waiting == 0 and slot.worker._value == 2
+        slot.worker = threading.BoundedSemaphore(8)
+        r = c.completions.create(model="fake", prompt="hello", temperature=0, max_tokens=16, n=2)
+        assert [ch.text for ch in r.choices] == [" world STOP hello"] * 2
+
 
 def test_wrong_or_missing_key(server):
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
