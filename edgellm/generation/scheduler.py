@@ -7,7 +7,8 @@ Completion, arrive in its own bounded buffer, read from any thread. Only the sch
 One turn of the loop:
   1. admit: each free slot takes the oldest queued request (a cancelled one is dropped unprefilled). The slot
      whose cache (or the prompt cache's entry) shares the longest re-usable prefix with the prompt is chosen, and
-     what a slot held is kept in the prompt cache before it is overwritten;
+     what a slot held is kept in the prompt cache before it is overwritten. A slot that prefilled this very prompt
+     (its rows still held, its last row's logits kept) is taken first, and the request decodes at once;
   2. prefill: one chunk (at most `prefill_chunk` tokens) of the oldest request still prefilling;
   3. decode: one step of every decoding sequence whose buffer has room: each samples its next token with its own
      SequenceState (sampling, seed, stop strings, logprobs, constraint), and one forward_multi feeds them all.
@@ -142,6 +143,9 @@ class _Slot:
         self.drafter = None          # a draft model's DraftModel on this slot's own draft cache
         self.last_used = 0.0
         self.paused_since = None
+        # (prompt ids, its last row's logits, their scan) of the last prompt prefilled whole here, while the cache
+        # still holds its rows: the same prompt again takes the rows and this row, and runs nothing
+        self.prompt_row = None
 
 
 class _PoolEngine:
@@ -426,10 +430,18 @@ class Scheduler:
         seq = SequenceState(self.model, ids, request.opts, budget, request.bias)
         step = self._step(len(ids))
         fits = len(ids) <= self.seq_ctx and self.engine.reusable
-        # the free slot that re-uses most, else the one least recently used
-        reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits else 0 for s in free}
-        slot = max(free, key=lambda s: (reuse[s.index], -s.last_used))
+        # a free slot that prefilled this very prompt, else the one that re-uses most, else the least recently used
+        holding = [s for s in free if fits and self._holds_prompt(s, ids)]
+        reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits and not holding else 0 for s in free}
+        slot = holding[0] if holding else max(free, key=lambda s: (reuse[s.index], -s.last_used))
         common = reuse[slot.index]
+        if holding:
+            if self.prompt_cache is not None and len(ids) < len(slot.tokens):
+                self.prompt_cache.store(slot.tokens, slot.kinds, slot.cache)  # before the reply's rows go
+            if prefix.rewind(slot.cache, len(ids)):
+                self._take_whole_prompt(slot, slot, request, seq)
+                return
+        slot.prompt_row = None  # its rows are about to be replaced
         entry = self.prompt_cache.lookup(ids, slot.cache) if fits and self.prompt_cache is not None else None
         kinds = prefix.narrowed(entry.kinds, self.kind_bits) if entry is not None else None
         from_entry = self._plan(entry.tokens.tolist(), kinds, ids) if entry is not None else 0
@@ -485,8 +497,8 @@ class Scheduler:
         if request.cancelled.is_set():
             self._finish(slot, "cancelled")
             return True, None
-        if request.prefilled == 0:
-            self._share_prefix(slot)
+        if request.prefilled == 0 and self._share_prefix(slot):
+            return True, None
         b0, b1 = slot.batches.pop(0)
         return True, (slot, b0, b1)
 
@@ -512,16 +524,26 @@ class Scheduler:
         self._note_shifts(slot)
         if not slot.batches:
             slot.logits, slot.found = take_row(logits)
+            if self.engine.reusable and not getattr(slot.cache, "n_shifted", 0):
+                slot.prompt_row = (request.ids, slot.logits.copy(), slot.found)
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
 
-    def _share_prefix(self, slot) -> None:
+    def _share_prefix(self, slot) -> bool:
         """Before a prompt's first chunk: the longest re-usable prefix another slot has computed by now (the same
-        system prompt, requests admitted together) is copied into this slot's cache rather than computed again."""
+        system prompt, requests admitted together) is copied into this slot's cache rather than computed again; the
+        whole prompt, with its last row's logits, where another slot prefilled the same prompt (n choices, a
+        regenerated reply). True when nothing is left to prefill."""
         request = slot.request
         ids, have = request.ids, len(slot.tokens)
         if not self.engine.reusable or len(ids) > self.seq_ctx:
-            return
+            return False
+        for donor in self.slots:
+            if donor is not slot and self._holds_prompt(donor, ids) and slot.cache.copy_prefix(donor.cache, len(ids)):
+                self.stats["shared_tokens"] += len(ids) - have
+                self.stats["reused_tokens"] += len(ids) - request.reused
+                self._take_whole_prompt(slot, donor, request, slot.seq)
+                return True
         step = self._step(len(ids))
         plans = [(prefix.plan(s.tokens, s.kinds, ids, step, self.row_kinds), s) for s in self.slots
                  if s is not slot and len(s.tokens) > have]
@@ -534,7 +556,32 @@ class Scheduler:
                 self.stats["reused_tokens"] += n - request.reused
                 self.stats["shared_tokens"] += n - have
                 request.reused = n
-                return
+                return False
+        return False
+
+    @staticmethod
+    def _holds_prompt(slot, ids) -> bool:
+        """Whether slot prefilled exactly this prompt whole and its cache still holds those rows (only decoded rows
+        follow them: a new prompt there, a shift or a failure clears prompt_row or tokens)."""
+        row = slot.prompt_row
+        return row is not None and row[0] == ids and slot.tokens[:len(ids)] == ids
+
+    def _take_whole_prompt(self, slot, donor, request, seq) -> None:
+        """slot's cache holds the prompt's rows (donor's, copied or its own): it decodes from donor's last prompt
+        row, as the prefill that computed those rows left it (the same bits a fresh prefill gives)."""
+        ids, (_, row, found) = request.ids, donor.prompt_row
+        slot.tokens, slot.kinds, slot.batches = list(ids), list(donor.kinds[:len(ids)]), []
+        slot.prompt_row = donor.prompt_row
+        slot.request, slot.seq, slot.logits, slot.found, slot.paused_since = request, seq, row.copy(), found, None
+        if request.status != "prefill":  # admitted here (_start), not after _start's setup
+            slot.pending, slot.spec = None, self._speculator(slot, request.opts)
+            request.started = time.monotonic()
+            self.stats["prompt_tokens"] += len(ids)
+            self.stats["reused_tokens"] += len(ids)
+        request.reused, request.status = len(ids), "decode"
+        request.first_token_s = time.monotonic() - request.submitted
+        if seq.done:  # max_tokens 0
+            self._finish(slot)
 
     def _decode_step(self, chunk=None) -> bool:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
@@ -705,7 +752,7 @@ class Scheduler:
     def _note_shifts(self, slot) -> None:
         log = getattr(slot.cache, "shift_log", None)
         if log:  # a context shift re-rotated keys no fresh run computes so: this cache is not re-used
-            slot.tokens, slot.kinds = [], []
+            slot.tokens, slot.kinds, slot.prompt_row = [], [], None
             log.clear()
 
     def _finish(self, slot, cause: str | None = None) -> None:
@@ -732,7 +779,7 @@ class Scheduler:
         request.stop_cause, request.status, request.finished = repr(error), "done", True
         self.stats["failed"] += 1
         request._push(error)
-        slot.tokens, slot.kinds = [], []  # a failed forward leaves the cache in no known state
+        slot.tokens, slot.kinds, slot.prompt_row = [], [], None  # a failed forward leaves the cache in no known state
         self._free(slot)
 
     def _free(self, slot) -> None:
