@@ -51,6 +51,22 @@ def test_errors_are_counted(llm, capsys):
     assert code == 1 and s["errors"] == 3 and s["error_kinds"] == {"HTTP 503": 3} and s["generated_tokens"] == 0
 
 
+def test_the_same_question_or_each_its_own(llm, capsys):
+    """By default every request asks the same question, which the server then answers from the rows and last logits
+    row it kept (nothing prefilled); --distinct ends each prompt its own way, so each prefills its own ending."""
+    for distinct in (False, True):
+        app = create_app(llm, parallel=1)
+        with BackgroundServer(app) as srv:
+            code, s = run_tool(capsys, srv.base_url, "--clients", "1", "--requests", "4",
+                               *(["--distinct"] if distinct else []))
+            stats = dict(app.state.endpoints.scheduler.stats)
+        assert code == 0 and s["ok"] == 4
+        if distinct:
+            assert stats["prefilled_tokens"] > 4 * 5  # each request's own ending, at least
+        else:
+            assert stats["prefilled_tokens"] == stats["prompt_tokens"] // 4  # the first request's prompt only
+
+
 def test_percentile():
     assert loadtest.percentile([], 0.5) is None
     assert loadtest.percentile([3, 1, 2, 4], 0.5) == 2 and loadtest.percentile([3, 1, 2, 4], 0.99) == 4

@@ -11,7 +11,8 @@ wall time, p50/p99 time to first token, errors, and the CPU the client itself us
 a machine it shares with the server, that much is taken from the server); for edgellm also, from its /metrics
 around each run, the mean batch (sequences a decode step) and a step's forward time. The speed-up is each row's
 tokens/s over the 1-client row's; with --rounds N the client counts run N times in turn, and each speed-up is the
-median of its rounds' own ratios.
+median of its rounds' own ratios. Every request asks the same question unless --distinct gives each its own ending:
+a server that keeps prompts then answers the same question from what it kept.
 """
 from __future__ import annotations
 
@@ -115,10 +116,10 @@ def step_figures(before, after) -> dict:
             "step_ms": round((after[2] - before[2]) * 1e3 / steps, 2)}
 
 
-def load(loadtest, url, clients, requests, max_tokens):
-    out = subprocess.run([sys.executable, loadtest, "--url", url, "--clients", str(clients), "--requests",
-                          str(requests), "--max-tokens", str(max_tokens), "--json"],
-                         capture_output=True, text=True, timeout=3600)
+def load(loadtest, url, clients, requests, max_tokens, distinct=False):
+    argv = [sys.executable, loadtest, "--url", url, "--clients", str(clients), "--requests", str(requests),
+            "--max-tokens", str(max_tokens), "--json"] + (["--distinct"] if distinct else [])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise RuntimeError(f"loadtest failed: {out.stdout[-1000:]} {out.stderr[-2000:]}")
@@ -181,6 +182,8 @@ def main(argv=None) -> int:
                     help="requests each client sends in turn (the 1-client row, every speed-up's base, is this many "
                          "requests: with 2 of 64 tokens it lasted about a second and moved by 40%% between runs)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--distinct", action="store_true", help="each request's prompt ends its own way (loadtest's "
+                    "--distinct): only the shared start is re-used, as with many users' own questions")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--nice", type=int, default=10, help="the servers' niceness (the same for both engines)")
     ap.add_argument("--loadtest", default=os.path.join(os.path.dirname(__file__), "loadtest.py"))
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
             for n in clients:
                 for engine, srv in servers:
                     before = step_counters(srv.url)
-                    r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens)
+                    r = load(args.loadtest, srv.url, n, n * args.requests_per_client, args.max_tokens, args.distinct)
                     r.update(step_figures(before, step_counters(srv.url)))
                     rows.append((engine, n, i, r))
                     print(json.dumps({"engine": engine, "clients": n, "round": i, **r}), flush=True)

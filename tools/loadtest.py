@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 QUESTION = "Write a short story about a lighthouse keeper."  # chats
 OPENING = "Once upon a time, in a lighthouse by the sea, there lived"  # completions: a text to continue
+KEEPERS = ("Ada", "Bram", "Cora", "Dmitri", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kiri", "Lotte")
 LONG_PROMPT_WORDS = 60_000  # ~120k tokens, past the context of the models served here, in a 660 kB body
 
 
@@ -105,10 +106,12 @@ async def _stream(client, args, kind, rng, extra=None):
     extra = extra or {}
     common = dict(model=args.model, max_tokens=args.max_tokens, temperature=args.temperature, stream=True,
                   stream_options={"include_usage": True})
+    # --distinct: each request's own ending after the shared text, as many users' questions differ
+    ending = f" Call the keeper {rng.choice(KEEPERS)} and set it in {rng.randint(1700, 1999)}." if args.distinct else ""
     if kind == "completion":
-        stream = await client.completions.create(prompt=extra.pop("prompt", OPENING), **common, **extra)
+        stream = await client.completions.create(prompt=extra.pop("prompt", OPENING + ending), **common, **extra)
         return stream, lambda c: c.choices[0].text if c.choices else ""
-    messages = [{"role": "user", "content": extra.pop("prompt", QUESTION)}]
+    messages = [{"role": "user", "content": extra.pop("prompt", QUESTION + ending)}]
     stream = await client.chat.completions.create(messages=messages, **common, **extra)
     return stream, lambda c: (c.choices[0].delta.content or "") if c.choices else ""
 
@@ -246,6 +249,9 @@ def parse_args(argv=None):
     ap.add_argument("--requests", type=int, default=None, help="requests in all (default: --clients)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--distinct", action="store_true",
+                    help="end each request's prompt its own way (a name and a year): the server cannot take a whole "
+                         "prompt it has seen, only the shared start")
     ap.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disconnect", type=float, default=0.0, help="fraction of requests that leave mid-stream")
