@@ -434,15 +434,10 @@ class Scheduler:
         holding = [s for s in free if fits and self._holds_prompt(s, ids)]
         reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits and not holding else 0 for s in free}
         slot = holding[0] if holding else max(free, key=lambda s: (reuse[s.index], -s.last_used))
-        common = reuse[slot.index]
-        if holding:
-            if self.prompt_cache is not None and len(ids) < len(slot.tokens):
-                self.prompt_cache.store(slot.tokens, slot.kinds, slot.cache)  # before the reply's rows go
-            if prefix.rewind(slot.cache, len(ids)):
-                self._take_whole_prompt(slot, slot, request, seq)
-                return
-        slot.prompt_row = None  # its rows are about to be replaced
-        entry = self.prompt_cache.lookup(ids, slot.cache) if fits and self.prompt_cache is not None else None
+        common = len(ids) if holding else reuse[slot.index]
+        if not holding:
+            slot.prompt_row = None  # its rows are about to be replaced
+        entry = None if holding or not fits or self.prompt_cache is None else self.prompt_cache.lookup(ids, slot.cache)
         kinds = prefix.narrowed(entry.kinds, self.kind_bits) if entry is not None else None
         from_entry = self._plan(entry.tokens.tolist(), kinds, ids) if entry is not None else 0
         if self.prompt_cache is not None and common < len(slot.tokens):
@@ -450,13 +445,15 @@ class Scheduler:
         if from_entry > common:
             slot.cache.import_state(entry.state)
             slot.tokens, slot.kinds, common = entry.tokens.tolist(), kinds, from_entry
-        batches = None
-        if common:
+        batches, whole = None, bool(holding) and prefix.rewind(slot.cache, common)
+        if whole:  # the whole prompt: nothing to run
+            batches = []
+        elif common:
             planned, batches = prefix.plan(slot.tokens, slot.kinds, ids, step, self.row_kinds)
             if planned != common or not prefix.rewind(slot.cache, common):
                 batches = None
         if batches is None:
-            common, batches = 0, prefix.fresh_batches(len(ids), step)
+            common, batches, slot.prompt_row = 0, prefix.fresh_batches(len(ids), step), None
             self.engine.reset(slot)
         slot.tokens, slot.kinds = list(ids[:common]), slot.kinds[:common]
         slot.batches = self._chunks(batches)
@@ -465,6 +462,8 @@ class Scheduler:
         request.status, request.reused, request.started = "prefill", common, time.monotonic()
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += common
+        if whole:
+            self._decode_from_prompt_row(slot, slot)
         if seq.done:  # max_tokens 0
             self._finish(slot)
 
@@ -524,7 +523,7 @@ class Scheduler:
         self._note_shifts(slot)
         if not slot.batches:
             slot.logits, slot.found = take_row(logits)
-            if self.engine.reusable and not getattr(slot.cache, "n_shifted", 0):
+            if self.engine.reusable:
                 slot.prompt_row = (request.ids, slot.logits.copy(), slot.found)
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
@@ -540,9 +539,10 @@ class Scheduler:
             return False
         for donor in self.slots:
             if donor is not slot and self._holds_prompt(donor, ids) and slot.cache.copy_prefix(donor.cache, len(ids)):
+                slot.tokens, slot.kinds, slot.batches = list(ids), list(donor.kinds[:len(ids)]), []
                 self.stats["shared_tokens"] += len(ids) - have
                 self.stats["reused_tokens"] += len(ids) - request.reused
-                self._take_whole_prompt(slot, donor, request, slot.seq)
+                self._decode_from_prompt_row(slot, donor)
                 return True
         step = self._step(len(ids))
         plans = [(prefix.plan(s.tokens, s.kinds, ids, step, self.row_kinds), s) for s in self.slots
@@ -566,22 +566,15 @@ class Scheduler:
         row = slot.prompt_row
         return row is not None and row[0] == ids and slot.tokens[:len(ids)] == ids
 
-    def _take_whole_prompt(self, slot, donor, request, seq) -> None:
-        """slot's cache holds the prompt's rows (donor's, copied or its own): it decodes from donor's last prompt
+    @staticmethod
+    def _decode_from_prompt_row(slot, donor) -> None:
+        """slot's cache holds its prompt's rows (donor's, copied or its own): it decodes from donor's last prompt
         row, as the prefill that computed those rows left it (the same bits a fresh prefill gives)."""
-        ids, (_, row, found) = request.ids, donor.prompt_row
-        slot.tokens, slot.kinds, slot.batches = list(ids), list(donor.kinds[:len(ids)]), []
-        slot.prompt_row = donor.prompt_row
-        slot.request, slot.seq, slot.logits, slot.found, slot.paused_since = request, seq, row.copy(), found, None
-        if request.status != "prefill":  # admitted here (_start), not after _start's setup
-            slot.pending, slot.spec = None, self._speculator(slot, request.opts)
-            request.started = time.monotonic()
-            self.stats["prompt_tokens"] += len(ids)
-            self.stats["reused_tokens"] += len(ids)
-        request.reused, request.status = len(ids), "decode"
+        _, row, found = slot.prompt_row = donor.prompt_row
+        slot.logits, slot.found = row.copy(), found
+        request = slot.request
+        request.reused, request.status = len(request.ids), "decode"
         request.first_token_s = time.monotonic() - request.submitted
-        if seq.done:  # max_tokens 0
-            self._finish(slot)
 
     def _decode_step(self, chunk=None) -> bool:
         """Each decoding sequence takes its next token (sampled from its last row, or the one a rejected draft
