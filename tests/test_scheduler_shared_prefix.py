@@ -82,13 +82,14 @@ def test_the_same_prompt_again_runs_nothing_and_keeps_its_bits(real_model):
 
 
 def test_a_prompt_cut_mid_prefill_leaves_no_stale_row(real_model):
-    """A prefilled whole, then another prompt cancelled after its first chunks replaced A's rows: A again must not
-    take its old logits row over rows that are no longer its own; it prefills, with the bits served alone gives."""
+    """A prefilled whole, then another prompt with the same system prompt (re-using those rows) cancelled after its
+    first chunks replaced A's other rows: A again must not take its old logits row over rows that are no longer its
+    own; it prefills, with the bits served alone gives."""
     import time
     _, path = real_model
     m = edgellm.load(path, n_ctx=512, n_threads=2)
     a = m.tokenize(PROMPTS[0])
-    b = m.tokenize("A different opening. " + "Tell me about wheels, spokes and rims. " * 30)
+    b = m.tokenize(SYSTEM + "Question: " + "tell me about wheels, spokes and rims. " * 30)
     alone = m.complete(a, max_tokens=MAX_TOKENS, temperature=0, logprobs=2)
     scheduler = Scheduler(m, 1, seq_ctx=512, prefill_chunk=16)
     try:
@@ -96,7 +97,7 @@ def test_a_prompt_cut_mid_prefill_leaves_no_stale_row(real_model):
         list(first.events())
         cut = scheduler.submit(b, options())
         deadline = time.monotonic() + 60
-        while cut.prefilled <= len(a) and time.monotonic() < deadline:  # past A's length: rows A would take
+        while cut.reused + cut.prefilled <= len(a) and time.monotonic() < deadline:  # past A's length
             time.sleep(0.0005)
         cut.cancel()
         list(cut.events())
@@ -104,7 +105,7 @@ def test_a_prompt_cut_mid_prefill_leaves_no_stale_row(real_model):
         done = [e for e in again.events() if isinstance(e, Completion)][0]
     finally:
         scheduler.close()
-    assert len(a) < cut.prefilled < len(b)  # it was cut mid-prompt, past A's length
+    assert cut.reused > 0 and len(a) < cut.reused + cut.prefilled < len(b)  # re-used A's start, cut past A's end
     assert again.prefilled > 0 and again.reused < len(a)
     assert done.tokens == alone.tokens
     assert [(i.id, i.logprob) for i in done.token_info] == [(i.id, i.logprob) for i in alone.token_info]
