@@ -32,7 +32,8 @@ from edgellm.errors import (Cancelled, EdgeLLMError, ModelBusyError, ModelError,
 from edgellm.generation import kernel_paths
 from edgellm.generation.batch import prepare, release_pool, run_batch
 from edgellm.generation import cost_store, speculative as speculative_mod
-from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens
+from edgellm.generation.decoding import (PromptScore, SequenceState, check_finite, logit_bias_arrays,
+                                         max_new_tokens)
 from edgellm.generation.options import MODEL_DEFAULT, GenerationOptions, parse_options
 from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.sampling import Sampler
@@ -342,6 +343,29 @@ class Model:
         self.timings.reused_tokens = common
         return out[-1]
 
+    def _scored_prefill(self, ids: list[int], score) -> np.ndarray:
+        """_prefill from an empty cache with every row's logits, each batch's rows scored (a PromptScore) as it
+        comes, so at most one batch of rows is held; returns the last row. Nothing is re-used: reused rows have no
+        logits."""
+        if len(ids) > self.n_ctx:
+            raise PromptError(f"prompt_logprobs needs the whole prompt in the context: {len(ids)} tokens do not fit "
+                              f"in {self.n_ctx}")
+        batches = prefix.fresh_batches(len(ids), self._step(len(ids)))
+        kinds = self._kinds(batches)
+        self._set_cached([], [])
+        self.model.reset()
+        try:
+            for b0, b1 in batches:
+                out = self.model.forward(np.asarray(ids[b0:b1], dtype=np.int32), all_logits=True)
+                score.rows(b0, out)
+        except Cancelled:
+            n = self.model.n_past  # the batches that ran are whole (nothing shifted: the prompt fits)
+            self._set_cached(list(ids[:n]), kinds[:n])
+            raise
+        self._set_cached(list(ids), kinds)
+        self.timings.reused_tokens = 0
+        return out[-1]
+
     def _swap_prefix(self, ids, step, row_kinds) -> None:
         """Before the cache moves to another conversation, keep what it holds in the prompt cache; bring in the
         kept prefix of `ids` where it re-uses more than the cache's own."""
@@ -506,10 +530,11 @@ class Model:
         t0, c0 = time.perf_counter(), compile_seconds()  # kernels compiled on first use are timed apart
         decode_kind = self._kinds([(0, 1)])[0]
         spec = None
-        if not seq.done:
+        score = None if opts.prompt_logprobs is None else PromptScore(self.tokenizer, ids, opts.prompt_logprobs)
+        if not seq.done or score is not None:  # (a prompt scored with max_tokens 0 is prefilled all the same)
             try:
                 with reporting_compiles(self.compile_progress):
-                    logits = self._prefill(ids)
+                    logits = self._prefill(ids) if score is None else self._scored_prefill(ids, score)
             except Cancelled:
                 logits = None
             c1 = compile_seconds()
@@ -517,7 +542,8 @@ class Model:
             t1 = time.perf_counter()
             if logits is not None:
                 spec = self._speculator(opts, seq)
-            while True:
+                seq.prompt_info = None if score is None else score.infos
+            while not seq.done:
                 if logits is None or self._cancel_requested.is_set():
                     seq.stop_reason = "cancelled"
                     break

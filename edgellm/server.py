@@ -188,8 +188,8 @@ def generation_kwargs(body: dict, fields: dict) -> dict:
     kwargs = {k: v for k, v in body.items() if k in fields and k not in IGNORED_FIELDS and v is not None}
     if "max_completion_tokens" in kwargs:  # OpenAI's newer name
         kwargs["max_tokens"] = kwargs.pop("max_completion_tokens")
-    if kwargs.get("max_tokens", 1) < 1:
-        raise HTTPError(400, "'max_tokens' must be at least 1", param="max_tokens")
+    if kwargs.get("max_tokens", 1) < (0 if kwargs.get("echo") else 1):  # 0 with echo: the prompt back, scored
+        raise HTTPError(400, "'max_tokens' must be at least 1 (0 only with echo)", param="max_tokens")
     return kwargs
 
 
@@ -505,8 +505,8 @@ class Endpoints:
         try:
             # what can be refused is refused here, with a 400, before a slot is taken
             parse_options("request", options, {}, allow_compat=True)
-            if kwargs.get("echo") and kwargs.get("logprobs") is not None:
-                raise HTTPError(400, "echo with logprobs is not supported", param="echo")
+            if kwargs.get("echo") and kwargs.get("logprobs") is not None and body.get("stream"):
+                raise HTTPError(400, "echo with logprobs is not supported when streaming", param="echo")
             if kwargs.get("top_logprobs") is not None and not kwargs.get("logprobs"):
                 raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             n_prompts = [len(await asyncio.to_thread(ids_of)) for ids_of, _ in prompts]

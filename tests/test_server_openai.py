@@ -333,3 +333,36 @@ def test_real_model_through_the_server(smollm2_path):
         pieces = [ch.choices[0].text for ch in c.completions.create(
             model="smollm2", prompt=ref["prompt"], temperature=0, max_tokens=8, stream=True)]
         assert "".join(pieces) == r.choices[0].text
+
+
+def test_echo_with_logprobs_scores_the_prompt(smollm2_path):
+    """lm-eval's loglikelihood call (echo, logprobs, max_tokens 0 or 1), through the server's scheduler: the
+    prompt's tokens come back scored, each equal to the Python API's, and what is generated after them follows."""
+    import edgellm
+
+    m = edgellm.load(smollm2_path, n_ctx=256)
+    prompt = "Question: what is the capital of France? Answer: Paris"
+    want = m.create_completion(prompt, echo=True, logprobs=2, max_tokens=1, temperature=0)["choices"][0]
+    with BackgroundServer(create_app(m, model_name="smollm2")) as srv:
+        c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.completions.create(model="smollm2", prompt=prompt, echo=True, logprobs=2, max_tokens=0)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text == prompt and r.usage.completion_tokens == 0
+        assert len(lp.tokens) == len(m.prompt_ids(prompt)) == r.usage.prompt_tokens
+        assert lp.token_logprobs[0] is None and all(v < 0 for v in lp.token_logprobs[1:])
+        assert lp.token_logprobs == want["logprobs"]["token_logprobs"][:-1]
+        assert lp.top_logprobs == want["logprobs"]["top_logprobs"][:-1]
+        r = c.completions.create(model="smollm2", prompt=[prompt, prompt[:-6]], echo=True, logprobs=2, max_tokens=1,
+                                 temperature=0)
+        assert r.choices[0].text == want["text"] and r.choices[0].logprobs.model_dump() == want["logprobs"]
+        assert r.choices[1].logprobs.token_logprobs[:-1] == want["logprobs"]["token_logprobs"][:-2]  # its prompt
+
+
+def test_echo_with_logprobs_is_refused_streamed_and_max_tokens_0_needs_echo(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="fake", prompt="hello", echo=True, logprobs=1, stream=True)
+    assert info.value.body["param"] == "echo" and "stream" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError, match="echo") as info:
+        client.completions.create(model="fake", prompt="hello", max_tokens=0)
+    r = client.completions.create(model="fake", prompt="hello", echo=True, max_tokens=0)
+    assert r.choices[0].text == "hello" and r.usage.completion_tokens == 0

@@ -7,9 +7,13 @@ counting every generated token, logprobs of the unmodified distribution, text_of
 the prompt text, one final chunk with text "" and the finish_reason. Differs on purpose: a streamed chunk carries
 whole UTF-8 characters (llama-cpp-python may cut one), and the logprobs of the tokens that made its text; chat
 logprobs=True without top_logprobs gives the chosen tokens' logprobs (llama-cpp-python gives none); echo with
-logprobs is refused (the prompt's logprobs would need every prompt position's logits).
+logprobs scores each prompt token from the row before it (llama-cpp-python takes the token's own row), with null
+for a first token that has nothing before it, and echo with max_tokens 0 generates nothing, as OpenAI's API (for
+scoring: lm-eval's loglikelihood); streamed, echo with logprobs is refused.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from edgellm.compat.completions import (chat_chunk, chat_chunks, chat_completion_id, chat_completion_response,
                                         completion_chunk, completion_logprobs, completion_response,
@@ -56,12 +60,18 @@ def _prepare(llm, caller: str, ids_of, kwargs: dict, defaults: dict):
 
 def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, **kwargs):
     """A CreateCompletionResponse dict, or (stream=True) an iterator of completion chunks."""
+    scoring = echo and kwargs.get("logprobs") is not None
+    if scoring and stream:
+        raise SamplingError("echo=True with logprobs is not supported when streaming: ask without stream")
+    if scoring:
+        kwargs["prompt_logprobs"] = kwargs["logprobs"]
+    echo_only = echo and kwargs.get("max_tokens") == 0  # the prompt back (and scored), nothing generated
     model_name, opts, ids = _prepare(llm, "create_completion", lambda: llm.prompt_ids(prompt), kwargs,
                                      COMPLETION_DEFAULTS)
-    if echo and opts.logprobs is not None:
-        raise SamplingError("echo=True with logprobs is not supported by edgellm")
+    if echo_only:
+        opts = replace(opts, max_tokens=0)
     prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids)
-    base_offset = 0 if echo else len(prompt_text)
+    base_offset = len(prompt_text)  # text_offset counts from the start of the prompt, echoed or not
     events = llm.decode_events(ids, opts)
     completion_id, created = new_completion_id(), now()
     if stream:
@@ -69,10 +79,26 @@ def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, 
                                   prompt_text if echo else "")
     done = _completion_result(events)
     logprobs = _logprobs_dict(done.token_info, base_offset) if opts.logprobs is not None else None
+    if scoring:
+        logprobs = _merged_logprobs(_logprobs_dict(_echoed(llm, prompt, done.prompt_info), 0), logprobs)
     return completion_response(completion_id=completion_id, created=created, model=model_name,
                                text=(prompt_text if echo else "") + done.text, finish_reason=done.finish_reason,
                                prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
                                logprobs=logprobs, completion_tokens_details=speculation_details(done))
+
+
+def _echoed(llm, prompt, infos) -> list:
+    """The prompt tokens' TokenInfo as echoed: without a BOS the tokenizer added to a text prompt (it is not in
+    the text), offsets counted from the echoed text's start."""
+    tok = llm.tokenizer
+    if isinstance(prompt, (str, bytes)) and len(infos) > 1 and tok.add_bos and infos[0].id == tok.bos_id:
+        first = infos[1].offset
+        infos = [replace(i, offset=i.offset - first) for i in infos[1:]]
+    return infos
+
+
+def _merged_logprobs(prompt: dict, generated: dict) -> dict:
+    return {key: prompt[key] + generated[key] for key in prompt}
 
 
 def _completion_chunks(events, completion_id, created, model_name, opts, base_offset, echo_text):

@@ -14,9 +14,10 @@ from collections import deque
 
 import numpy as np
 
-from edgellm.engine import validate
+from edgellm.engine import prefix, validate
 from edgellm.errors import Cancelled, PromptError, SamplingError
-from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens, take_row
+from edgellm.generation.decoding import (PromptScore, SequenceState, check_finite, logit_bias_arrays,
+                                         max_new_tokens, take_row)
 from edgellm.generation.options import MODEL_DEFAULT, parse_options
 
 # Model -> ((n_seq, seq_ctx), its KV pool): the caches of the last batch shape, kept between calls of that shape
@@ -82,12 +83,13 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
                 cache.reset()
                 if model.cancel_requested:  # cancelled before its turn: an empty completion
                     seq.stop_reason, seq.done = "cancelled", True
-                if not seq.done:  # (max_tokens 0 is done at once)
+                if not seq.done or o.prompt_logprobs is not None:  # (max_tokens 0 is done at once, unless scored)
                     try:
-                        pending[slot], found[slot] = take_row(fm.forward(np.asarray(ids, dtype=np.int32),
-                                                                         cache=cache)[-1])
-                        active[slot] = seq
-                        continue
+                        row = _prompt_row(model, ids, cache, seq)
+                        if not seq.done:
+                            pending[slot], found[slot] = take_row(row)
+                            active[slot] = seq
+                            continue
                     except Cancelled:  # cancel() during this prompt: whole batches ran, the cache is dropped
                         seq.stop_reason, seq.done = "cancelled", True
                 finished(index, seq.finish()[1])
@@ -124,6 +126,20 @@ def run_batch(model, prompt_ids: list, opts, pool, bias, on_finish=None):
         return completions
 
 
+def _prompt_row(model, ids, cache, seq) -> np.ndarray:
+    """A prompt through a sequence's cache, as Model.generate runs it; its last row of logits. Where the options ask
+    for prompt_logprobs, the fresh batches run one at a time with every row kept, and scored as they come."""
+    fm, top_n = model.model, seq.opts.prompt_logprobs
+    if top_n is None:
+        return fm.forward(np.asarray(ids, dtype=np.int32), cache=cache)[-1]
+    score = PromptScore(model.tokenizer, ids, top_n)
+    for b0, b1 in prefix.fresh_batches(len(ids), fm.prompt_step(cache, len(ids))):
+        rows = fm.forward(np.asarray(ids[b0:b1], dtype=np.int32), all_logits=True, cache=cache)
+        score.rows(b0, rows)
+    seq.prompt_info = score.infos
+    return rows[-1]
+
+
 def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):
     """Check everything before the first step: the prompts, the options, the slot count and the context."""
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
@@ -146,5 +162,7 @@ def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):
         longest = max(len(ids) for ids in prompt_ids)
         seq_ctx = model.n_ctx if max_tokens is None else min(model.n_ctx, longest + max_tokens + 1)
     seq_ctx = max(seq_ctx, 2 * fm.n_keep + 2)
+    if opts.prompt_logprobs is not None and max(len(ids) for ids in prompt_ids) > seq_ctx:
+        raise PromptError(f"prompt_logprobs needs each whole prompt in its sequence's context of {seq_ctx} tokens")
     bias = logit_bias_arrays(opts, model.n_vocab)
     return prompt_ids, opts, pool_for(model, n_parallel, seq_ctx), bias

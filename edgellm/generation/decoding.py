@@ -6,6 +6,7 @@ a sequence behaves the same alone or in a batch: the forward passes differ, the 
 """
 from __future__ import annotations
 
+import codecs
 import time
 
 import numpy as np
@@ -63,6 +64,43 @@ def logit_bias_arrays(opts, n_vocab: int):
     return bias_ids, np.array(list(opts.logit_bias.values()), dtype=np.float32)
 
 
+def token_info(tok, token: int, offset: int, row, top_n, scanned=None) -> TokenInfo:
+    """A token's TokenInfo; with a row of logits (the one it was chosen or scored from), its logprob and the top_n
+    alternatives', of the model's own distribution."""
+    info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), offset)
+    if row is not None and top_n is not None:
+        lp = token_logprobs(row, token, top_n, scanned)
+        info.logprob = lp.logprob
+        info.top_logprobs = top_logprobs_entry(
+            info.text, lp.logprob, [(tok.token_to_bytes(int(i)).decode("utf-8", errors="ignore"), v)
+                                    for i, v in zip(lp.top_ids, lp.top_logprobs)])
+    return info
+
+
+class PromptScore:
+    """Each prompt token's log-probability given the tokens before it (prompt_logprobs), from the prompt's logits
+    rows as its prefill computes them, a batch at a time: the row at position i scores token i + 1, and the first
+    token has none."""
+
+    def __init__(self, tok, ids, top_n: int):
+        self.tok, self.ids, self.top_n = tok, list(ids), top_n
+        self._chars = codecs.getincrementaldecoder("utf-8")("ignore")
+        self._offset = 0
+        self.infos: list = []
+        self._add(0, None)
+
+    def _add(self, j: int, row) -> None:
+        token = self.ids[j]
+        self.infos.append(token_info(self.tok, token, self._offset, row, self.top_n))
+        self._offset += len(self._chars.decode(self.tok.token_to_bytes(token)))
+
+    def rows(self, b0: int, rows) -> None:
+        """rows: the logits of prompt positions b0, b0 + 1, ..., in order (the prompt's last row scores nothing)."""
+        for i in range(len(rows)):
+            if b0 + i + 1 < len(self.ids):
+                self._add(b0 + i + 1, rows[i])
+
+
 class SequenceState:
     """Feed step() the logits after the prompt, then after each token it returned; stop when it returns None
     (an end-of-generation token) or .done is set (stop string, max_tokens, stopping criterion)."""
@@ -78,6 +116,7 @@ class SequenceState:
         self.stop_reason = "length"
         self.done = max_tokens <= 0
         self.sample_s = 0.0
+        self.prompt_info = None  # PromptScore.infos, where the options ask for prompt_logprobs
         self.constraint = None
         if opts.constraint is not None:  # each sequence its own matcher, from the grammar checked in the options
             from edgellm.generation.constrain import SequenceConstraint  # (imported only where one is asked for)
@@ -111,14 +150,8 @@ class SequenceState:
             # under a grammar an end-of-generation token is only allowed where the grammar is complete
             self.stop_reason, self.done = "eog", True
             return None
-        info = TokenInfo(token, tok.token_to_bytes(token).decode("utf-8", errors="ignore"), self.text.decoded_chars)
-        if opts.logprobs is not None:
-            # of the model's own distribution, before biases and penalties, as llama-cpp-python reports
-            lp = token_logprobs(logits, token, opts.logprobs, scanned)
-            info.logprob = lp.logprob
-            info.top_logprobs = top_logprobs_entry(
-                info.text, lp.logprob, [(tok.token_to_bytes(int(i)).decode("utf-8", errors="ignore"), v)
-                                        for i, v in zip(lp.top_ids, lp.top_logprobs)])
+        # logprobs of the model's own distribution, before biases and penalties, as llama-cpp-python reports
+        info = token_info(tok, token, self.text.decoded_chars, logits, opts.logprobs, scanned)
         self.generated.append(token)
         self.history.append(token)
         self.infos.append(info)
@@ -141,4 +174,4 @@ class SequenceState:
         finish = "length" if self.stop_reason in ("length", "time_limit") else "stop"
         piece = self.text.finish(finish)
         return piece, Completion(self.text.text, self.generated, finish, len(self.prompt_ids), self.stop_reason,
-                                 self.text.stop_string, self.infos)
+                                 self.text.stop_string, self.infos, prompt_info=self.prompt_info)

@@ -18,7 +18,8 @@ from edgellm.generation.speculative import check_lengths
 from edgellm.generation.textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
-GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "logit_bias", "logits_processor",
+GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias",
+                    "logits_processor",
                     "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice",
                     "speculative", "draft_max", "draft_min")
 MODEL_DEFAULT = "model-default"  # GenerationOptions.speculative when the call names none: the model's load() choice
@@ -47,6 +48,9 @@ class GenerationOptions:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the n most likely alternatives'
+    # None: off; n: each prompt token's logprob given the tokens before it, and the n most likely alternatives', in
+    # Completion.prompt_info (the prompt is then prefilled whole, every row's logits computed: nothing is re-used)
+    prompt_logprobs: int | None = None
     logit_bias: dict | None = None  # token id -> added to its logit before sampling
     logits_processor: Callable | None = None  # f(input_ids, scores) -> scores, llama-cpp-python's signature
     stopping_criteria: Callable | None = None  # f(input_ids, logits) -> bool: True ends with finish_reason "stop"
@@ -124,11 +128,7 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
                                    or max_tokens < 0):
         raise SamplingError(f"max_tokens must be None or an integer >= 0, got {max_tokens!r}")
-    logprobs = values.get("logprobs")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, numbers.Integral)
-                                 or logprobs < 0):
-        raise SamplingError(f"logprobs must be None or an integer >= 0 (the number of alternatives), "
-                            f"got {logprobs!r}")
+    logprobs, prompt_logprobs = _check_count(values, "logprobs"), _check_count(values, "prompt_logprobs")
     check_lengths(values.get("draft_max"), values.get("draft_min"))
     ignore_eos = values.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -139,7 +139,8 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         stop=_as_stop_list(values.get("stop")),
         seed=_check_seed(values.get("seed")),
         ignore_eos=ignore_eos,
-        logprobs=None if logprobs is None else int(logprobs),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         logit_bias=_check_logit_bias(values.get("logit_bias")),
         logits_processor=_as_callable_chain("logits_processor", values.get("logits_processor"), _chain_processors),
         stopping_criteria=_as_callable_chain("stopping_criteria", values.get("stopping_criteria"), _any_criterion),
@@ -148,6 +149,13 @@ def parse_options(caller: str, kwargs: dict, defaults: dict, allow_compat: bool 
         draft_max=values.get("draft_max"),
         draft_min=values.get("draft_min") or 0,
     )
+
+
+def _check_count(values: dict, name: str) -> int | None:
+    value = values.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+        raise SamplingError(f"{name} must be None or an integer >= 0 (the number of alternatives), got {value!r}")
+    return None if value is None else int(value)
 
 
 def _constraint(values):

@@ -95,6 +95,9 @@ class Completion:
     speculative: str | None = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # with prompt_logprobs: TokenInfo per prompt token, its logprob given the tokens before it (None for the
+    # first), offsets in characters into the prompt tokens' own text
+    prompt_info: list | None = None
 
     @property
     def completion_tokens(self) -> int:

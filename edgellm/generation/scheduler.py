@@ -48,8 +48,9 @@ from collections import deque
 import numpy as np
 
 from edgellm.engine import prefix, validate
-from edgellm.errors import EdgeLLMError, SamplingError, ServerClosing
-from edgellm.generation.decoding import SequenceState, check_finite, logit_bias_arrays, max_new_tokens, take_row
+from edgellm.errors import EdgeLLMError, PromptError, SamplingError, ServerClosing
+from edgellm.generation.decoding import (PromptScore, SequenceState, check_finite, logit_bias_arrays,
+                                         max_new_tokens, take_row)
 from edgellm.generation.results import Completion
 from edgellm.generation.sampling import Sampler
 from edgellm.generation import cost_store, speculative as speculative_mod
@@ -146,6 +147,7 @@ class _Slot:
         # (prompt ids, its last row's logits, their scan) of the last prompt prefilled whole here, while the cache
         # still holds its rows: the same prompt again takes the rows and this row, and runs nothing
         self.prompt_row = None
+        self.score = None  # the request's PromptScore, while its prompt is prefilled, where it asks for prompt_logprobs
 
 
 class _PoolEngine:
@@ -165,8 +167,10 @@ class _PoolEngine:
     def reset(self, slot) -> None:
         slot.cache.reset()
 
-    def prefill(self, slot, tokens) -> np.ndarray:
-        return self.fm.forward(np.asarray(tokens, np.int32), cache=slot.cache)[-1]
+    def prefill(self, slot, tokens, all_rows: bool = False) -> np.ndarray:
+        """The last row of logits, or every row's."""
+        out = self.fm.forward(np.asarray(tokens, np.int32), all_logits=all_rows, cache=slot.cache)
+        return out if all_rows else out[-1]
 
     def decode(self, slots, tokens) -> np.ndarray:
         return self.fm.forward_multi(tokens, [s.cache for s in slots])
@@ -191,8 +195,9 @@ class _SingleEngine:
     def reset(self, slot) -> None:
         self.fm.reset()
 
-    def prefill(self, slot, tokens) -> np.ndarray:
-        return self.fm.forward(np.asarray(tokens, np.int32))[-1]
+    def prefill(self, slot, tokens, all_rows: bool = False) -> np.ndarray:
+        out = self.fm.forward(np.asarray(tokens, np.int32), all_logits=all_rows)
+        return out if all_rows else out[-1]
 
     def decode(self, slots, tokens) -> np.ndarray:
         return self.fm.forward(np.asarray(tokens, np.int32))[-1:]
@@ -429,7 +434,12 @@ class Scheduler:
                                 getattr(self.engine.fm, "context_shift", False))
         seq = SequenceState(self.model, ids, request.opts, budget, request.bias)
         step = self._step(len(ids))
-        fits = len(ids) <= self.seq_ctx and self.engine.reusable
+        # a prompt scored token by token (prompt_logprobs) needs every row's logits: it re-uses nothing
+        scoring = request.opts.prompt_logprobs is not None
+        if scoring and len(ids) > self.seq_ctx:
+            raise PromptError(f"prompt_logprobs needs the whole prompt in the context: {len(ids)} tokens do not fit "
+                              f"in a slot's {self.seq_ctx}")
+        fits = len(ids) <= self.seq_ctx and self.engine.reusable and not scoring
         # a free slot that prefilled this very prompt, else the one that re-uses most, else the least recently used
         holding = [s for s in free if fits and self._holds_prompt(s, ids)]
         reuse = {s.index: self._plan(s.tokens, s.kinds, ids) if fits and not holding else 0 for s in free}
@@ -459,12 +469,13 @@ class Scheduler:
         slot.batches = self._chunks(batches)
         slot.request, slot.seq, slot.logits, slot.paused_since = request, seq, None, None
         slot.pending, slot.spec = None, self._speculator(slot, request.opts)
+        slot.score = PromptScore(self.model.tokenizer, ids, request.opts.prompt_logprobs) if scoring else None
         request.status, request.reused, request.started = "prefill", common, time.monotonic()
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += common
         if whole:
             self._decode_from_prompt_row(slot, slot)
-        if seq.done:  # max_tokens 0
+        if seq.done and not scoring:  # max_tokens 0 (a scored prompt ends after its prefill)
             self._finish(slot)
 
     def _chunks(self, batches) -> list:
@@ -496,7 +507,7 @@ class Scheduler:
         if request.cancelled.is_set():
             self._finish(slot, "cancelled")
             return True, None
-        if request.prefilled == 0 and self._share_prefix(slot):
+        if request.prefilled == 0 and slot.score is None and self._share_prefix(slot):
             return True, None
         b0, b1 = slot.batches.pop(0)
         return True, (slot, b0, b1)
@@ -505,7 +516,10 @@ class Scheduler:
         """A prompt chunk in a forward of its own."""
         slot, b0, b1 = chunk
         try:
-            logits = self.engine.prefill(slot, slot.request.ids[b0:b1])
+            logits = self.engine.prefill(slot, slot.request.ids[b0:b1], all_rows=slot.score is not None)
+            if slot.score is not None:
+                slot.score.rows(b0, logits)
+                logits = logits[-1]
         except EdgeLLMError as e:
             self._fail(slot, e)
             return
@@ -527,6 +541,10 @@ class Scheduler:
                 slot.prompt_row = (request.ids, slot.logits.copy(), slot.found)
             request.status = "decode"
             request.first_token_s = time.monotonic() - request.submitted
+            if slot.score is not None:
+                slot.seq.prompt_info, slot.score = slot.score.infos, None
+                if slot.seq.done:  # max_tokens 0: the prompt's scores were all it asked for
+                    self._finish(slot)
 
     def _share_prefix(self, slot) -> bool:
         """Before a prompt's first chunk: the longest re-usable prefix another slot has computed by now (the same
@@ -623,7 +641,8 @@ class Scheduler:
             stepped.append([slot, fed, choices, draft_s])
         if drafting:
             self._draft_together(stepped, drafting)
-        if chunk is not None and not (stepped and not any(choices for _, _, choices, _ in stepped)
+        if chunk is not None and not (stepped and chunk[0].score is None
+                                      and not any(choices for _, _, choices, _ in stepped)
                                       and self.engine.can_mix(chunk[0], chunk[2] - chunk[1], len(stepped))):
             self._run_chunk(chunk)
             chunk = None
@@ -777,6 +796,6 @@ class Scheduler:
 
     def _free(self, slot) -> None:
         slot.batches = []  # cut mid-prompt: the whole chunks that ran stay in the cache, and in slot.tokens
-        slot.request = slot.seq = slot.logits = slot.found = slot.pending = slot.spec = None
+        slot.request = slot.seq = slot.logits = slot.found = slot.pending = slot.spec = slot.score = None
         slot.paused_since = None
         slot.last_used = time.monotonic()
