@@ -352,6 +352,8 @@ class Model:
                               f"in {self.n_ctx}")
         batches = prefix.fresh_batches(len(ids), self._step(len(ids)))
         kinds = self._kinds(batches)
+        if self.prompt_cache is not None and self._cached_tokens and not self._shift_log():
+            self.prompt_cache.store(self._cached_tokens, self._cached_kinds, self.model.cache)  # before the reset
         self._set_cached([], [])
         self.model.reset()
         try:

@@ -51,6 +51,19 @@ def test_alternating_chats_keep_their_prefixes(models):
     assert cached.prompt_cache.hits >= 2
 
 
+def test_a_scored_prompt_keeps_the_chat_before_it(models):
+    """prompt_logprobs prefills from an empty cache: what the cache held goes to the prompt cache first, so the
+    chat it interrupted still re-uses its prefix."""
+    cached, _ = models
+    cached.reset()
+    reply = cached.chat(A, max_tokens=8)
+    cached.complete("The capital of France is Paris.", max_tokens=0, prompt_logprobs=0)
+    assert cached.timings.reused_tokens == 0
+    turn = A + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Say more."}]
+    cached.chat(turn, max_tokens=8)
+    assert cached.timings.reused_tokens >= len(cached.chat_prompt_ids(A)) - 4
+
+
 def test_ram_budget_evicts_least_recently_used(models):
     m = models[1]
     cache = m.model.cache
