@@ -38,6 +38,7 @@ from edgellm.generation.options import MODEL_DEFAULT, GenerationOptions, parse_o
 from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.sampling import Sampler
 from edgellm.generation.results import Completion, Timings, TokenInfo  # noqa: F401  (part of this module's API)
+from edgellm.generation.results import PromptScored
 from edgellm.generation.state import ModelState
 from edgellm.tokenizer import Tokenizer
 
@@ -544,7 +545,9 @@ class Model:
             t1 = time.perf_counter()
             if logits is not None:
                 spec = self._speculator(opts, seq)
-                seq.prompt_info = None if score is None else score.infos
+                if score is not None:
+                    seq.prompt_info = score.infos
+                    yield PromptScored(score.infos)
             while not seq.done:
                 if logits is None or self._cancel_requested.is_set():
                     seq.stop_reason = "cancelled"
@@ -684,7 +687,7 @@ class Model:
             for event in events:
                 if isinstance(event, Completion):
                     return event
-                if event[0]:
+                if not isinstance(event, PromptScored) and event[0]:
                     yield event[0]
 
     # -- batches -------------------------------------------------------------------------------------------------

@@ -505,8 +505,6 @@ class Endpoints:
         try:
             # what can be refused is refused here, with a 400, before a slot is taken
             parse_options("request", options, {}, allow_compat=True)
-            if kwargs.get("echo") and kwargs.get("logprobs") is not None and body.get("stream"):
-                raise HTTPError(400, "echo with logprobs is not supported when streaming", param="echo")
             if kwargs.get("top_logprobs") is not None and not kwargs.get("logprobs"):
                 raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             n_prompts = [len(await asyncio.to_thread(ids_of)) for ids_of, _ in prompts]

@@ -159,5 +159,5 @@ def test_neutral_compat_values_are_accepted(m):
     assert r["choices"][0]["text"] == " world STOP hello"
     r = m.create_chat_completion(MESSAGES, response_format={"type": "text"}, tools=None, temperature=0)
     assert r["choices"][0]["message"]["content"] == "hello world"
-    with pytest.raises(SamplingError, match="echo"):
-        m.create_completion("hello", echo=True, logprobs=1, stream=True)
+    with pytest.raises(SamplingError, match="suffix"):
+        m.create_completion("hello", suffix="!")

@@ -124,6 +124,13 @@ def test_echo_with_logprobs_returns_the_prompt_scored(model):
     want = reference(m, ids, 2)[-n_prompt:] if added_bos else [(None, None)] + reference(m, ids, 2)
     assert list(zip(lp["token_logprobs"], lp["top_logprobs"]))[:n_prompt] == want
     assert all(v is not None for v in lp["token_logprobs"][n_prompt:])
+    # streamed: the echoed prompt first, with the same logprobs, then the same tokens
+    chunks = [c["choices"][0] for c in m.create_completion(prompt, echo=True, logprobs=2, max_tokens=3,
+                                                           temperature=0, stream=True)]
+    assert chunks[0]["text"] == prompt and "".join(c["text"] for c in chunks) == choice["text"]
+    streamed = {key: sum((c["logprobs"][key] for c in chunks if c["logprobs"]), []) for key in lp}
+    assert streamed == lp
+    assert "".join(m.stream(prompt, max_tokens=3, temperature=0, prompt_logprobs=1)) == choice["text"][len(prompt):]
     # max_tokens 0 with echo: the prompt back, scored, nothing generated (OpenAI's scoring call)
     r = m.create_completion(prompt, echo=True, logprobs=0, max_tokens=0)
     assert r["choices"][0]["text"] == prompt and r["usage"]["completion_tokens"] == 0
@@ -135,8 +142,6 @@ def test_bad_prompt_logprobs_are_refused(smollm2_path):
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(SamplingError, match="prompt_logprobs"):
             m.complete("hello", prompt_logprobs=bad)
-    with pytest.raises(SamplingError, match="streaming"):
-        m.create_completion("hello", echo=True, logprobs=1, stream=True)
     long = list(range(100, 160))
     with pytest.raises(PromptError, match="prompt_logprobs"):
         m.complete_batch([long], max_tokens=4, prompt_logprobs=1, seq_ctx=32)

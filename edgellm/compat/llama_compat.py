@@ -9,11 +9,13 @@ whole UTF-8 characters (llama-cpp-python may cut one), and the logprobs of the t
 logprobs=True without top_logprobs gives the chosen tokens' logprobs (llama-cpp-python gives none); echo with
 logprobs scores each prompt token from the row before it (llama-cpp-python takes the token's own row), with null
 for a first token that has nothing before it, and echo with max_tokens 0 generates nothing, as OpenAI's API (for
-scoring: lm-eval's loglikelihood); streamed, echo with logprobs is refused.
+scoring: lm-eval's loglikelihood); streamed, the echoed prompt's chunk carries its logprobs, sent once it is
+scored.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from edgellm.compat.completions import (chat_chunk, chat_chunks, chat_completion_id, chat_completion_response,
                                         completion_chunk, completion_logprobs, completion_response,
@@ -22,7 +24,7 @@ from edgellm.compat.tool_calls import ChatPlan
 from edgellm.compat.tool_stream import ToolCallStream
 from edgellm.errors import SamplingError
 from edgellm.generation.options import parse_options
-from edgellm.generation.results import Completion
+from edgellm.generation.results import Completion, PromptScored
 
 COMPLETION_DEFAULTS = {"max_tokens": 16, "temperature": 0.8, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
                        "top_k": 40, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
@@ -61,8 +63,6 @@ def _prepare(llm, caller: str, ids_of, kwargs: dict, defaults: dict):
 def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, **kwargs):
     """A CreateCompletionResponse dict, or (stream=True) an iterator of completion chunks."""
     scoring = echo and kwargs.get("logprobs") is not None
-    if scoring and stream:
-        raise SamplingError("echo=True with logprobs is not supported when streaming: ask without stream")
     if scoring:
         kwargs["prompt_logprobs"] = kwargs["logprobs"]
     echo_only = echo and kwargs.get("max_tokens") == 0  # the prompt back (and scored), nothing generated
@@ -76,7 +76,7 @@ def create_completion(llm, prompt, *, stream: bool = False, echo: bool = False, 
     completion_id, created = new_completion_id(), now()
     if stream:
         return _completion_chunks(events, completion_id, created, model_name, opts, base_offset,
-                                  prompt_text if echo else "")
+                                  prompt_text if echo else "", partial(_echoed, llm, prompt))
     done = _completion_result(events)
     logprobs = _logprobs_dict(done.token_info, base_offset) if opts.logprobs is not None else None
     if scoring:
@@ -101,14 +101,24 @@ def _merged_logprobs(prompt: dict, generated: dict) -> dict:
     return {key: prompt[key] + generated[key] for key in prompt}
 
 
-def _completion_chunks(events, completion_id, created, model_name, opts, base_offset, echo_text):
+def _completion_chunks(events, completion_id, created, model_name, opts, base_offset, echo_text, echoed=None):
+    """echoed: the prompt's TokenInfo as echoed (_echoed), for a scored prompt's first chunk."""
     common = {"completion_id": completion_id, "created": created, "model": model_name}
     try:
-        if echo_text:
+        if echo_text and opts.prompt_logprobs is None:
             yield completion_chunk(text=echo_text, **common)
+            echo_text = ""
         pending = []  # tokens whose text has not been sent yet
         for event in events:
+            if isinstance(event, PromptScored):  # the echoed prompt, scored, before any token
+                if echo_text:
+                    yield completion_chunk(text=echo_text, logprobs=_logprobs_dict(echoed(event.infos), 0),
+                                           **common)
+                    echo_text = ""
+                continue
             if isinstance(event, Completion):
+                if echo_text:  # cancelled before the prompt was scored
+                    yield completion_chunk(text=echo_text, **common)
                 yield completion_chunk(text="", finish_reason=event.finish_reason, **common)
                 return
             piece, info = event
@@ -195,6 +205,8 @@ def _tool_call_stream(llm, plan, events, completion_id, created, model_name, opt
             if isinstance(event, Completion):
                 done = event
                 break
+            if isinstance(event, PromptScored):
+                continue
             piece, info = event
             text += piece or ""
             if info is not None:

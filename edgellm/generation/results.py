@@ -72,6 +72,13 @@ def top_logprobs_entry(token_text: str, token_logprob: float, alternatives: Iter
 
 
 @dataclass
+class PromptScored:
+    """Where prompt_logprobs was asked, the decode loop's event between the prompt and the first token: the
+    prompt's TokenInfo (Completion.prompt_info again at the end), so a stream can send the scored prompt first."""
+    infos: list
+
+
+@dataclass
 class Completion:
     """The result of a generation.
 

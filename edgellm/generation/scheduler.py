@@ -51,7 +51,7 @@ from edgellm.engine import prefix, validate
 from edgellm.errors import EdgeLLMError, PromptError, SamplingError, ServerClosing
 from edgellm.generation.decoding import (PromptScore, SequenceState, check_finite, logit_bias_arrays,
                                          max_new_tokens, take_row)
-from edgellm.generation.results import Completion
+from edgellm.generation.results import Completion, PromptScored
 from edgellm.generation.sampling import Sampler
 from edgellm.generation import cost_store, speculative as speculative_mod
 
@@ -543,6 +543,7 @@ class Scheduler:
             request.first_token_s = time.monotonic() - request.submitted
             if slot.score is not None:
                 slot.seq.prompt_info, slot.score = slot.score.infos, None
+                request._push(PromptScored(slot.seq.prompt_info))
                 if slot.seq.done:  # max_tokens 0: the prompt's scores were all it asked for
                     self._finish(slot)
 
