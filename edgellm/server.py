@@ -16,6 +16,7 @@ freed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -37,6 +38,7 @@ import edgellm
 from edgellm.compat import llama_compat
 from edgellm.compat.tool_calls import ChatPlan
 from edgellm.errors import EdgeLLMError
+from edgellm.generation import embeddings
 from edgellm.generation.options import parse_options
 from edgellm.generation.prompt_cache import PromptCache
 from edgellm.generation.results import Completion
@@ -119,6 +121,9 @@ CHAT_FIELDS = {**SAMPLING_FIELDS, "messages": (lambda v: isinstance(v, list), "a
                "parallel_tool_calls": BOOLEAN, "chat_template_kwargs": OBJECT,
                "functions": (lambda v: isinstance(v, list), "a list of functions"),
                "function_call": (lambda v: isinstance(v, (str, dict)), "a string or an object")}
+EMBEDDING_FIELDS = {"input": (_is_prompt, "a string, a list of token ids, or a list of those"), "model": STRING,
+                    "encoding_format": STRING, "dimensions": INTEGER, "user": STRING}
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's bound on one request's inputs
 CHAT_PLAN_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
                     "chat_template_kwargs")
 # accepted and ignored: they describe the caller or OpenAI's storage, not the generation
@@ -457,6 +462,37 @@ class Endpoints:
             raise HTTPError(400, str(e), param="content") from None
         return JSONResponse({"tokens": tokens})
 
+    async def embeddings(self, request):
+        """OpenAI's /v1/embeddings: each input's mean-pooled, L2-normalised embedding (llama-server's --pooling
+        mean). The forward passes go through the engine thread between the scheduler's steps, each input in a cache
+        of its own, so running requests keep their slots; the work counts as a waiting request, as /tokenize."""
+        body = await read_json(request, self.max_request_bytes)
+        check_fields(body, EMBEDDING_FIELDS, ("input",))
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise HTTPError(400, f"encoding_format must be \"float\" or \"base64\", got {fmt!r}",
+                            param="encoding_format")
+        n_embd = self.llm.model.config.n_embd
+        if body.get("dimensions") not in (None, n_embd):
+            raise HTTPError(400, f"this model's embeddings have {n_embd} dimensions; it cannot give "
+                                 f"{body['dimensions']}", param="dimensions")
+        inputs = body["input"]
+        if _is_prompt_batch(inputs) and len(inputs) > MAX_EMBEDDING_INPUTS:
+            raise HTTPError(400, f"at most {MAX_EMBEDDING_INPUTS} inputs a request, got {len(inputs)}", param="input")
+
+        def job():
+            ids, _ = embeddings.input_ids(self.llm, inputs)
+            return embeddings.embed_ids(self.llm.model, ids), sum(len(i) for i in ids)
+        try:
+            vectors, n_tokens = await self._tokenizer_job(job)
+        except EdgeLLMError as e:
+            raise HTTPError(400, str(e), param="input") from None
+        response = embeddings.embedding_response(vectors, self.model_name, n_tokens)
+        if fmt == "base64":  # OpenAI's: the little-endian float32 bytes, base64
+            for item, v in zip(response["data"], vectors):
+                item["embedding"] = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+        return JSONResponse(response)
+
     async def detokenize(self, request):
         body = await read_json(request, self.max_request_bytes)
         check_fields(body, {"tokens": (lambda v: isinstance(v, list) and all(_is_int(t) for t in v),
@@ -708,11 +744,11 @@ def create_app(llm, api_key: str | None = None, model_name: str | None = None,
                           buffer_events=buffer_events, **scheduler_options)
     routes = {"/health": "health", "/metrics": "prometheus", "/v1/models": "models",
               "/v1/completions": "completions", "/v1/chat/completions": "chat_completions",
-              "/tokenize": "tokenize", "/detokenize": "detokenize"}
+              "/v1/embeddings": "embeddings", "/tokenize": "tokenize", "/detokenize": "detokenize"}
     metrics = ServerMetrics(known_paths=routes)
     ep = Endpoints(llm, model_name or llm.name, max_request_bytes, max_queue, scheduler, stall_timeout_s, limits,
                    metrics)
-    posts = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+    posts = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize")
     app = Starlette(routes=[Route(path, getattr(ep, name), methods=["POST" if path in posts else "GET"])
                             for path, name in routes.items()],
                     exception_handlers={HTTPError: _on_http_error, 404: _on_not_found, 405: _on_not_found,

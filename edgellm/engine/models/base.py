@@ -72,11 +72,12 @@ class Batch:
         last logits_out.shape[0] rows."""
 
     __slots__ = ("tokens", "positions", "logits_out", "groups", "sizes", "pool", "seqs", "n_pool", "logit_rows",
-                 "runs")
+                 "runs", "embed_out")
 
-    def __init__(self, tokens, positions, logits_out, groups, head_dim: int, logit_rows=None):
+    def __init__(self, tokens, positions, logits_out, groups, head_dim: int, logit_rows=None, embed_out=None):
         self.tokens, self.positions, self.logits_out, self.groups = tokens, positions, logits_out, groups
         self.logit_rows = logit_rows
+        self.embed_out = embed_out  # [T, n_embd]: every row's output-normed hidden state (forward_embeddings)
         self.sizes = None if len(groups) == 1 else tuple(b1 - b0 for b0, b1, _ in groups)
         self.pool = self.seqs = None
         self.n_pool = 0
@@ -244,6 +245,29 @@ class DecoderModel:
         return result
 
     @on_engine_thread
+    def forward_embeddings(self, tokens, cache) -> np.ndarray:
+        """Append tokens to `cache` (a KVCache of this model's layout, not self.cache) in n_batch batches and return
+        every row's output-normed hidden state [T, n_embd]: what llama.cpp's embeddings read (its result_norm), no
+        logits computed."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n_tokens = tokens.shape[0]
+        if n_tokens == 0:
+            raise ModelError("forward_embeddings() needs at least one token")
+        self._check_ids(tokens)
+        if cache.n_past + n_tokens > cache.n_ctx:
+            raise ModelError(f"{cache.n_past} cached + {n_tokens} new tokens do not fit in the cache's {cache.n_ctx}")
+        numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
+        out = np.empty((n_tokens, self.config.n_embd), dtype=np.float32)
+        for begin in range(0, n_tokens, self.n_batch):
+            if self.should_stop is not None and self.should_stop():
+                raise Cancelled(f"cancelled after {begin} of {n_tokens} tokens")
+            end, start = min(begin + self.n_batch, n_tokens), cache.n_past
+            self.forward_pass(Batch(tokens[begin:end], self._all_positions[start:start + end - begin], None,
+                                    ((0, end - begin, cache),), self.config.head_dim, embed_out=out[begin:end]))
+            cache.n_past = start + end - begin
+        return out
+
+    @on_engine_thread
     def forward_verify(self, tokens) -> np.ndarray:
         """Append tokens to self.cache and return logits [T, n_vocab] for every row, each row computed with the
         arithmetic of a one-token decode step (its own group of one row: decode matmul kernels, decode attention
@@ -390,6 +414,9 @@ class DecoderModel:
         """b.logits_out <- output · rmsnorm(last rows of s.x) · output_norm (nothing when it is None). A non-finite
         hidden state (corrupt weights, e.g. huge scales) makes those rows NaN: the int8 activation quantization of
         the output matmul would otherwise turn it into finite garbage that the API's NaN check cannot see."""
+        if b.embed_out is not None:  # embeddings: the normed rows themselves, and no output matmul
+            ops.rms_norm(s.x[:b.n_tokens], self.output_norm, self.config.norm_eps, b.embed_out)
+            return
         logits_out = b.logits_out
         if logits_out is None:
             return
