@@ -61,11 +61,15 @@ def embed_ids(fm, ids_list, pooling: str = "mean", normalize: bool = True) -> li
     check_pooling(pooling)
     if not hasattr(fm, "forward_embeddings"):
         raise EdgeLLMError("this model's engine computes no embeddings (the CPU engine does)")
-    cfg = fm.config
+    cfg, step = fm.config, fm.n_batch
     out = []
     for ids in ids_list:
-        cache = KVCache(len(ids), cfg.n_head_kv, cfg.head_dim, cfg.layer_windows(), fm.n_batch, fm.kv_type)
-        out.append(pooled(fm.forward_embeddings(np.asarray(ids, dtype=np.int32), cache), pooling, normalize))
+        cache = KVCache(len(ids), cfg.n_head_kv, cfg.head_dim, cfg.layer_windows(), step, fm.kv_type)
+        tokens = np.asarray(ids, dtype=np.int32)
+        # a call per batch (the batches forward_embeddings would make): another thread's forward passes, a server's
+        # decode steps, run between them
+        rows = [fm.forward_embeddings(tokens[b0:b0 + step], cache) for b0 in range(0, len(tokens), step)]
+        out.append(pooled(np.concatenate(rows), pooling, normalize))
     return out
 
 
