@@ -19,9 +19,8 @@ from edgellm.generation.textstream import _as_stop_list
 
 SAMPLING_NAMES = tuple(f.name for f in fields(SamplingParams))
 GENERATION_NAMES = ("max_tokens", "stop", "seed", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias",
-                    "logits_processor",
-                    "stopping_criteria", "grammar", "response_format", "json_schema", "regex", "choice",
-                    "speculative", "draft_max", "draft_min")
+                    "logits_processor", "stopping_criteria", "grammar", "response_format", "json_schema", "regex",
+                    "choice", "speculative", "draft_max", "draft_min")
 MODEL_DEFAULT = "model-default"  # GenerationOptions.speculative when the call names none: the model's load() choice
 
 # llama-cpp-python arguments with no edgellm counterpart: accepted at the value that means "off", so code passing
