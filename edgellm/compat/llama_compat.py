@@ -7,10 +7,10 @@ counting every generated token, logprobs of the unmodified distribution, text_of
 the prompt text, one final chunk with text "" and the finish_reason. Differs on purpose: a streamed chunk carries
 whole UTF-8 characters (llama-cpp-python may cut one), and the logprobs of the tokens that made its text; chat
 logprobs=True without top_logprobs gives the chosen tokens' logprobs (llama-cpp-python gives none); echo with
-logprobs scores each prompt token from the row before it (llama-cpp-python takes the token's own row), with null
-for a first token that has nothing before it, and echo with max_tokens 0 generates nothing, as OpenAI's API (for
-scoring: lm-eval's loglikelihood); streamed, the echoed prompt's chunk carries its logprobs, sent once it is
-scored.
+logprobs scores each prompt token from the row before it (llama-cpp-python pairs the echoed tokens with the rows
+from the first, one row late where it strips no BOS), with null for a first token that has nothing before it, and
+echo with max_tokens 0 generates nothing, as OpenAI's API (for scoring: lm-eval's loglikelihood); streamed, the
+echoed prompt's chunk carries its logprobs, sent once it is scored.
 """
 from __future__ import annotations
 
