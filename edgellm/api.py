@@ -358,16 +358,14 @@ class Model:
         self._set_cached([], [])
         self.model.reset()
         try:
-            for b0, b1 in batches:
-                out = self.model.forward(np.asarray(ids[b0:b1], dtype=np.int32), all_logits=True)
-                score.rows(b0, out)
+            last = score.prefill(self.model, batches)
         except Cancelled:
             n = self.model.n_past  # the batches that ran are whole (nothing shifted: the prompt fits)
             self._set_cached(list(ids[:n]), kinds[:n])
             raise
         self._set_cached(list(ids), kinds)
         self.timings.reused_tokens = 0
-        return out[-1]
+        return last
 
     def _swap_prefix(self, ids, step, row_kinds) -> None:
         """Before the cache moves to another conversation, keep what it holds in the prompt cache; bring in the

@@ -133,11 +133,9 @@ def _prompt_row(model, ids, cache, seq) -> np.ndarray:
     if top_n is None:
         return fm.forward(np.asarray(ids, dtype=np.int32), cache=cache)[-1]
     score = PromptScore(model.tokenizer, ids, top_n)
-    for b0, b1 in prefix.fresh_batches(len(ids), fm.prompt_step(cache, len(ids))):
-        rows = fm.forward(np.asarray(ids[b0:b1], dtype=np.int32), all_logits=True, cache=cache)
-        score.rows(b0, rows)
+    last = score.prefill(fm, prefix.fresh_batches(len(ids), fm.prompt_step(cache, len(ids))), cache)
     seq.prompt_info = score.infos
-    return rows[-1]
+    return last
 
 
 def prepare(model, prompts, max_tokens, n_parallel, seq_ctx, options):

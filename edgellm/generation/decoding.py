@@ -100,6 +100,15 @@ class PromptScore:
             if b0 + i + 1 < len(self.ids):
                 self._add(b0 + i + 1, rows[i])
 
+    def prefill(self, fm, batches, cache=None) -> np.ndarray:
+        """The prompt through the forward model fm (into `cache`, or fm's own) in its fresh `batches`, one forward
+        each, every row's logits kept and scored as they come; the last row."""
+        where = {} if cache is None else {"cache": cache}  # (forward models without other caches take no such key)
+        for b0, b1 in batches:
+            out = fm.forward(np.asarray(self.ids[b0:b1], dtype=np.int32), all_logits=True, **where)
+            self.rows(b0, out)
+        return out[-1]
+
 
 class SequenceState:
     """Feed step() the logits after the prompt, then after each token it returned; stop when it returns None
