@@ -762,29 +762,30 @@ class Model:
 
     # -- embeddings ----------------------------------------------------------------------------------------------
     def _embeddings(self, inputs, pooling: str, normalize: bool):
+        """(a vector per input, whether one input was given, the inputs' token count)."""
         from edgellm.generation import embeddings  # start-up time: loaded by the first embedding call
-        embeddings.check_pooling(pooling)
         ids, single = embeddings.input_ids(self, inputs)
         self._acquire("embed")
         try:
             vectors = embeddings.embed_ids(self.model, ids, pooling, normalize)
         finally:
             self._release()
-        return embeddings, vectors, single, sum(len(i) for i in ids)
+        return vectors, single, sum(len(i) for i in ids)
 
     def embed(self, input, pooling: str = "mean", normalize: bool = True):
         """The input's embedding: a text's (or token list's) vector as a list of floats, or a list of them for a
         list of inputs. Each input runs from an empty cache of its own (the model's cache, and a conversation in
         it, stay as they were); its tokens' output-normed hidden states are pooled ("mean", "last", or "none": a
         vector per token) and L2-normalised unless normalize=False (edgellm/generation/embeddings.py)."""
-        _, vectors, single, _ = self._embeddings(input, pooling, normalize)
+        vectors, single, _ = self._embeddings(input, pooling, normalize)
         out = [v.tolist() for v in vectors]
         return out[0] if single else out
 
     def create_embedding(self, input, model: str | None = None, pooling: str = "mean", normalize: bool = True):
         """llama_cpp.Llama.create_embedding: OpenAI's embedding response dict, a vector per input."""
-        embeddings, vectors, _, n_tokens = self._embeddings(input, pooling, normalize)
-        return embeddings.embedding_response(vectors, model or self.path, n_tokens)
+        from edgellm.generation.embeddings import embedding_response  # (as in _embeddings)
+        vectors, _, n_tokens = self._embeddings(input, pooling, normalize)
+        return embedding_response(vectors, model or self.path, n_tokens)
 
 
 class _closing:

@@ -16,7 +16,6 @@ freed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -487,11 +486,7 @@ class Endpoints:
             vectors, n_tokens = await self._tokenizer_job(job)
         except EdgeLLMError as e:
             raise HTTPError(400, str(e), param="input") from None
-        response = embeddings.embedding_response(vectors, self.model_name, n_tokens)
-        if fmt == "base64":  # OpenAI's: the little-endian float32 bytes, base64
-            for item, v in zip(response["data"], vectors):
-                item["embedding"] = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-        return JSONResponse(response)
+        return JSONResponse(embeddings.embedding_response(vectors, self.model_name, n_tokens, fmt == "base64"))
 
     async def detokenize(self, request):
         body = await read_json(request, self.max_request_bytes)

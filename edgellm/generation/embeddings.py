@@ -5,6 +5,7 @@ states (what llama.cpp's embeddings read, its result_norm) are pooled into one v
 """
 from __future__ import annotations
 
+import base64
 import numbers
 
 import numpy as np
@@ -51,6 +52,11 @@ def input_ids(model, inputs) -> tuple[list, bool]:
     return ids, single
 
 
+def base64_vector(v: np.ndarray) -> str:
+    """OpenAI's encoding_format "base64": the vector's little-endian float32 bytes, base64."""
+    return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+
+
 def _is_id(t) -> bool:
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
@@ -66,8 +72,8 @@ def embed_ids(fm, ids_list, pooling: str = "mean", normalize: bool = True) -> li
     for ids in ids_list:
         cache = KVCache(len(ids), cfg.n_head_kv, cfg.head_dim, cfg.layer_windows(), step, fm.kv_type)
         tokens = np.asarray(ids, dtype=np.int32)
-        # a call per batch (the batches forward_embeddings would make): another thread's forward passes, a server's
-        # decode steps, run between them
+        # a call per n_batch batch (forward()'s batches): another thread's forward passes, a server's decode steps,
+        # run between them
         rows = [fm.forward_embeddings(tokens[b0:b0 + step], cache) for b0 in range(0, len(tokens), step)]
         out.append(pooled(np.concatenate(rows), pooling, normalize))
     return out
@@ -87,9 +93,11 @@ def pooled(rows: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
     return v.astype(np.float32)
 
 
-def embedding_response(vectors, model_name: str, n_tokens: int) -> dict:
-    """OpenAI's CreateEmbeddingResponse (llama-cpp-python's create_embedding shape)."""
+def embedding_response(vectors, model_name: str, n_tokens: int, base64_encoded: bool = False) -> dict:
+    """OpenAI's CreateEmbeddingResponse (llama-cpp-python's create_embedding shape): each vector a list of floats,
+    or OpenAI's encoding_format "base64"."""
+    encode = base64_vector if base64_encoded else np.ndarray.tolist
     return {"object": "list",
-            "data": [{"object": "embedding", "embedding": v.tolist(), "index": i} for i, v in enumerate(vectors)],
+            "data": [{"object": "embedding", "embedding": encode(v), "index": i} for i, v in enumerate(vectors)],
             "model": model_name,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

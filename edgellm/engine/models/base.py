@@ -246,25 +246,25 @@ class DecoderModel:
 
     @on_engine_thread
     def forward_embeddings(self, tokens, cache) -> np.ndarray:
-        """Append tokens to `cache` (a KVCache of this model's layout, not self.cache) in n_batch batches and return
-        every row's output-normed hidden state [T, n_embd]: what llama.cpp's embeddings read (its result_norm), no
-        logits computed."""
+        """Append one batch of at most n_batch tokens to `cache` (a KVCache of this model's layout, not self.cache)
+        and return every row's output-normed hidden state [T, n_embd]: what llama.cpp's embeddings read (its
+        result_norm), no logits computed. The caller splits a longer input into n_batch batches, as forward()
+        would (edgellm/generation/embeddings.py)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n_tokens = tokens.shape[0]
-        if n_tokens == 0:
-            raise ModelError("forward_embeddings() needs at least one token")
+        if not 0 < n_tokens <= self.n_batch:
+            raise ModelError(f"forward_embeddings() takes 1 to n_batch ({self.n_batch}) tokens, got {n_tokens}")
         self._check_ids(tokens)
-        if cache.n_past + n_tokens > cache.n_ctx:
-            raise ModelError(f"{cache.n_past} cached + {n_tokens} new tokens do not fit in the cache's {cache.n_ctx}")
+        start = cache.n_past
+        if start + n_tokens > cache.n_ctx:
+            raise ModelError(f"{start} cached + {n_tokens} new tokens do not fit in the cache's {cache.n_ctx}")
+        if self.should_stop is not None and self.should_stop():
+            raise Cancelled(f"cancelled after {start} tokens")
         numba.set_num_threads(min(self.n_threads, numba.config.NUMBA_NUM_THREADS))
         out = np.empty((n_tokens, self.config.n_embd), dtype=np.float32)
-        for begin in range(0, n_tokens, self.n_batch):
-            if self.should_stop is not None and self.should_stop():
-                raise Cancelled(f"cancelled after {begin} of {n_tokens} tokens")
-            end, start = min(begin + self.n_batch, n_tokens), cache.n_past
-            self.forward_pass(Batch(tokens[begin:end], self._all_positions[start:start + end - begin], None,
-                                    ((0, end - begin, cache),), self.config.head_dim, embed_out=out[begin:end]))
-            cache.n_past = start + end - begin
+        self.forward_pass(Batch(tokens, self._all_positions[start:start + n_tokens], None, ((0, n_tokens, cache),),
+                                self.config.head_dim, embed_out=out))
+        cache.n_past = start + n_tokens
         return out
 
     @on_engine_thread
