@@ -1,13 +1,14 @@
 """The `edgellm` command: a thin shell over the Python API. Errors print one line and exit non-zero.
 
 Subcommands: pull, models, rm, run, chat (an interactive loop over Model.chat), batch (a JSONL file through the batch
-engine, or Ray Data), info, warmup, serve (the HTTP server, an optional extra; or Ray Serve replicas), plus
+engine, or Ray Data), embed, info, warmup, serve (the HTTP server, an optional extra; or Ray Serve replicas), plus
 quantize/convert/perplexity from edgellm/prep/cli.py when that module is present.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import signal
 import sys
@@ -335,6 +336,39 @@ def cmd_chat(args) -> int:
                   f"{t.generate_tps:.1f} t/s]", file=sys.stderr)
 
 
+EMBED_FORMATS = ("array", "jsonl", "openai")
+
+
+def _embed_inputs(args) -> list:
+    """The texts to embed: each -p, then each non-blank line of -f (- for standard input)."""
+    texts = list(args.prompt or [])
+    if args.file is not None:
+        if args.file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            with open(args.file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        texts += [line for line in lines if line.strip()]
+    if not texts:
+        raise PromptError("nothing to embed: give -p TEXT (repeatable) or -f FILE (one input a line, - for stdin)")
+    return texts
+
+
+def cmd_embed(args) -> int:
+    """Embedding vectors on standard output (llama.cpp's llama-embedding): the inputs are all read before the model
+    loads, and nothing is printed unless every one was embedded."""
+    texts = _embed_inputs(args)
+    m = _load(args)
+    if args.format == "openai":
+        out = [json.dumps(m.create_embedding(texts, pooling=args.pooling, normalize=args.normalize))]
+    else:
+        vectors = m.embed(texts, pooling=args.pooling, normalize=args.normalize)
+        out = [json.dumps(vectors)] if args.format == "array" else [
+            json.dumps({"index": i, "input": text, "embedding": v}) for i, (text, v) in enumerate(zip(texts, vectors))]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
 def cmd_warmup(args) -> int:
     from edgellm.prep.warmup import warmup  # start-up time: each subcommand imports only what it runs
     report = CompileReport(note="edgellm: compiling kernels for this CPU...")
@@ -605,6 +639,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_args(p)
     _add_sampling_args(p)
     p.set_defaults(func=cmd_batch)
+
+    p = sub.add_parser("embed", help="embedding vectors of texts as JSON (llama-embedding): pooled hidden states, "
+                                     "L2-normalised")
+    _add_model_arg(p)
+    p.add_argument("-p", "--prompt", action="append", default=None, help="a text to embed (repeatable)")
+    p.add_argument("-f", "--file", default=None, help="embed each non-blank line of this file (- for stdin)")
+    p.add_argument("--pooling", choices=("mean", "last", "none"), default="mean",
+                   help="mean of the tokens' vectors (default), the last token's, or none: a vector per token")
+    p.add_argument("--no-normalize", dest="normalize", action="store_false", help="leave the vectors unscaled")
+    p.add_argument("--format", choices=EMBED_FORMATS, default="array",
+                   help="array: one JSON array of the vectors (default); jsonl: a line per input with its index, "
+                        "text and vector; openai: OpenAI's embedding response")
+    _add_load_args(p)
+    p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("info", help="metadata, tensor types and sizes, and the memory plan")
     _add_model_arg(p)
